@@ -1,0 +1,54 @@
+//! pgkvx: span latches for PostgreSQL, fenced and optimistic LIMIT scans that
+//! never skip a row committed late, and projected columns shipped as Arrow.
+//!
+//! `_PG_init` wires the parts together; every part lives in its own folder
+//! (see README.md, "Development").
+
+use pgrx::prelude::*;
+
+pub mod errors;
+
+pgrx::pg_module_magic!(name, version);
+
+/// Loaded outside `shared_preload_libraries` pgkvx could not size its shared
+/// memory, so it refuses to load at all rather than half-work.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    // SAFETY: a plain read of a postmaster-set global during library load.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pgkvx must be loaded via shared_preload_libraries",
+            "Add pgkvx to shared_preload_libraries in postgresql.conf and restart the server.",
+        );
+    }
+}
+
+/// The version of the loaded library (not of the SQL objects).
+#[pg_extern(immutable, parallel_safe)]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[cfg(feature = "pg_test")]
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn version_matches_crate() {
+        let v = Spi::get_one::<String>("SELECT pgkvx.version()").unwrap();
+        assert_eq!(v.as_deref(), Some(env!("CARGO_PKG_VERSION")));
+    }
+}
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["shared_preload_libraries = 'pgkvx'"]
+    }
+}
