@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 pub mod errors;
+pub mod latch;
 
 pgrx::pg_module_magic!(name, version);
 

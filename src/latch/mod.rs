@@ -1,0 +1,33 @@
+#![doc = include_str!("README.md")]
+//!
+//! Files, one concept each: `xid` (modular xid order), `span` (bounded keys
+//! and half-open spans), `snapshot` (the conflict rule), `tree` (per-range
+//! interval treap), `region` (the fixed shared-memory layout), `locks` (the
+//! lock abstraction), `table` (acquire and release), `validate` (the read
+//! side), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
+//! (views), `stats` (counters).
+
+pub mod inspect;
+pub mod locks;
+pub mod maint;
+pub mod region;
+pub mod snapshot;
+pub mod span;
+pub mod stats;
+pub mod table;
+pub mod tree;
+pub mod validate;
+pub mod xid;
+
+#[cfg(test)]
+mod tests;
+
+pub use inspect::{LatchInfo, RangeInfo, Usage};
+pub use locks::{LockId, LockSet, Mode};
+pub use region::{Config, RelId, State};
+pub use snapshot::ReadSnapshot;
+pub use span::{KeyBuf, Span, KEY_MAX};
+pub use stats::{Stat, NSTATS};
+pub use table::{AcquireError, Holder, LatchTable, Outcome};
+pub use validate::{Check, Conflict};
+pub use xid::Xid;

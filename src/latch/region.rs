@@ -1,0 +1,470 @@
+//! The latch table's memory: one fixed-size region holding every structure
+//! (headers, tables, ranges, entries, backend slots), addressed by index.
+//! Nothing is allocated after `init`, so the region can be Postgres shared
+//! memory mapped at different addresses in different processes.
+//!
+//! Field protection, in one place:
+//! - `TableSlot` and `RangeMeta`: the Directory lock (read shared, written
+//!   exclusive; a range's bounds change only while its Range lock is also held).
+//! - `RangeBody`, and `EntryData` of every entry in that range's tree: the
+//!   Range lock.
+//! - `EntryData` of a free entry: whoever popped it from the free list.
+//! - `Entry::range`: written only under the Range lock it names (and, when
+//!   moving between ranges, both); read without locks and re-checked.
+//! - `Entry::holder_next` / `BackendSlot::chain`: the owning backend only.
+//! - Everything else is atomic.
+
+use super::span::{KeyBuf, Span};
+use super::tree::NIL;
+use super::xid::Xid;
+use std::cell::UnsafeCell;
+use std::mem::{align_of, size_of};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+pub const MAGIC: u64 = 0x706b_7678_6c74_0002; // "pkvxlt" v2
+
+/// Most ranges one table can be split into.
+pub const MAX_RANGES_PER_TABLE: usize = 128;
+
+/// Sizing, fixed when the region is created (postmaster GUCs in Postgres).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Config {
+    /// Latch entries (live latches plus retained tombstones).
+    pub max_entries: u32,
+    /// Latch ranges across all tables.
+    pub max_ranges: u32,
+    /// Latched tables across all databases.
+    pub max_tables: u32,
+    /// Backend slots (one per PGPROC that can hold latches).
+    pub max_backends: u32,
+}
+
+/// A latched relation: database and relation oid packed as `db << 32 | rel`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(transparent)]
+pub struct RelId(pub u64);
+
+impl RelId {
+    pub const EMPTY: RelId = RelId(0);
+    pub const DELETED: RelId = RelId(u64::MAX);
+    pub fn new(db: u32, rel: u32) -> RelId {
+        RelId((u64::from(db) << 32) | u64::from(rel))
+    }
+    pub fn db(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+    pub fn rel(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+#[repr(C)]
+pub(crate) struct Header {
+    pub magic: u64,
+    pub cfg: Config,
+    /// Publication order of latches; gives `next_key` draws a total order.
+    pub seq: AtomicU64,
+    /// Free entry stack, tagged against ABA: `tag << 32 | index`.
+    pub free_head: AtomicU64,
+    pub free_count: AtomicU32,
+    /// Cached global xmin horizon: tombstones of holders before it go.
+    pub horizon: AtomicU32,
+    /// Split threshold (mirrors `pgkvx.range_max_latches`).
+    pub range_max_latches: AtomicU32,
+    /// Bumped on every directory change (split, merge, new or purged table).
+    pub dir_version: AtomicU64,
+    pub dir: UnsafeCell<DirHeader>,
+}
+
+pub(crate) struct DirHeader {
+    pub free_range: u32,
+    pub ranges_used: u32,
+    pub tables_used: u32,
+}
+
+#[repr(C)]
+pub(crate) struct TableSlot {
+    pub inner: UnsafeCell<TableData>,
+}
+
+pub(crate) struct TableData {
+    pub rel: RelId,
+    pub nranges: u32,
+    /// Range ids ordered by their low bound; the first starts at the empty
+    /// key, each range ends where the next starts, the last at +∞.
+    pub ranges: [u32; MAX_RANGES_PER_TABLE],
+}
+
+#[repr(C)]
+pub(crate) struct RangeSlot {
+    pub meta: UnsafeCell<RangeMeta>,
+    pub body: UnsafeCell<RangeBody>,
+    /// Latches acquired in this range (for the split heuristics and views).
+    pub acquires: AtomicU64,
+    /// Acquisitions that found the range lock busy.
+    pub contended: AtomicU64,
+    /// Maintenance-queue state bits (see queue.rs).
+    pub queue: AtomicU32,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct RangeMeta {
+    pub in_use: bool,
+    pub table: u32,
+    pub lo: KeyBuf,
+    pub hi: KeyBuf,
+    /// Next free range (when not in use).
+    pub next_free: u32,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct RangeBody {
+    pub root: u32,
+    pub live: u32,
+    pub tombstones: u32,
+    /// Released latches in release order, for reclaiming.
+    pub fifo_head: u32,
+    pub fifo_tail: u32,
+    /// Tombstones folded together under pressure.
+    pub summary: Summary,
+}
+
+/// Many tombstones folded into one: it remembers only the covering span and
+/// the xid and publication-order intervals of its holders.  Conflicts it
+/// reports are a superset of what the individual tombstones would report.
+#[derive(Clone, Copy, Debug)]
+pub struct Summary {
+    pub count: u32,
+    pub span: Span,
+    pub xid_lo: Xid,
+    pub xid_hi: Xid,
+    pub seq_lo: u64,
+    pub seq_hi: u64,
+}
+
+impl Summary {
+    pub const EMPTY: Summary = Summary {
+        count: 0,
+        span: Span {
+            start: KeyBuf::INFINITE,
+            end: KeyBuf::EMPTY,
+        },
+        xid_lo: Xid::INVALID,
+        xid_hi: Xid::INVALID,
+        seq_lo: u64::MAX,
+        seq_hi: 0,
+    };
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn absorb(&mut self, span: &Span, xid: Xid, seq: u64) {
+        if self.count == 0 {
+            *self = Summary {
+                count: 1,
+                span: *span,
+                xid_lo: xid,
+                xid_hi: xid,
+                seq_lo: seq,
+                seq_hi: seq,
+            };
+            return;
+        }
+        self.count += 1;
+        self.span = self.span.union(span);
+        self.xid_lo = self.xid_lo.min(xid);
+        self.xid_hi = self.xid_hi.max(xid);
+        self.seq_lo = self.seq_lo.min(seq);
+        self.seq_hi = self.seq_hi.max(seq);
+    }
+
+    pub fn merge(&mut self, other: &Summary) {
+        if other.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = *other;
+            return;
+        }
+        self.count += other.count;
+        self.span = self.span.union(&other.span);
+        self.xid_lo = self.xid_lo.min(other.xid_lo);
+        self.xid_hi = self.xid_hi.max(other.xid_hi);
+        self.seq_lo = self.seq_lo.min(other.seq_lo);
+        self.seq_hi = self.seq_hi.max(other.seq_hi);
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum State {
+    Free = 0,
+    /// Held by a running transaction.
+    Live = 1,
+    /// Released at commit; kept while a snapshot may still see the holder as
+    /// in progress.
+    Tombstone = 2,
+}
+
+#[repr(C)]
+pub(crate) struct Entry {
+    pub data: UnsafeCell<EntryData>,
+    pub range: AtomicU32,
+    pub holder_next: AtomicU32,
+    pub free_next: AtomicU32,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct EntryData {
+    pub span: Span,
+    pub xid: Xid,
+    pub state: State,
+    pub seq: u64,
+    pub pid: i32,
+    /// Microseconds since the Unix epoch, for the latches view's age.
+    pub acquired_at: i64,
+    pub left: u32,
+    pub right: u32,
+    pub max_end: u32,
+    pub prio: u32,
+    pub fifo_next: u32,
+}
+
+#[repr(C)]
+pub(crate) struct BackendSlot {
+    pub pid: AtomicI32,
+    pub xid: AtomicU32,
+    /// Head of this backend's live latches (linked by `Entry::holder_next`).
+    pub chain: AtomicU32,
+    pub count: AtomicU32,
+    pub since: AtomicI64,
+    pub stats: [AtomicU64; super::stats::NSTATS],
+}
+
+// SAFETY: every field is atomic or behind an UnsafeCell whose access rules
+// (module comment) are upheld by the locks the table code takes; the region
+// is designed to be shared between processes and threads.
+unsafe impl Sync for Header {}
+unsafe impl Sync for TableSlot {}
+unsafe impl Sync for RangeSlot {}
+unsafe impl Sync for Entry {}
+
+/// Byte offsets of each array in the region.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    pub tables: usize,
+    pub ranges: usize,
+    pub entries: usize,
+    pub backends: usize,
+    pub size: usize,
+}
+
+fn align_up(off: usize, align: usize) -> usize {
+    off.div_ceil(align) * align
+}
+
+impl Layout {
+    pub fn of(cfg: &Config) -> Layout {
+        let mut off = size_of::<Header>();
+        off = align_up(off, align_of::<TableSlot>());
+        let tables = off;
+        off += size_of::<TableSlot>() * cfg.max_tables as usize;
+        off = align_up(off, align_of::<RangeSlot>());
+        let ranges = off;
+        off += size_of::<RangeSlot>() * cfg.max_ranges as usize;
+        off = align_up(off, align_of::<Entry>());
+        let entries = off;
+        off += size_of::<Entry>() * cfg.max_entries as usize;
+        off = align_up(off, align_of::<BackendSlot>());
+        let backends = off;
+        off += size_of::<BackendSlot>() * cfg.max_backends as usize;
+        Layout {
+            tables,
+            ranges,
+            entries,
+            backends,
+            size: off,
+        }
+    }
+}
+
+/// Required alignment of the region's base address.
+pub const REGION_ALIGN: usize = 8;
+
+pub(crate) struct Parts<'r> {
+    pub hdr: &'r Header,
+    pub tables: &'r [TableSlot],
+    pub ranges: &'r [RangeSlot],
+    pub entries: &'r [Entry],
+    pub backends: &'r [BackendSlot],
+}
+
+/// Writes a fresh, empty table into `mem`.
+///
+/// # Safety
+/// `mem` must point to `Layout::of(cfg).size` writable bytes aligned to
+/// [`REGION_ALIGN`], not in use by anyone else during the call.
+pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
+    assert!(cfg.max_entries > 0 && cfg.max_entries < NIL);
+    assert!(cfg.max_ranges > 0 && cfg.max_tables > 0 && cfg.max_backends > 0);
+    assert_eq!(mem as usize % REGION_ALIGN, 0, "latch region misaligned");
+    let lay = Layout::of(cfg);
+    // SAFETY (whole block): offsets come from Layout::of, so every write is
+    // inside the region and aligned for its type; the region is ours alone.
+    unsafe {
+        std::ptr::write(
+            mem as *mut Header,
+            Header {
+                magic: MAGIC,
+                cfg: *cfg,
+                seq: AtomicU64::new(1),
+                free_head: AtomicU64::new(0),
+                free_count: AtomicU32::new(cfg.max_entries),
+                horizon: AtomicU32::new(0),
+                range_max_latches: AtomicU32::new(1024),
+                dir_version: AtomicU64::new(1),
+                dir: UnsafeCell::new(DirHeader {
+                    free_range: 0,
+                    ranges_used: 0,
+                    tables_used: 0,
+                }),
+            },
+        );
+        let tables = mem.add(lay.tables) as *mut TableSlot;
+        for i in 0..cfg.max_tables as usize {
+            std::ptr::write(
+                tables.add(i),
+                TableSlot {
+                    inner: UnsafeCell::new(TableData {
+                        rel: RelId::EMPTY,
+                        nranges: 0,
+                        ranges: [NIL; MAX_RANGES_PER_TABLE],
+                    }),
+                },
+            );
+        }
+        let ranges = mem.add(lay.ranges) as *mut RangeSlot;
+        for i in 0..cfg.max_ranges {
+            let next_free = if i + 1 < cfg.max_ranges { i + 1 } else { NIL };
+            std::ptr::write(
+                ranges.add(i as usize),
+                RangeSlot {
+                    meta: UnsafeCell::new(RangeMeta {
+                        in_use: false,
+                        table: NIL,
+                        lo: KeyBuf::EMPTY,
+                        hi: KeyBuf::INFINITE,
+                        next_free,
+                    }),
+                    body: UnsafeCell::new(RangeBody::EMPTY),
+                    acquires: AtomicU64::new(0),
+                    contended: AtomicU64::new(0),
+                    queue: AtomicU32::new(0),
+                },
+            );
+        }
+        let entries = mem.add(lay.entries) as *mut Entry;
+        for i in 0..cfg.max_entries {
+            let next = if i + 1 < cfg.max_entries { i + 1 } else { NIL };
+            std::ptr::write(
+                entries.add(i as usize),
+                Entry {
+                    data: UnsafeCell::new(EntryData::FREE),
+                    range: AtomicU32::new(NIL),
+                    holder_next: AtomicU32::new(NIL),
+                    free_next: AtomicU32::new(next),
+                },
+            );
+        }
+        let backends = mem.add(lay.backends) as *mut BackendSlot;
+        for i in 0..cfg.max_backends as usize {
+            std::ptr::write(
+                backends.add(i),
+                BackendSlot {
+                    pid: AtomicI32::new(0),
+                    xid: AtomicU32::new(0),
+                    chain: AtomicU32::new(NIL),
+                    count: AtomicU32::new(0),
+                    since: AtomicI64::new(0),
+                    stats: std::array::from_fn(|_| AtomicU64::new(0)),
+                },
+            );
+        }
+        attach(mem)
+    }
+}
+
+/// Views an initialised region.
+///
+/// # Safety
+/// `mem` must point to a region written by [`init`] (in this or another
+/// process) that stays mapped for `'r`.
+pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
+    // SAFETY: per the contract the header is initialised; the arrays follow
+    // at the offsets Layout::of computes from the config stored in it.
+    unsafe {
+        let hdr = &*(mem as *const Header);
+        assert_eq!(
+            hdr.magic, MAGIC,
+            "latch region has the wrong layout version"
+        );
+        let cfg = hdr.cfg;
+        let lay = Layout::of(&cfg);
+        Parts {
+            hdr,
+            tables: std::slice::from_raw_parts(
+                mem.add(lay.tables) as *const TableSlot,
+                cfg.max_tables as usize,
+            ),
+            ranges: std::slice::from_raw_parts(
+                mem.add(lay.ranges) as *const RangeSlot,
+                cfg.max_ranges as usize,
+            ),
+            entries: std::slice::from_raw_parts(
+                mem.add(lay.entries) as *const Entry,
+                cfg.max_entries as usize,
+            ),
+            backends: std::slice::from_raw_parts(
+                mem.add(lay.backends) as *const BackendSlot,
+                cfg.max_backends as usize,
+            ),
+        }
+    }
+}
+
+impl RangeBody {
+    pub const EMPTY: RangeBody = RangeBody {
+        root: NIL,
+        live: 0,
+        tombstones: 0,
+        fifo_head: NIL,
+        fifo_tail: NIL,
+        summary: Summary::EMPTY,
+    };
+}
+
+impl EntryData {
+    pub const FREE: EntryData = EntryData {
+        span: Span {
+            start: KeyBuf::EMPTY,
+            end: KeyBuf::EMPTY,
+        },
+        xid: Xid::INVALID,
+        state: State::Free,
+        seq: 0,
+        pid: 0,
+        acquired_at: 0,
+        left: NIL,
+        right: NIL,
+        max_end: NIL,
+        prio: 0,
+        fifo_next: NIL,
+    };
+}
+
+/// Relaxed is enough for statistics counters.
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}

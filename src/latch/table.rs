@@ -1,0 +1,631 @@
+//! The latch table handle: write latches in, released latches out.
+//!
+//! Writers publish a latch (span + holder xid + publication sequence number)
+//! into every range its span overlaps, before they change a row.  At commit a
+//! latch becomes a tombstone, kept until no snapshot can consider its holder
+//! in progress; at abort it goes at once.  Readers look latches up in
+//! validate.rs.
+
+use super::locks::{Held, LockId, LockSet, Mode};
+use super::region::{
+    self, bump, BackendSlot, Config, Entry, EntryData, Layout, Parts, RangeBody, RangeMeta, RelId,
+    State, TableData, MAX_RANGES_PER_TABLE,
+};
+use super::span::Span;
+use super::stats::{Stat, NSTATS};
+use super::tree::{self, NodeStore, NIL};
+use super::xid::Xid;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+/// Who holds a latch.
+#[derive(Clone, Copy, Debug)]
+pub struct Holder {
+    /// The holder's top-level transaction id; must be assigned.
+    pub xid: Xid,
+    pub pid: i32,
+    /// Wall clock in microseconds, for the age shown in views.
+    pub now_us: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// No free latch entry (`pgkvx.max_latches`).
+    Full,
+    /// No free table slot.
+    TooManyTables,
+    /// No free range for a new table.
+    TooManyRanges,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Committed,
+    Aborted,
+}
+
+pub struct LatchTable<'r, L: LockSet> {
+    pub(crate) p: Parts<'r>,
+    pub(crate) locks: L,
+}
+
+/// The treap's view of the entries of one range.  Only built while that
+/// range's lock is held (exclusive when the tree is modified).
+pub(crate) struct RangeNodes<'a> {
+    entries: &'a [Entry],
+}
+
+impl RangeNodes<'_> {
+    fn d(&self, n: u32) -> *mut EntryData {
+        self.entries[n as usize].data.get()
+    }
+}
+
+// SAFETY (all methods): nodes reachable from a range's root belong to that
+// range; RangeNodes exists only while its lock is held, exclusively whenever
+// a setter can run, so no other process touches these fields concurrently.
+impl NodeStore for RangeNodes<'_> {
+    fn left(&self, n: u32) -> u32 {
+        unsafe { (*self.d(n)).left }
+    }
+    fn right(&self, n: u32) -> u32 {
+        unsafe { (*self.d(n)).right }
+    }
+    fn set_left(&self, n: u32, v: u32) {
+        unsafe { (*self.d(n)).left = v }
+    }
+    fn set_right(&self, n: u32, v: u32) {
+        unsafe { (*self.d(n)).right = v }
+    }
+    fn max_end(&self, n: u32) -> u32 {
+        unsafe { (*self.d(n)).max_end }
+    }
+    fn set_max_end(&self, n: u32, v: u32) {
+        unsafe { (*self.d(n)).max_end = v }
+    }
+    fn prio(&self, n: u32) -> u32 {
+        unsafe { (*self.d(n)).prio }
+    }
+    fn start(&self, n: u32) -> &super::span::KeyBuf {
+        unsafe { &(*self.d(n)).span.start }
+    }
+    fn end(&self, n: u32) -> &super::span::KeyBuf {
+        unsafe { &(*self.d(n)).span.end }
+    }
+}
+
+/// Treap priority from the entry index and the publication sequence: cheap,
+/// well mixed, and different each time an entry is reused.
+fn prio_for(idx: u32, seq: u64) -> u32 {
+    let mut x = (u64::from(idx) << 32) ^ seq ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x as u32
+}
+
+impl<'r, L: LockSet> LatchTable<'r, L> {
+    /// Bytes needed for a table of this size.
+    pub fn region_size(cfg: &Config) -> usize {
+        Layout::of(cfg).size
+    }
+
+    /// Creates an empty table in `mem`.
+    ///
+    /// # Safety
+    /// `mem` must be `region_size(cfg)` writable bytes, 8-byte aligned, that
+    /// nobody else uses during the call and that outlive `'r`.
+    pub unsafe fn init(mem: *mut u8, cfg: &Config, locks: L) -> Self {
+        // SAFETY: forwarded contract.
+        LatchTable {
+            p: unsafe { region::init(mem, cfg) },
+            locks,
+        }
+    }
+
+    /// Attaches to a table another process (or an earlier call) created.
+    ///
+    /// # Safety
+    /// `mem` must hold a table written by [`Self::init`] and outlive `'r`.
+    pub unsafe fn attach(mem: *mut u8, locks: L) -> Self {
+        // SAFETY: forwarded contract.
+        LatchTable {
+            p: unsafe { region::attach(mem) },
+            locks,
+        }
+    }
+
+    pub fn config(&self) -> Config {
+        self.p.hdr.cfg
+    }
+
+    pub fn set_range_max_latches(&self, n: u32) {
+        self.p.hdr.range_max_latches.store(n.max(16), Relaxed);
+    }
+
+    pub fn range_max_latches(&self) -> u32 {
+        self.p.hdr.range_max_latches.load(Relaxed)
+    }
+
+    /// Publishes the xid horizon: tombstones of holders that precede it can
+    /// no longer conflict with any snapshot and are reclaimed.
+    pub fn set_horizon(&self, horizon: Xid) {
+        self.p.hdr.horizon.store(horizon.0, Release);
+    }
+
+    pub fn horizon(&self) -> Xid {
+        Xid(self.p.hdr.horizon.load(Acquire))
+    }
+
+    /// Free entries left.
+    pub fn free_entries(&self) -> u32 {
+        self.p.hdr.free_count.load(Relaxed)
+    }
+
+    // ---- stats ----------------------------------------------------------
+
+    pub fn count(&self, slot: u32, stat: Stat, n: u64) {
+        if let Some(b) = self.p.backends.get(slot as usize) {
+            bump(&b.stats[stat as usize], n);
+        }
+    }
+
+    /// Every counter summed over all backends.
+    pub fn stats(&self) -> [u64; NSTATS] {
+        let mut out = [0u64; NSTATS];
+        for b in self.p.backends {
+            for (o, c) in out.iter_mut().zip(b.stats.iter()) {
+                *o += c.load(Relaxed);
+            }
+        }
+        out
+    }
+
+    // ---- raw access -----------------------------------------------------
+
+    pub(crate) fn entry(&self, i: u32) -> &Entry {
+        &self.p.entries[i as usize]
+    }
+
+    /// # Safety
+    /// The caller holds the lock of the range entry `i` is in (exclusive to
+    /// write), or owns `i` because it popped it from the free list.
+    // Lock-guarded interior mutability: the lock, not the borrow checker,
+    // makes the returned reference exclusive (see the contract).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn data(&self, i: u32) -> &mut EntryData {
+        // SAFETY: per the contract nobody else accesses this entry's data.
+        unsafe { &mut *self.p.entries[i as usize].data.get() }
+    }
+
+    /// # Safety
+    /// The Directory lock is held (exclusive to write).
+    // Lock-guarded interior mutability: the lock, not the borrow checker,
+    // makes the returned reference exclusive (see the contract).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn meta(&self, r: u32) -> &mut RangeMeta {
+        // SAFETY: per the contract.
+        unsafe { &mut *self.p.ranges[r as usize].meta.get() }
+    }
+
+    /// # Safety
+    /// Range `r`'s lock is held (exclusive to write).
+    // Lock-guarded interior mutability: the lock, not the borrow checker,
+    // makes the returned reference exclusive (see the contract).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn body(&self, r: u32) -> &mut RangeBody {
+        // SAFETY: per the contract.
+        unsafe { &mut *self.p.ranges[r as usize].body.get() }
+    }
+
+    /// # Safety
+    /// The Directory lock is held (exclusive to write).
+    // Lock-guarded interior mutability: the lock, not the borrow checker,
+    // makes the returned reference exclusive (see the contract).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn table_data(&self, t: u32) -> &mut TableData {
+        // SAFETY: per the contract.
+        unsafe { &mut *self.p.tables[t as usize].inner.get() }
+    }
+
+    /// # Safety
+    /// Exclusive Directory lock held.
+    // Lock-guarded interior mutability: the lock, not the borrow checker,
+    // makes the returned reference exclusive (see the contract).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn dir(&self) -> &mut region::DirHeader {
+        // SAFETY: per the contract.
+        unsafe { &mut *self.p.hdr.dir.get() }
+    }
+
+    pub(crate) fn nodes(&self) -> RangeNodes<'r> {
+        RangeNodes {
+            entries: self.p.entries,
+        }
+    }
+
+    pub(crate) fn backend(&self, slot: u32) -> &BackendSlot {
+        &self.p.backends[slot as usize]
+    }
+
+    pub(crate) fn lock(&self, id: LockId, mode: Mode) -> Held<'_, L> {
+        Held::new(&self.locks, id, mode)
+    }
+
+    // ---- free list --------------------------------------------------------
+
+    pub(crate) fn alloc(&self) -> Option<u32> {
+        let hdr = self.p.hdr;
+        let mut head = hdr.free_head.load(Acquire);
+        loop {
+            let idx = head as u32;
+            if idx == NIL {
+                return None;
+            }
+            let next = self.entry(idx).free_next.load(Relaxed);
+            let new = (((head >> 32) + 1) << 32) | u64::from(next);
+            match hdr
+                .free_head
+                .compare_exchange_weak(head, new, AcqRel, Acquire)
+            {
+                Ok(_) => {
+                    hdr.free_count.fetch_sub(1, Relaxed);
+                    return Some(idx);
+                }
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Returns entry `i` to the free list.
+    ///
+    /// # Safety
+    /// `i` is in no tree, no chain and no tombstone list, and the caller
+    /// owns it (nobody can reach it any more).
+    pub(crate) unsafe fn free(&self, i: u32) {
+        // SAFETY: the caller owns the entry.
+        unsafe { *self.data(i) = EntryData::FREE };
+        let e = self.entry(i);
+        e.range.store(NIL, Release);
+        let hdr = self.p.hdr;
+        let mut head = hdr.free_head.load(Acquire);
+        loop {
+            e.free_next.store(head as u32, Relaxed);
+            let new = (((head >> 32) + 1) << 32) | u64::from(i);
+            match hdr
+                .free_head
+                .compare_exchange_weak(head, new, AcqRel, Acquire)
+            {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+        hdr.free_count.fetch_add(1, Relaxed);
+    }
+
+    // ---- directory --------------------------------------------------------
+
+    fn hash_slot(&self, rel: RelId) -> usize {
+        let h = rel.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        (h % u64::from(self.p.hdr.cfg.max_tables)) as usize
+    }
+
+    /// The table slot of `rel`, if it has one.  Directory lock held.
+    pub(crate) fn find_table(&self, rel: RelId) -> Option<u32> {
+        let n = self.p.tables.len();
+        let start = self.hash_slot(rel);
+        for k in 0..n {
+            let t = ((start + k) % n) as u32;
+            // SAFETY: the caller holds the Directory lock.
+            let r = unsafe { self.table_data(t) }.rel;
+            if r == rel {
+                return Some(t);
+            }
+            if r == RelId::EMPTY {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Allocates a range covering `[lo, hi)` of table `t`.  Exclusive
+    /// Directory lock held.
+    pub(crate) fn new_range(
+        &self,
+        t: u32,
+        lo: super::span::KeyBuf,
+        hi: super::span::KeyBuf,
+    ) -> Option<u32> {
+        // SAFETY: exclusive Directory lock held by the caller.
+        let dir = unsafe { self.dir() };
+        let r = dir.free_range;
+        if r == NIL {
+            return None;
+        }
+        // SAFETY: as above; a free range's body is not reachable by anyone.
+        let meta = unsafe { self.meta(r) };
+        dir.free_range = meta.next_free;
+        dir.ranges_used += 1;
+        *meta = RangeMeta {
+            in_use: true,
+            table: t,
+            lo,
+            hi,
+            next_free: NIL,
+        };
+        let _g = self.lock(LockId::Range(r), Mode::Exclusive);
+        // SAFETY: range lock held.
+        unsafe { *self.body(r) = RangeBody::EMPTY };
+        let slot = &self.p.ranges[r as usize];
+        slot.acquires.store(0, Relaxed);
+        slot.contended.store(0, Relaxed);
+        slot.queue.store(0, Relaxed);
+        Some(r)
+    }
+
+    /// Returns an empty range to the free list.  Exclusive Directory lock held.
+    pub(crate) fn free_range(&self, r: u32) {
+        // SAFETY: exclusive Directory lock held by the caller.
+        let dir = unsafe { self.dir() };
+        // SAFETY: as above.
+        let meta = unsafe { self.meta(r) };
+        *meta = RangeMeta {
+            in_use: false,
+            table: NIL,
+            lo: meta.lo,
+            hi: meta.hi,
+            next_free: dir.free_range,
+        };
+        dir.free_range = r;
+        dir.ranges_used -= 1;
+        self.p.hdr.dir_version.fetch_add(1, Relaxed);
+    }
+
+    fn create_table(&self, rel: RelId) -> Result<u32, AcquireError> {
+        let _d = self.lock(LockId::Directory, Mode::Exclusive);
+        if let Some(t) = self.find_table(rel) {
+            return Ok(t);
+        }
+        let n = self.p.tables.len();
+        let start = self.hash_slot(rel);
+        let t = (0..n)
+            .map(|k| ((start + k) % n) as u32)
+            // SAFETY: exclusive Directory lock held.
+            .find(|&t| {
+                matches!(
+                    unsafe { self.table_data(t) }.rel,
+                    RelId::EMPTY | RelId::DELETED
+                )
+            })
+            .ok_or(AcquireError::TooManyTables)?;
+        let r = self
+            .new_range(t, super::span::KeyBuf::EMPTY, super::span::KeyBuf::INFINITE)
+            .ok_or(AcquireError::TooManyRanges)?;
+        // SAFETY: exclusive Directory lock held.
+        let td = unsafe { self.table_data(t) };
+        td.rel = rel;
+        td.nranges = 1;
+        td.ranges = [NIL; MAX_RANGES_PER_TABLE];
+        td.ranges[0] = r;
+        // SAFETY: as above.
+        unsafe { self.dir() }.tables_used += 1;
+        self.p.hdr.dir_version.fetch_add(1, Relaxed);
+        Ok(t)
+    }
+
+    /// Calls `f` with each range of table `t` that overlaps `span`, in key
+    /// order.  Directory lock held.
+    pub(crate) fn for_each_range_of(&self, t: u32, span: &Span, f: &mut dyn FnMut(u32) -> bool) {
+        // SAFETY: the caller holds the Directory lock.
+        let td = unsafe { self.table_data(t) };
+        let ranges = &td.ranges[..td.nranges as usize];
+        // SAFETY: as above (range metas are directory-protected).
+        let lo = |r: u32| unsafe { self.meta(r) }.lo;
+        let first = ranges
+            .partition_point(|&r| lo(r) <= span.start)
+            .saturating_sub(1);
+        for &r in &ranges[first..] {
+            if lo(r) >= span.end {
+                break;
+            }
+            if !f(r) {
+                break;
+            }
+        }
+    }
+
+    // ---- acquire / release ------------------------------------------------
+
+    /// Registers (or refreshes) backend slot `slot` for a process.
+    pub fn attach_backend(&self, slot: u32, pid: i32) {
+        let b = self.backend(slot);
+        debug_assert_eq!(
+            b.chain.load(Relaxed),
+            NIL,
+            "a backend slot is reused with latches left"
+        );
+        b.pid.store(pid, Relaxed);
+        b.xid.store(0, Relaxed);
+    }
+
+    /// Whether the backend in `slot` holds any latch now.
+    pub fn holds_any(&self, slot: u32) -> bool {
+        self.backend(slot).chain.load(Relaxed) != NIL
+    }
+
+    /// Publishes a write latch on `span` for the transaction in `slot`.
+    ///
+    /// On error nothing already published is lost or leaked: earlier pieces
+    /// of a multi-range span stay on the holder's chain and go with the rest
+    /// at transaction end.
+    pub fn acquire(
+        &self,
+        slot: u32,
+        rel: RelId,
+        span: &Span,
+        h: &Holder,
+    ) -> Result<(), AcquireError> {
+        assert!(h.xid.is_valid(), "a latch holder must have an xid");
+        if span.is_empty() {
+            return Ok(());
+        }
+        let t = {
+            let _d = self.lock(LockId::Directory, Mode::Shared);
+            self.find_table(rel)
+        };
+        let t = match t {
+            Some(t) => t,
+            None => self.create_table(rel)?,
+        };
+        let b = self.backend(slot);
+        b.xid.store(h.xid.0, Relaxed);
+        b.pid.store(h.pid, Relaxed);
+        if b.chain.load(Relaxed) == NIL {
+            b.since.store(h.now_us, Relaxed);
+        }
+
+        let _d = self.lock(LockId::Directory, Mode::Shared);
+        let mut result = Ok(());
+        self.for_each_range_of(t, span, &mut |r| {
+            let Some(e) = self.alloc() else {
+                result = Err(AcquireError::Full);
+                return false;
+            };
+            // SAFETY: we popped `e` from the free list; it is ours.
+            let d = unsafe { self.data(e) };
+            let seq = self.p.hdr.seq.fetch_add(1, Relaxed);
+            *d = EntryData {
+                span: *span,
+                xid: h.xid,
+                state: State::Live,
+                seq,
+                pid: h.pid,
+                acquired_at: h.now_us,
+                prio: prio_for(e, seq),
+                ..EntryData::FREE
+            };
+            let (_g, waited) = Held::new_counting(&self.locks, LockId::Range(r), Mode::Exclusive);
+            let rs = &self.p.ranges[r as usize];
+            bump(&rs.acquires, 1);
+            if waited {
+                bump(&rs.contended, 1);
+                self.count(slot, Stat::RangeLockWaits, 1);
+            }
+            // SAFETY: exclusive range lock held.
+            let body = unsafe { self.body(r) };
+            body.root = tree::insert(&self.nodes(), body.root, e);
+            body.live += 1;
+            self.entry(e).range.store(r, Release);
+            self.reclaim_locked(slot, r, 2);
+            // Only this backend touches its chain.
+            let ent = self.entry(e);
+            ent.holder_next.store(b.chain.load(Relaxed), Relaxed);
+            b.chain.store(e, Relaxed);
+            b.count.fetch_add(1, Relaxed);
+            self.count(slot, Stat::LatchesAcquired, 1);
+            true
+        });
+        if result.is_err() {
+            self.count(slot, Stat::LatchTableFull, 1);
+        }
+        result
+    }
+
+    /// Releases every latch of the transaction in `slot`: tombstones at
+    /// commit (called after the commit is visible), gone at abort.
+    pub fn release_all(&self, slot: u32, outcome: Outcome) -> u32 {
+        let b = self.backend(slot);
+        let mut e = b.chain.swap(NIL, Relaxed);
+        let mut n = 0;
+        while e != NIL {
+            let next = self.entry(e).holder_next.load(Relaxed);
+            self.entry(e).holder_next.store(NIL, Relaxed);
+            self.release_one(slot, e, outcome);
+            n += 1;
+            e = next;
+        }
+        b.count.store(0, Relaxed);
+        b.xid.store(0, Relaxed);
+        let stat = match outcome {
+            Outcome::Committed => Stat::LatchesReleasedCommit,
+            Outcome::Aborted => Stat::LatchesReleasedAbort,
+        };
+        self.count(slot, stat, u64::from(n));
+        n
+    }
+
+    fn release_one(&self, slot: u32, e: u32, outcome: Outcome) {
+        loop {
+            let r = self.entry(e).range.load(Acquire);
+            let _g = self.lock(LockId::Range(r), Mode::Exclusive);
+            if self.entry(e).range.load(Acquire) != r {
+                continue; // moved by a split or merge while we waited
+            }
+            // SAFETY: exclusive lock of the range `e` is in.
+            let (body, d) = unsafe { (self.body(r), self.data(e)) };
+            body.live -= 1;
+            match outcome {
+                Outcome::Committed => {
+                    d.state = State::Tombstone;
+                    body.tombstones += 1;
+                    self.fifo_push(body, e);
+                }
+                Outcome::Aborted => {
+                    body.root = tree::remove(&self.nodes(), body.root, e);
+                    // SAFETY: out of the tree and the chain: nobody reaches it.
+                    unsafe { self.free(e) };
+                }
+            }
+            self.reclaim_locked(slot, r, 4);
+            return;
+        }
+    }
+
+    pub(crate) fn fifo_push(&self, body: &mut RangeBody, e: u32) {
+        // SAFETY: the caller holds the exclusive lock of the range `e` is in.
+        unsafe { self.data(e) }.fifo_next = NIL;
+        if body.fifo_tail == NIL {
+            body.fifo_head = e;
+        } else {
+            // SAFETY: as above; the tail is in the same range.
+            unsafe { self.data(body.fifo_tail) }.fifo_next = e;
+        }
+        body.fifo_tail = e;
+    }
+
+    /// Frees up to `budget` tombstones of range `r` whose holders precede
+    /// the horizon, oldest release first; drops an expired summary.
+    /// Exclusive lock of `r` held.
+    pub(crate) fn reclaim_locked(&self, slot: u32, r: u32, budget: u32) -> u32 {
+        let horizon = self.horizon();
+        if !horizon.is_valid() {
+            return 0;
+        }
+        // SAFETY: exclusive range lock held by the caller.
+        let body = unsafe { self.body(r) };
+        let mut n = 0;
+        while n < budget && body.fifo_head != NIL {
+            let e = body.fifo_head;
+            // SAFETY: `e` is in range `r`.
+            let d = unsafe { self.data(e) };
+            if !d.xid.precedes(horizon) {
+                break;
+            }
+            body.fifo_head = d.fifo_next;
+            if body.fifo_head == NIL {
+                body.fifo_tail = NIL;
+            }
+            body.root = tree::remove(&self.nodes(), body.root, e);
+            body.tombstones -= 1;
+            // SAFETY: unlinked from tree and list; tombstones are on no chain.
+            unsafe { self.free(e) };
+            n += 1;
+        }
+        if !body.summary.is_empty() && body.summary.xid_hi.precedes(horizon) {
+            body.summary = region::Summary::EMPTY;
+        }
+        if n > 0 {
+            self.count(slot, Stat::TombstonesReclaimed, u64::from(n));
+        }
+        n
+    }
+}

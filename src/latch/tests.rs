@@ -1,0 +1,627 @@
+//! Latch table tests: table-driven cases (each run in both orders where order
+//! matters), a property test against a naive model, and a multi-threaded
+//! stress test of the one invariant that matters.
+
+use super::locks::std_locks::StdLocks;
+use super::region::{Config, RelId, REGION_ALIGN};
+use super::snapshot::ReadSnapshot;
+use super::span::Span;
+use super::table::{AcquireError, Holder, LatchTable, Outcome};
+use super::validate::Conflict;
+use super::xid::Xid;
+use std::collections::BTreeSet;
+
+pub(crate) fn table(cfg: Config) -> &'static LatchTable<'static, StdLocks> {
+    let size = LatchTable::<StdLocks>::region_size(&cfg);
+    let words = size.div_ceil(8);
+    let mem: &'static mut [u64] = Box::leak(vec![0u64; words].into_boxed_slice());
+    assert_eq!(mem.as_ptr() as usize % REGION_ALIGN, 0);
+    let locks = StdLocks::new(cfg.max_ranges, cfg.max_tables);
+    // SAFETY: a fresh, leaked, aligned buffer of the right size, used only here.
+    let t = unsafe { LatchTable::init(mem.as_mut_ptr() as *mut u8, &cfg, locks) };
+    Box::leak(Box::new(t))
+}
+
+fn small() -> &'static LatchTable<'static, StdLocks> {
+    table(Config {
+        max_entries: 256,
+        max_ranges: 16,
+        max_tables: 8,
+        max_backends: 8,
+    })
+}
+
+const REL: RelId = RelId(0x0000_0001_0000_4000);
+const OTHER_REL: RelId = RelId(0x0000_0001_0000_4001);
+
+fn k(v: u16) -> Vec<u8> {
+    v.to_be_bytes().to_vec()
+}
+fn pt(v: u16) -> Span {
+    Span::point(&k(v))
+}
+fn sp(a: u16, b: u16) -> Span {
+    Span::new(&k(a), Some(&k(b)))
+}
+fn holder(x: u32) -> Holder {
+    Holder {
+        xid: Xid(x),
+        pid: x as i32,
+        now_us: 0,
+    }
+}
+
+/// Conflicting xids of `span` for a snapshot listing `xip` in progress.
+fn conflicts_of(
+    t: &LatchTable<'_, StdLocks>,
+    rel: RelId,
+    span: &Span,
+    xip: &[u32],
+    xmax: u32,
+) -> BTreeSet<u32> {
+    let mut xs: Vec<Xid> = xip.iter().map(|&x| Xid(x)).collect();
+    let snap = ReadSnapshot::new(Xid(3), Xid(xmax), &mut xs, Xid::INVALID);
+    let mut out = BTreeSet::new();
+    t.check(rel, span, &snap, &|_| true, &mut |c: Conflict| {
+        out.insert(c.xid.0);
+    });
+    out
+}
+
+fn set(xs: &[u32]) -> BTreeSet<u32> {
+    xs.iter().copied().collect()
+}
+
+#[test]
+fn overlap_cases_in_both_orders() {
+    // (latch span, query span, conflicts)
+    let cases: &[(Span, Span, bool)] = &[
+        (pt(10), pt(10), true),
+        (pt(10), pt(11), false),
+        (sp(10, 20), sp(19, 30), true),
+        (sp(10, 20), sp(20, 30), false), // adjacent: half-open ends do not meet
+        (sp(20, 30), sp(10, 20), false),
+        (sp(10, 20), pt(15), true),
+        (Span::ALL, pt(7), true),
+        (pt(7), Span::ALL, true),
+        (Span::new(&k(100), None), pt(60000), true),
+        (Span::new(&[], Some(&k(5))), pt(5), false),
+        // composite keys: a latch on the prefix (1, *) covers (1, 2), not (2, 1)
+        (Span::prefix(&[0, 1]), Span::point(&[0, 1, 0, 2]), true),
+        (Span::prefix(&[0, 1]), Span::point(&[0, 2, 0, 1]), false),
+        (Span::point(&[0, 1, 0, 2]), Span::prefix(&[0, 1]), true),
+    ];
+    for (i, (latch, query, want)) in cases.iter().enumerate() {
+        for reversed in [false, true] {
+            let t = small();
+            // A second, unrelated latch, published before or after the one
+            // under test: the order must not matter.
+            let other = Span::point(&k(50_000));
+            let first = if reversed { (&other, 8) } else { (latch, 7) };
+            let second = if reversed { (latch, 7) } else { (&other, 8) };
+            t.acquire(first.1 - 7, REL, first.0, &holder(first.1))
+                .unwrap();
+            t.acquire(second.1 - 7, REL, second.0, &holder(second.1))
+                .unwrap();
+            let got = conflicts_of(t, REL, query, &[7, 8], 100).contains(&7);
+            assert_eq!(
+                got, *want,
+                "case {i} reversed={reversed}: {latch:?} vs {query:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn other_relations_never_conflict() {
+    let t = small();
+    t.acquire(0, REL, &Span::ALL, &holder(7)).unwrap();
+    assert!(conflicts_of(t, OTHER_REL, &Span::ALL, &[7], 100).is_empty());
+    assert_eq!(conflicts_of(t, REL, &Span::ALL, &[7], 100), set(&[7]));
+}
+
+#[test]
+fn snapshot_rule_cases() {
+    // (holder xid, snapshot xip, snapshot xmax, conflicts)
+    let cases: &[(u32, &[u32], u32, bool)] = &[
+        (50, &[50], 60, true),  // in progress at the snapshot
+        (50, &[], 60, false),   // committed before the snapshot
+        (60, &[], 60, false),   // at xmax: started after, ordered after
+        (70, &[50], 60, false), // above xmax
+        (50, &[40, 50, 55], 60, true),
+    ];
+    for (i, &(x, xip, xmax, want)) in cases.iter().enumerate() {
+        let t = small();
+        t.acquire(0, REL, &pt(1), &holder(x)).unwrap();
+        assert_eq!(
+            conflicts_of(t, REL, &pt(1), xip, xmax).contains(&x),
+            want,
+            "case {i}"
+        );
+    }
+}
+
+#[test]
+fn own_latches_never_conflict() {
+    let t = small();
+    t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
+    let mut xip = [Xid(50)];
+    let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xip, Xid(50));
+    let mut n = 0;
+    t.check(REL, &pt(1), &snap, &|_| true, &mut |_| n += 1);
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn released_after_snapshot_still_conflicts_then_reclaims() {
+    for outcome in [Outcome::Committed, Outcome::Aborted] {
+        let t = small();
+        t.acquire(1, REL, &pt(5), &holder(50)).unwrap();
+        // Reader's snapshot saw 50 in progress; 50 then ends.
+        let before = t.free_entries();
+        t.release_all(1, outcome);
+        let got = conflicts_of(t, REL, &pt(5), &[50], 60);
+        match outcome {
+            // A committed prerequisite released after the snapshot still conflicts...
+            Outcome::Committed => {
+                assert_eq!(got, set(&[50]));
+                let mut live = None;
+                let mut xs = [Xid(50)];
+                let snap = ReadSnapshot::new(Xid(3), Xid(60), &mut xs, Xid::INVALID);
+                t.check(REL, &pt(5), &snap, &|_| true, &mut |c| live = Some(c.live));
+                assert_eq!(live, Some(false), "a tombstone needs no wait");
+                // ...until the horizon passes its holder: then it is reclaimed.
+                t.set_horizon(Xid(50));
+                t.reclaim_all(0);
+                assert_eq!(t.free_entries(), before, "not before the horizon passes");
+                t.set_horizon(Xid(51));
+                t.reclaim_all(0);
+                assert_eq!(t.free_entries(), before + 1);
+            }
+            // ...while an aborted one is gone at once.
+            Outcome::Aborted => {
+                assert!(got.is_empty());
+                assert_eq!(t.free_entries(), before + 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn writers_reclaim_expired_tombstones_as_they_go() {
+    let t = small();
+    for x in 10..60u32 {
+        t.acquire(0, REL, &pt(x as u16), &holder(x)).unwrap();
+        t.release_all(0, Outcome::Committed);
+        t.set_horizon(Xid(x)); // everything before x is gone from all snapshots
+    }
+    let used = t.usage().entries_used;
+    assert!(used < 10, "tombstones piled up: {used}");
+}
+
+#[test]
+fn capacity_exhaustion_and_recovery() {
+    let t = table(Config {
+        max_entries: 8,
+        max_ranges: 4,
+        max_tables: 4,
+        max_backends: 4,
+    });
+    for i in 0..8u16 {
+        t.acquire(0, REL, &pt(i), &holder(100)).unwrap();
+    }
+    assert_eq!(
+        t.acquire(1, REL, &pt(100), &holder(101)),
+        Err(AcquireError::Full)
+    );
+    assert_eq!(t.stats()[super::stats::Stat::LatchTableFull as usize], 1);
+    // The full transaction aborts; its holder's latches all go.
+    assert_eq!(t.release_all(0, Outcome::Aborted), 8);
+    assert_eq!(t.free_entries(), 8);
+    t.acquire(1, REL, &pt(100), &holder(101)).unwrap();
+    // Committed tombstones pinned by an old snapshot fill the table...
+    t.release_all(1, Outcome::Committed);
+    for x in 0..7u32 {
+        t.acquire(2, REL, &pt(x as u16), &holder(200 + x)).unwrap();
+        t.release_all(2, Outcome::Committed);
+    }
+    assert_eq!(
+        t.acquire(3, REL, &pt(9), &holder(300)),
+        Err(AcquireError::Full)
+    );
+    // ...until pressure relief coalesces them: space comes back, and a reader
+    // whose snapshot saw one of them in flight still conflicts.
+    assert!(t.relieve_pressure(3) > 0);
+    t.acquire(3, REL, &pt(9), &holder(300)).unwrap();
+    assert_eq!(conflicts_of(t, REL, &pt(3), &[203], 400), set(&[203]));
+    assert!(conflicts_of(t, REL, &pt(3), &[], 400).is_empty());
+    // Coalescing widens, it never narrows: a neighbour now conflicts too.
+    assert_eq!(conflicts_of(t, REL, &pt(2), &[203], 400), set(&[203]));
+}
+
+#[test]
+fn coalesced_summary_asks_whether_the_holder_committed() {
+    let t = small();
+    t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
+    t.release_all(0, Outcome::Committed);
+    t.coalesce(0, t.ranges_of(REL)[0]);
+    let mut xs = [Xid(50), Xid(52)];
+    let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid::INVALID);
+    let mut seen = Vec::new();
+    // 52 lies in no tombstone's interval; 50 did not commit per the oracle.
+    t.check(REL, &pt(1), &snap, &|x| x == Xid(52), &mut |c| {
+        seen.push(c.xid)
+    });
+    assert!(seen.is_empty());
+    t.check(REL, &pt(1), &snap, &|x| x == Xid(50), &mut |c| {
+        seen.push(c.xid)
+    });
+    assert_eq!(seen, vec![Xid(50)]);
+}
+
+#[test]
+fn wide_latches_span_every_range_they_cross() {
+    let t = table(Config {
+        max_entries: 512,
+        max_ranges: 16,
+        max_tables: 4,
+        max_backends: 4,
+    });
+    for i in 0..200u16 {
+        t.acquire(0, REL, &pt(i * 10), &holder(100)).unwrap();
+    }
+    let r = t.ranges_of(REL)[0];
+    let r2 = t.split(0, r).expect("split");
+    assert_eq!(t.ranges_of(REL), vec![r, r2]);
+    t.split(0, r2).expect("split again");
+    assert_eq!(t.ranges_of(REL).len(), 3);
+    // A span across every range conflicts with a point in each of them.
+    t.acquire(1, REL, &Span::ALL, &holder(101)).unwrap();
+    for i in [0u16, 700, 1500, 1990] {
+        assert_eq!(
+            conflicts_of(t, REL, &pt(i), &[100, 101], 200),
+            set(&[100, 101]),
+            "key {i}"
+        );
+        assert_eq!(
+            conflicts_of(t, REL, &pt(i + 1), &[100, 101], 200),
+            set(&[101]),
+            "key {}",
+            i + 1
+        );
+    }
+    // Releasing works whatever range each piece ended up in.
+    t.release_all(1, Outcome::Aborted);
+    t.release_all(0, Outcome::Aborted);
+    assert_eq!(t.free_entries(), 512);
+}
+
+#[test]
+fn split_and_merge_preserve_every_conflict() {
+    let t = table(Config {
+        max_entries: 1024,
+        max_ranges: 16,
+        max_tables: 4,
+        max_backends: 4,
+    });
+    // Live latches, tombstones and a wide latch, from several holders.
+    for i in 0..300u16 {
+        let x = 100 + u32::from(i % 5);
+        t.acquire(i as u32 % 4, REL, &pt(i * 3), &holder(x))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        if i % 7 == 0 {
+            t.release_all(i as u32 % 4, Outcome::Committed);
+        }
+    }
+    let snapshot_of = |t: &LatchTable<'_, StdLocks>| {
+        (0..900u16)
+            .map(|i| conflicts_of(t, REL, &pt(i), &[100, 101, 102, 103, 104], 200))
+            .collect::<Vec<_>>()
+    };
+    let before = snapshot_of(t);
+    let r = t.ranges_of(REL)[0];
+    let r2 = t.split(0, r).unwrap();
+    let _r3 = t.split(0, r2).unwrap();
+    assert_eq!(snapshot_of(t), before, "after splits");
+    let rs = t.ranges_of(REL);
+    assert!(t.merge(0, rs[0], rs[1]));
+    assert!(!t.merge(0, rs[0], rs[2]) || t.ranges_of(REL).len() == 1);
+    assert_eq!(snapshot_of(t), before, "after merges");
+    for slot in 0..4 {
+        t.release_all(slot, Outcome::Aborted);
+    }
+}
+
+#[test]
+fn purge_waits_for_live_latches() {
+    let t = small();
+    t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
+    assert!(!t.purge_table(REL), "a live latch blocks the purge");
+    t.release_all(0, Outcome::Committed);
+    assert!(t.purge_table(REL));
+    assert_eq!(t.usage().tables_used, 0);
+    assert_eq!(t.free_entries(), 256);
+    assert!(conflicts_of(t, REL, &pt(1), &[50], 60).is_empty());
+}
+
+#[test]
+fn pulled_in_holder_needs_a_fresh_snapshot_when_a_later_writer_published_first() {
+    // Reader snapshot: 50 in flight, xmax 60.  Writer 70 (after the
+    // snapshot) publishes key 10, then 50 publishes key 11.
+    let t = small();
+    t.acquire(0, REL, &pt(10), &holder(70)).unwrap();
+    t.acquire(1, REL, &pt(11), &holder(50)).unwrap();
+    let mut xs = [Xid(50)];
+    let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid::INVALID);
+    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
+    assert!(c.conflicted && !c.must_refresh);
+    // After waiting for 50 the reader may not simply see it: 70's key 10
+    // came first and is still hidden.
+    t.release_all(1, Outcome::Committed);
+    let pulled = [Xid(50)];
+    snap.pulled = &pulled;
+    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
+    assert!(!c.conflicted && c.must_refresh);
+    // In the other order (50 first, then 70) pulling in is fine.
+    let t = small();
+    t.acquire(1, REL, &pt(10), &holder(50)).unwrap();
+    t.acquire(0, REL, &pt(11), &holder(70)).unwrap();
+    t.release_all(1, Outcome::Committed);
+    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
+    assert!(c.clean(), "{c:?}");
+}
+
+#[test]
+fn too_many_tables_is_reported() {
+    let t = table(Config {
+        max_entries: 64,
+        max_ranges: 16,
+        max_tables: 2,
+        max_backends: 2,
+    });
+    t.acquire(0, RelId::new(1, 1), &pt(1), &holder(10)).unwrap();
+    t.acquire(0, RelId::new(1, 2), &pt(1), &holder(10)).unwrap();
+    assert_eq!(
+        t.acquire(0, RelId::new(1, 3), &pt(1), &holder(10)),
+        Err(AcquireError::TooManyTables)
+    );
+}
+
+mod model {
+    //! The table against a naive model: a Vec of (span, xid, committed).
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Acquire { slot: u8, a: u16, len: u16 },
+        End { slot: u8, commit: bool },
+        Horizon,
+        Check { a: u16, len: u16, mask: u8 },
+        Split,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (0u8..4, 0u16..500, 0u16..30).prop_map(|(slot, a, len)| Op::Acquire { slot, a, len }),
+            2 => (0u8..4, any::<bool>()).prop_map(|(slot, commit)| Op::End { slot, commit }),
+            1 => Just(Op::Horizon),
+            4 => (0u16..500, 0u16..80, any::<u8>()).prop_map(|(a, len, mask)| Op::Check { a, len, mask }),
+            1 => Just(Op::Split),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn matches_naive_model(ops in proptest::collection::vec(op(), 1..150)) {
+            let t = table(Config { max_entries: 4096, max_ranges: 32, max_tables: 4, max_backends: 4 });
+            // Model: every latch ever published that is live or a tombstone.
+            let mut latches: Vec<(Span, u32, bool)> = Vec::new(); // span, xid, live
+            let mut xid_of = [0u32; 4];
+            let mut next_xid = 10u32;
+            let mut horizon = 3u32;
+            for op in ops {
+                match op {
+                    Op::Acquire { slot, a, len } => {
+                        let s = slot as usize;
+                        if xid_of[s] == 0 { xid_of[s] = next_xid; next_xid += 1; }
+                        let span = if len == 0 { pt(a) } else { sp(a, a + len) };
+                        t.acquire(slot as u32, REL, &span, &holder(xid_of[s])).unwrap();
+                        latches.push((span, xid_of[s], true));
+                    }
+                    Op::End { slot, commit } => {
+                        let x = xid_of[slot as usize];
+                        if x == 0 { continue; }
+                        t.release_all(slot as u32, if commit { Outcome::Committed } else { Outcome::Aborted });
+                        if commit {
+                            for l in latches.iter_mut().filter(|l| l.1 == x) { l.2 = false; }
+                        } else {
+                            latches.retain(|l| l.1 != x);
+                        }
+                        xid_of[slot as usize] = 0;
+                    }
+                    Op::Horizon => {
+                        // Everything finished so far may be forgotten.
+                        horizon = xid_of.iter().copied().filter(|&x| x != 0).min().unwrap_or(next_xid);
+                        t.set_horizon(Xid(horizon));
+                        t.reclaim_all(0);
+                    }
+                    Op::Check { a, len, mask } => {
+                        // A snapshot taken now-ish: in progress = a subset of
+                        // xids at or after the horizon (a valid snapshot never
+                        // lists anything older).
+                        let xip: Vec<u32> = (horizon..next_xid).filter(|x| mask & (1 << (x % 8)) != 0).collect();
+                        let q = if len == 0 { pt(a) } else { sp(a, a + len) };
+                        let got = conflicts_of(t, REL, &q, &xip, next_xid);
+                        let want: BTreeSet<u32> = latches.iter()
+                            .filter(|l| l.0.overlaps(&q) && xip.contains(&l.1))
+                            .map(|l| l.1).collect();
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Split => {
+                        for r in t.ranges_of(REL) { t.split(0, r); }
+                    }
+                }
+            }
+            for slot in 0..4 { t.release_all(slot, Outcome::Aborted); }
+        }
+    }
+}
+
+mod stress {
+    //! Writers, readers and a horizon keeper on real threads.  A simulated
+    //! procarray hands out xids and snapshots exactly as Postgres does; the
+    //! invariant checked: a reader validating a span finds every holder its
+    //! snapshot saw in flight that had published a latch there before the
+    //! check began — live or already committed.
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct ProcArray {
+        next: u32,
+        running: BTreeSet<u32>,
+        reader_xmin: Option<u32>,
+        /// (xid, key) published, in publication order.
+        published: Vec<(u32, u16)>,
+        /// Holders that decided to abort (their latches may vanish).
+        aborted: BTreeSet<u32>,
+    }
+
+    #[test]
+    fn readers_never_miss_an_in_flight_holder() {
+        let t = table(Config {
+            max_entries: 4096,
+            max_ranges: 64,
+            max_tables: 4,
+            max_backends: 16,
+        });
+        t.set_range_max_latches(64);
+        let pa = Arc::new(Mutex::new(ProcArray {
+            next: 100,
+            ..Default::default()
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::new();
+        for w in 0..4u32 {
+            let (pa, stop) = (pa.clone(), stop.clone());
+            handles.push(std::thread::spawn(move || {
+                let mut rnd = 0x9E37_79B9u32.wrapping_mul(w + 1);
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    rnd ^= rnd << 13;
+                    rnd ^= rnd >> 17;
+                    rnd ^= rnd << 5;
+                    let x = {
+                        let mut p = pa.lock().unwrap();
+                        let x = p.next;
+                        p.next += 1;
+                        p.running.insert(x);
+                        x
+                    };
+                    for j in 0..(1 + rnd % 3) {
+                        let key = ((rnd >> 8) as u16).wrapping_add(j as u16 * 7) % 2000;
+                        match t.acquire(w, REL, &pt(key), &holder(x)) {
+                            Ok(()) => pa.lock().unwrap().published.push((x, key)),
+                            Err(_) => {
+                                t.relieve_pressure(w);
+                            }
+                        }
+                    }
+                    std::thread::yield_now();
+                    let commit = !rnd.is_multiple_of(10);
+                    if commit {
+                        // Commit becomes visible first, then latches release.
+                        pa.lock().unwrap().running.remove(&x);
+                        t.release_all(w, Outcome::Committed);
+                    } else {
+                        pa.lock().unwrap().aborted.insert(x);
+                        t.release_all(w, Outcome::Aborted);
+                        pa.lock().unwrap().running.remove(&x);
+                    }
+                    n += 1;
+                }
+                n
+            }));
+        }
+        // Horizon keeper: oldest of running xids and readers' xmins.
+        {
+            let (pa, stop) = (pa.clone(), stop.clone());
+            handles.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let h = {
+                        let p = pa.lock().unwrap();
+                        p.running
+                            .iter()
+                            .copied()
+                            .chain(p.reader_xmin)
+                            .min()
+                            .unwrap_or(p.next)
+                    };
+                    t.set_horizon(Xid(h));
+                    t.reclaim_all(8);
+                    for r in t.ranges_of(REL) {
+                        let body_len = t.usage().entries_used;
+                        if body_len > 64 {
+                            t.split(8, r);
+                        }
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                0
+            }));
+        }
+        let mut checked = 0u64;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while std::time::Instant::now() < deadline {
+            // Take a snapshot: xmin registered atomically with it.
+            let (xmax, xip) = {
+                let mut p = pa.lock().unwrap();
+                let xip: Vec<u32> = p.running.iter().copied().collect();
+                p.reader_xmin = Some(xip.first().copied().unwrap_or(p.next));
+                (p.next, xip)
+            };
+            std::thread::yield_now();
+            // Publications by in-flight-at-snapshot holders known now, i.e.
+            // before the check begins.
+            let expected: Vec<(u32, u16)> = {
+                let p = pa.lock().unwrap();
+                p.published
+                    .iter()
+                    .copied()
+                    .filter(|(x, _)| xip.contains(x))
+                    .collect()
+            };
+            for (x, key) in expected {
+                let got = conflicts_of(t, REL, &pt(key), &xip, xmax);
+                // Aborted holders may vanish from the table; everyone else
+                // must be found.
+                let aborted = pa.lock().unwrap().aborted.contains(&x);
+                assert!(
+                    got.contains(&x) || aborted,
+                    "missed holder {x} on key {key}"
+                );
+                checked += 1;
+            }
+            pa.lock().unwrap().reader_xmin = None;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let txns: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(checked > 100, "too few checks: {checked}");
+        let st = t.stats();
+        assert!(
+            st[super::super::stats::Stat::RangeSplits as usize] > 0,
+            "no split raced the readers"
+        );
+        assert!(txns > 100, "too few transactions: {txns}");
+        // Everything ended: only tombstones remain, and they all go once
+        // the horizon passes.
+        t.set_horizon(Xid(pa.lock().unwrap().next));
+        t.reclaim_all(0);
+        let mut live = 0;
+        t.for_each_latch(&mut |_| live += 1);
+        assert_eq!(live, 0, "latches leaked");
+    }
+}

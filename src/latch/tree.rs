@@ -1,0 +1,339 @@
+//! The interval index of one latch range: a treap ordered by (start, node id)
+//! and augmented with the node of greatest end in each subtree, so an overlap
+//! query visits O(log n + matches) nodes.
+//!
+//! Nodes are entry indices (u32) into the fixed entry arena; the tree stores
+//! only links, so it needs no allocation and lives in shared memory as is.
+//! Callers hold the range's lock (exclusive to modify, shared to query).
+
+use super::span::{KeyBuf, Span};
+use std::cmp::Ordering;
+
+/// The empty link.
+pub const NIL: u32 = u32::MAX;
+
+/// Node storage the treap manipulates.  Keys (`start`, `end`) must not change
+/// while a node is in a tree.
+pub trait NodeStore {
+    fn left(&self, n: u32) -> u32;
+    fn right(&self, n: u32) -> u32;
+    fn set_left(&self, n: u32, v: u32);
+    fn set_right(&self, n: u32, v: u32);
+    /// The node of greatest `end` in `n`'s subtree.
+    fn max_end(&self, n: u32) -> u32;
+    fn set_max_end(&self, n: u32, v: u32);
+    fn prio(&self, n: u32) -> u32;
+    fn start(&self, n: u32) -> &KeyBuf;
+    fn end(&self, n: u32) -> &KeyBuf;
+}
+
+fn less<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> bool {
+    match s.start(a).cmp(s.start(b)) {
+        Ordering::Less => true,
+        Ordering::Greater => false,
+        Ordering::Equal => a < b,
+    }
+}
+
+fn fix<S: NodeStore + ?Sized>(s: &S, n: u32) {
+    let mut best = n;
+    for c in [s.left(n), s.right(n)] {
+        if c != NIL {
+            let m = s.max_end(c);
+            if s.end(m) > s.end(best) {
+                best = m;
+            }
+        }
+    }
+    s.set_max_end(n, best);
+}
+
+fn rotate_right<S: NodeStore + ?Sized>(s: &S, y: u32) -> u32 {
+    let x = s.left(y);
+    s.set_left(y, s.right(x));
+    s.set_right(x, y);
+    fix(s, y);
+    fix(s, x);
+    x
+}
+
+fn rotate_left<S: NodeStore + ?Sized>(s: &S, x: u32) -> u32 {
+    let y = s.right(x);
+    s.set_right(x, s.left(y));
+    s.set_left(y, x);
+    fix(s, x);
+    fix(s, y);
+    y
+}
+
+/// Inserts node `n` (its links are overwritten) and returns the new root.
+pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
+    if root == NIL {
+        s.set_left(n, NIL);
+        s.set_right(n, NIL);
+        s.set_max_end(n, n);
+        return n;
+    }
+    let mut root = root;
+    if less(s, n, root) {
+        let l = insert(s, s.left(root), n);
+        s.set_left(root, l);
+        if s.prio(l) > s.prio(root) {
+            root = rotate_right(s, root);
+        }
+    } else {
+        let r = insert(s, s.right(root), n);
+        s.set_right(root, r);
+        if s.prio(r) > s.prio(root) {
+            root = rotate_left(s, root);
+        }
+    }
+    fix(s, root);
+    root
+}
+
+fn merge<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> u32 {
+    if a == NIL {
+        return b;
+    }
+    if b == NIL {
+        return a;
+    }
+    if s.prio(a) > s.prio(b) {
+        let r = merge(s, s.right(a), b);
+        s.set_right(a, r);
+        fix(s, a);
+        a
+    } else {
+        let l = merge(s, a, s.left(b));
+        s.set_left(b, l);
+        fix(s, b);
+        b
+    }
+}
+
+/// Removes node `n`, which must be in the tree, and returns the new root.
+pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
+    assert!(root != NIL, "latch tree: node {n} not found");
+    if root == n {
+        return merge(s, s.left(n), s.right(n));
+    }
+    if less(s, n, root) {
+        let l = remove(s, s.left(root), n);
+        s.set_left(root, l);
+    } else {
+        let r = remove(s, s.right(root), n);
+        s.set_right(root, r);
+    }
+    fix(s, root);
+    root
+}
+
+/// Calls `f` for every node overlapping `q`, in start order, until `f`
+/// returns false.  Returns false when stopped early.
+pub fn for_each_overlap<S: NodeStore + ?Sized>(
+    s: &S,
+    root: u32,
+    q: &Span,
+    f: &mut dyn FnMut(u32) -> bool,
+) -> bool {
+    if q.is_empty() {
+        return true;
+    }
+    visit(s, root, q, f)
+}
+
+fn visit<S: NodeStore + ?Sized>(s: &S, n: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
+    if n == NIL || *s.end(s.max_end(n)) <= q.start {
+        return true; // nothing below ends after the query starts
+    }
+    if !visit(s, s.left(n), q, f) {
+        return false;
+    }
+    if *s.start(n) >= q.end {
+        return true; // n and its right subtree start at or after the query's end
+    }
+    if *s.end(n) > q.start && !f(n) {
+        return false;
+    }
+    visit(s, s.right(n), q, f)
+}
+
+/// Calls `f` for every node in start order.
+pub fn for_each<S: NodeStore + ?Sized>(s: &S, root: u32, f: &mut dyn FnMut(u32)) {
+    if root == NIL {
+        return;
+    }
+    for_each(s, s.left(root), f);
+    f(root);
+    for_each(s, s.right(root), f);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[derive(Clone, Copy)]
+    struct Node {
+        l: u32,
+        r: u32,
+        m: u32,
+    }
+
+    /// A Vec-backed store for exercising the treap alone; spans and
+    /// priorities are fixed up front, links change.
+    pub(crate) struct VecStore {
+        links: RefCell<Vec<Node>>,
+        spans: Vec<Span>,
+        prios: Vec<u32>,
+    }
+
+    impl VecStore {
+        fn new(spans: Vec<Span>, prios: Vec<u32>) -> Self {
+            let links = RefCell::new(vec![
+                Node {
+                    l: NIL,
+                    r: NIL,
+                    m: NIL
+                };
+                spans.len()
+            ]);
+            VecStore {
+                links,
+                spans,
+                prios,
+            }
+        }
+    }
+
+    impl NodeStore for VecStore {
+        fn left(&self, n: u32) -> u32 {
+            self.links.borrow()[n as usize].l
+        }
+        fn right(&self, n: u32) -> u32 {
+            self.links.borrow()[n as usize].r
+        }
+        fn set_left(&self, n: u32, v: u32) {
+            self.links.borrow_mut()[n as usize].l = v
+        }
+        fn set_right(&self, n: u32, v: u32) {
+            self.links.borrow_mut()[n as usize].r = v
+        }
+        fn max_end(&self, n: u32) -> u32 {
+            self.links.borrow()[n as usize].m
+        }
+        fn set_max_end(&self, n: u32, v: u32) {
+            self.links.borrow_mut()[n as usize].m = v
+        }
+        fn prio(&self, n: u32) -> u32 {
+            self.prios[n as usize]
+        }
+        fn start(&self, n: u32) -> &KeyBuf {
+            &self.spans[n as usize].start
+        }
+        fn end(&self, n: u32) -> &KeyBuf {
+            &self.spans[n as usize].end
+        }
+    }
+
+    fn key(v: u16) -> Vec<u8> {
+        v.to_be_bytes().to_vec()
+    }
+
+    fn span(a: u16, b: u16) -> Span {
+        Span::new(&key(a), Some(&key(b)))
+    }
+
+    fn check_invariants(s: &VecStore, n: u32) -> usize {
+        if n == NIL {
+            return 0;
+        }
+        let (l, r) = (s.left(n), s.right(n));
+        let mut best = *s.end(n);
+        for c in [l, r] {
+            if c != NIL {
+                assert!(s.prio(c) <= s.prio(n), "heap order");
+                best = best.max(*s.end(s.max_end(c)));
+            }
+        }
+        if l != NIL {
+            assert!(less(s, l, n));
+        }
+        if r != NIL {
+            assert!(less(s, n, r));
+        }
+        assert_eq!(*s.end(s.max_end(n)), best, "max_end augmentation");
+        1 + check_invariants(s, l) + check_invariants(s, r)
+    }
+
+    #[test]
+    fn random_ops_match_naive_overlap() {
+        // Deterministic pseudo-random sequence; no external RNG needed.
+        let mut seed = 0x2545F4914F6CDD1Du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (mut spans, mut prios) = (Vec::new(), Vec::new());
+        for _ in 0..4000 {
+            let a = (rnd() % 1000) as u16;
+            spans.push(span(a, a + 1 + (rnd() % 40) as u16));
+            prios.push(rnd() as u32);
+        }
+        let s = VecStore::new(spans, prios);
+        let mut root = NIL;
+        let mut live: Vec<u32> = Vec::new();
+        let mut next = 0u32;
+        for step in 0..4000 {
+            if live.len() < 50 || rnd() % 3 != 0 {
+                let n = next;
+                next += 1;
+                root = insert(&s, root, n);
+                live.push(n);
+            } else {
+                let i = (rnd() as usize) % live.len();
+                let n = live.swap_remove(i);
+                root = remove(&s, root, n);
+            }
+            if step % 97 == 0 {
+                assert_eq!(check_invariants(&s, root), live.len());
+            }
+            let qa = (rnd() % 1000) as u16;
+            let q = span(qa, qa + (rnd() % 60) as u16);
+            let mut got = Vec::new();
+            for_each_overlap(&s, root, &q, &mut |n| {
+                got.push(n);
+                true
+            });
+            let mut want: Vec<u32> = live
+                .iter()
+                .copied()
+                .filter(|&n| s.spans[n as usize].overlaps(&q))
+                .collect();
+            got.sort();
+            want.sort();
+            assert_eq!(got, want, "step {step} query {q:?}");
+        }
+    }
+
+    #[test]
+    fn early_stop_is_honoured() {
+        let spans = (0..10u16).map(|i| span(i * 10, i * 10 + 5)).collect();
+        let prios = (0..10u32).map(|i| i * 7919 % 101).collect();
+        let s = VecStore::new(spans, prios);
+        let mut root = NIL;
+        for n in 0..10 {
+            root = insert(&s, root, n);
+        }
+        let mut seen = 0;
+        let done = for_each_overlap(&s, root, &span(0, 1000), &mut |_| {
+            seen += 1;
+            seen < 3
+        });
+        assert!(!done);
+        assert_eq!(seen, 3);
+    }
+}

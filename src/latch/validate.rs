@@ -1,0 +1,152 @@
+//! The read side: which writers could a reader's snapshot have missed?
+//!
+//! A reader asks about a span (its declared span D before reading, or its
+//! touched span T after).  A latch there conflicts when its holder was in
+//! flight at the reader's snapshot — whether it is still held or already a
+//! tombstone (a prerequisite released after the snapshot still conflicts).
+//!
+//! A reader that waits for its conflicting holders may fold their outcome
+//! into its snapshot ("pull them in") instead of taking a fresh snapshot,
+//! which would bring in new in-flight writers and could chase a busy table
+//! for ever.  Pulling in is sound only if what the reader then shows is a
+//! prefix of the latch publication order inside the span: no writer that
+//! started after the snapshot may have published a latch there *before* a
+//! pulled-in holder's latch (with `next_key`, publication order is key-draw
+//! order, so a violation is exactly "showing key 11 while hiding key 10").
+//! `Check::must_refresh` reports that case; the reader then takes a fresh
+//! snapshot instead.
+
+use super::locks::{LockId, LockSet, Mode};
+use super::region::{RelId, State};
+use super::snapshot::ReadSnapshot;
+use super::span::Span;
+use super::table::LatchTable;
+use super::tree;
+use super::xid::Xid;
+
+/// A holder the reader's snapshot could have missed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub xid: Xid,
+    /// Still running (wait for it) or already committed (no wait needed).
+    pub live: bool,
+}
+
+/// What a check found besides the conflicts it reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Check {
+    /// Some conflict was reported.
+    pub conflicted: bool,
+    /// Pulled-in holders would show a non-prefix of the latch order: the
+    /// reader must take a fresh snapshot.
+    pub must_refresh: bool,
+    /// Latches (and summaries) looked at.
+    pub examined: u32,
+}
+
+impl Check {
+    pub fn clean(&self) -> bool {
+        !self.conflicted && !self.must_refresh
+    }
+}
+
+impl<L: LockSet> LatchTable<'_, L> {
+    /// Reports (through `on_conflict`, possibly more than once per xid) every
+    /// holder of a latch overlapping `span` that `snap` saw in flight.
+    ///
+    /// `committed(x)` answers whether `x` has committed; it is asked only
+    /// for xids folded into tombstone summaries, which remember xid intervals
+    /// rather than xids.
+    pub fn check(
+        &self,
+        rel: RelId,
+        span: &Span,
+        snap: &ReadSnapshot<'_>,
+        committed: &dyn Fn(Xid) -> bool,
+        on_conflict: &mut dyn FnMut(Conflict),
+    ) -> Check {
+        let mut out = Check::default();
+        if span.is_empty() {
+            return out;
+        }
+        // Latest publication of a pulled-in holder, earliest of a writer that
+        // started after the snapshot.
+        let mut pulled_seq = 0u64;
+        let mut after_seq = u64::MAX;
+        let _d = self.lock(LockId::Directory, Mode::Shared);
+        let Some(t) = self.find_table(rel) else {
+            return out; // never latched
+        };
+        self.for_each_range_of(t, span, &mut |r| {
+            let _g = self.lock(LockId::Range(r), Mode::Shared);
+            // SAFETY: range lock held (shared: read only).
+            let body = unsafe { self.body(r) };
+            tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
+                // SAFETY: `e` is in range `r`, whose lock we hold.
+                let d = unsafe { self.data(e) };
+                out.examined += 1;
+                if snap.in_flight(d.xid) {
+                    out.conflicted = true;
+                    on_conflict(Conflict {
+                        xid: d.xid,
+                        live: d.state == State::Live,
+                    });
+                } else if snap.is_after(d.xid) {
+                    after_seq = after_seq.min(d.seq);
+                } else if snap.is_pulled(d.xid) {
+                    pulled_seq = pulled_seq.max(d.seq);
+                }
+                true
+            });
+            let s = &body.summary;
+            if !s.is_empty() && s.span.overlaps(span) {
+                out.examined += 1;
+                for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
+                    if committed(x) {
+                        out.conflicted = true;
+                        on_conflict(Conflict {
+                            xid: x,
+                            live: false,
+                        });
+                    }
+                }
+                if s.xid_hi.follows_or_equals(snap.xmax) {
+                    after_seq = after_seq.min(s.seq_lo);
+                }
+                if snap
+                    .pulled
+                    .iter()
+                    .any(|&p| !p.precedes(s.xid_lo) && !s.xid_hi.precedes(p))
+                {
+                    pulled_seq = pulled_seq.max(s.seq_hi);
+                }
+            }
+            true
+        });
+        out.must_refresh = pulled_seq > after_seq;
+        out
+    }
+
+    /// Every running holder of a latch overlapping `span`, regardless of
+    /// snapshots (what a writer-side tool or a view wants to know).
+    pub fn live_holders(&self, rel: RelId, span: &Span, f: &mut dyn FnMut(Xid, i32)) {
+        let _d = self.lock(LockId::Directory, Mode::Shared);
+        let Some(t) = self.find_table(rel) else {
+            return;
+        };
+        self.for_each_range_of(t, span, &mut |r| {
+            let _g = self.lock(LockId::Range(r), Mode::Shared);
+            // SAFETY: range lock held.
+            let body = unsafe { self.body(r) };
+            tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
+                // SAFETY: as above.
+                let d = unsafe { self.data(e) };
+                if d.state == State::Live {
+                    f(d.xid, d.pid);
+                }
+                true
+            });
+            true
+        });
+    }
+}
