@@ -6,8 +6,13 @@
 
 use pgrx::prelude::*;
 
+pub mod api;
 pub mod errors;
+pub mod guc;
+pub mod keys;
 pub mod latch;
+pub mod queue;
+pub mod shmem;
 
 pgrx::pg_module_magic!(name, version);
 
@@ -23,6 +28,10 @@ pub extern "C-unwind" fn _PG_init() {
             "Add pgkvx to shared_preload_libraries in postgresql.conf and restart the server.",
         );
     }
+    guc::init();
+    shmem::init();
+    shmem::backend::init();
+    api::registry::init();
 }
 
 /// The version of the loaded library (not of the SQL objects).

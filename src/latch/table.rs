@@ -433,6 +433,20 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         }
     }
 
+    /// Takes table `rel`'s key-drawing lock (creating its slot if needed):
+    /// draws and latch publications inside it are totally ordered.
+    pub fn lock_draws(&self, rel: RelId) -> Result<Held<'_, L>, AcquireError> {
+        let t = {
+            let _d = self.lock(LockId::Directory, Mode::Shared);
+            self.find_table(rel)
+        };
+        let t = match t {
+            Some(t) => t,
+            None => self.create_table(rel)?,
+        };
+        Ok(Held::new(&self.locks, LockId::Table(t), Mode::Exclusive))
+    }
+
     // ---- acquire / release ------------------------------------------------
 
     /// Registers (or refreshes) backend slot `slot` for a process.

@@ -1,0 +1,49 @@
+//! `regclass` arguments as plain oids.  pgrx's `PgRelation` opens and locks
+//! the relation on every call; `next_key` runs once per inserted row, so it
+//! takes the oid and locks only what it must.
+
+use pgrx::pg_sys::{self, Oid};
+use pgrx::prelude::*;
+use pgrx::{FromDatum, IntoDatum};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Regclass(pub Oid);
+
+impl FromDatum for Regclass {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _typoid: Oid,
+    ) -> Option<Self> {
+        // SAFETY: a regclass datum is an oid.
+        (!is_null).then(|| Regclass(unsafe { Oid::from_datum(datum, false) }.expect("not null")))
+    }
+}
+
+impl IntoDatum for Regclass {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(pg_sys::Datum::from(self.0))
+    }
+    fn type_oid() -> Oid {
+        pg_sys::REGCLASSOID
+    }
+}
+
+impl_sql_translatable!(Regclass, "regclass");
+
+// SAFETY: mirrors pgrx's own impls for by-value FromDatum types.
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for Regclass {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        // SAFETY: the argument is a non-null regclass.
+        unsafe { arg.unbox_arg_using_from_datum() }
+            .unwrap_or_else(|| panic!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(
+        arg: pgrx::callconv::Arg<'_, 'fcx>,
+    ) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: the argument is a regclass or NULL.
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}

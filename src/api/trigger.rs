@@ -1,0 +1,135 @@
+//! The latch triggers `enable` installs.  They run before the row changes,
+//! with the transaction's xid assigned, so a reader that misses the row
+//! always finds the latch.  Being row triggers they cover every path that
+//! changes rows: INSERT (and ON CONFLICT), UPDATE, DELETE, MERGE, COPY and
+//! cascaded foreign-key actions.  TRUNCATE latches the whole table.
+//!
+//! They are plain C-ABI functions rather than `#[pg_trigger]`s: every write
+//! to a latched table runs one, so they skip the wrapper's conversions.
+
+use super::registry;
+use crate::keys::KeyWriter;
+use crate::latch::{Span, Xid};
+use crate::shmem::backend;
+use pgrx::pg_sys::{self, Datum};
+use pgrx::prelude::*;
+use std::cell::Cell;
+
+thread_local! {
+    /// The last key this backend latched: `next_key` latches a key and the
+    /// row trigger then sees the same key in the same transaction.
+    static LAST: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
+}
+
+/// Remembers a latched key so the row trigger can skip it.
+pub fn remember(xid: Xid, relid: pg_sys::Oid, key: KeyWriter) {
+    LAST.with(|l| l.set(Some((xid, relid, key))));
+}
+
+fn latch_key(relid: pg_sys::Oid, key: &KeyWriter) {
+    let xid = backend::my_xid();
+    if let Some((x, r, k)) = LAST.with(|l| l.get()) {
+        if x == xid && r == relid && k.bytes() == key.bytes() {
+            return;
+        }
+    }
+    backend::latch(relid, &Span::point(key.bytes()));
+    remember(xid, relid, *key);
+}
+
+/// # Safety
+/// Called by the function manager as a trigger.
+unsafe fn trigger_data(
+    fcinfo: pg_sys::FunctionCallInfo,
+    what: &str,
+) -> &'static pg_sys::TriggerData {
+    // SAFETY: fcinfo is valid; context is checked to be TriggerData.
+    unsafe {
+        let ctx = (*fcinfo).context;
+        if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_TriggerData {
+            crate::errors::raise(
+                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+                format!("{what} must be called as a trigger"),
+            );
+        }
+        &*(ctx as *const pg_sys::TriggerData)
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_pgkvx_latch_row() -> &'static pg_sys::Pg_finfo_record {
+    static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// BEFORE ROW trigger: latch the old key, the new key, or both.
+///
+/// # Safety
+/// Called by the function manager as a BEFORE ROW trigger.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn pgkvx_latch_row(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
+    // SAFETY: the trigger protocol: fields of TriggerData are valid for the
+    // duration of the call; tuples belong to the relation being changed.
+    unsafe {
+        let td = trigger_data(fcinfo, "pgkvx.latch_row()");
+        let event = td.tg_event;
+        if event & pg_sys::TRIGGER_EVENT_BEFORE == 0 || event & pg_sys::TRIGGER_EVENT_ROW == 0 {
+            crate::errors::raise(
+                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+                "pgkvx.latch_row() must fire BEFORE ... FOR EACH ROW",
+            );
+        }
+        let rel = td.tg_relation;
+        let relid = (*rel).rd_id;
+        let latched = registry::require(relid);
+        let tupdesc = (*rel).rd_att;
+        let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        let old = latched.key.encode_heap_tuple(td.tg_trigtuple, tupdesc);
+        latch_key(relid, &old);
+        if op == pg_sys::TRIGGER_EVENT_UPDATE {
+            let new = latched.key.encode_heap_tuple(td.tg_newtuple, tupdesc);
+            if new.bytes() != old.bytes() {
+                latch_key(relid, &new);
+            }
+            return Datum::from(td.tg_newtuple);
+        }
+        Datum::from(td.tg_trigtuple)
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_pgkvx_latch_truncate() -> &'static pg_sys::Pg_finfo_record {
+    static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// BEFORE TRUNCATE trigger: latch the whole table.
+///
+/// # Safety
+/// Called by the function manager as a statement trigger.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn pgkvx_latch_truncate(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
+    // SAFETY: as above.
+    unsafe {
+        let td = trigger_data(fcinfo, "pgkvx.latch_truncate()");
+        let relid = (*td.tg_relation).rd_id;
+        registry::require(relid);
+        backend::latch(relid, &Span::ALL);
+        Datum::from(0)
+    }
+}
+
+extension_sql!(
+    r#"
+CREATE FUNCTION pgkvx.latch_row() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'pgkvx_latch_row';
+COMMENT ON FUNCTION pgkvx.latch_row() IS 'pgkvx row latch trigger (installed by pgkvx.enable)';
+CREATE FUNCTION pgkvx.latch_truncate() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'pgkvx_latch_truncate';
+COMMENT ON FUNCTION pgkvx.latch_truncate() IS 'pgkvx TRUNCATE latch trigger (installed by pgkvx.enable)';
+"#,
+    name = "latch_triggers",
+    requires = ["catalog"],
+);

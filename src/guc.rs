@@ -1,0 +1,118 @@
+//! pgkvx's settings.  Postmaster-level ones size shared memory and can only
+//! change with a restart; the rest can be changed per session or reload.
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
+
+/// How LIMIT scans over latched tables treat in-flight writers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PostgresGucEnum)]
+pub enum ScanMode {
+    /// Read at once, validate what was touched, retry only on a real conflict.
+    #[name = c"optimistic"]
+    Optimistic,
+    /// Wait for every in-flight writer of the declared span, then read.
+    #[name = c"fenced"]
+    Fenced,
+    /// Plain Postgres (rows committed late can be skipped).
+    #[name = c"off"]
+    Off,
+}
+
+impl ScanMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanMode::Optimistic => "optimistic",
+            ScanMode::Fenced => "fenced",
+            ScanMode::Off => "off",
+        }
+    }
+}
+
+pub static SCAN_MODE: GucSetting<ScanMode> = GucSetting::<ScanMode>::new(ScanMode::Optimistic);
+pub static OPTIMISTIC_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(2);
+pub static MAX_OPTIMISTIC_ROWS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static MAX_LATCHES: GucSetting<i32> = GucSetting::<i32>::new(65_536);
+pub static MAX_RANGES: GucSetting<i32> = GucSetting::<i32>::new(1024);
+pub static MAX_TABLES: GucSetting<i32> = GucSetting::<i32>::new(256);
+pub static MAINTENANCE_CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(4);
+pub static RANGE_MAX_LATCHES: GucSetting<i32> = GucSetting::<i32>::new(1024);
+
+pub fn init() {
+    GucRegistry::define_enum_guc(
+        c"pgkvx.scan_mode",
+        c"How LIMIT scans over latched tables treat writers in flight.",
+        c"optimistic: read at once and validate the touched span; fenced: wait for writers of the declared span first; off: plain Postgres.",
+        &SCAN_MODE,
+        GucContext::Userset,
+        GucFlags::EXPLAIN,
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.optimistic_retries",
+        c"Conflicting optimistic attempts before a scan falls back to fenced.",
+        c"",
+        &OPTIMISTIC_RETRIES,
+        0,
+        100,
+        GucContext::Userset,
+        GucFlags::EXPLAIN,
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.max_optimistic_rows",
+        c"Largest LIMIT+OFFSET an optimistic scan buffers; larger scans go fenced up front.",
+        c"",
+        &MAX_OPTIMISTIC_ROWS,
+        1,
+        100_000_000,
+        GucContext::Userset,
+        GucFlags::EXPLAIN,
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.max_latches",
+        c"Capacity of the shared latch table (live latches plus retained tombstones).",
+        c"Each entry takes about 150 bytes of shared memory.",
+        &MAX_LATCHES,
+        64,
+        64 * 1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.max_ranges",
+        c"Latch ranges available across all latched tables.",
+        c"",
+        &MAX_RANGES,
+        8,
+        1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.max_tables",
+        c"Latched tables across all databases.",
+        c"",
+        &MAX_TABLES,
+        1,
+        1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.maintenance_concurrency",
+        c"Latch ranges the maintenance workers process at once.",
+        c"",
+        &MAINTENANCE_CONCURRENCY,
+        0,
+        64,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.range_max_latches",
+        c"Latches (and tombstones) a latch range holds before it is split.",
+        c"",
+        &RANGE_MAX_LATCHES,
+        16,
+        1024 * 1024,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+}

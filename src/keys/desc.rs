@@ -1,0 +1,295 @@
+//! A latched table's key, read from its key index, and the rules for which
+//! keys pgkvx accepts.
+//!
+//! The codec must order keys exactly as the index does.  Anything it cannot
+//! reproduce — an expression or partial index, a nullable column, a type
+//! without a codec, text under a collation that does not sort in byte order,
+//! a non-default operator class — is refused here with an error that names
+//! the column and says how to fix it.  Accepting it would mean wrong spans,
+//! and wrong spans mean skipped rows.
+
+use super::codec::KeyKind;
+use crate::errors;
+use pgrx::pg_sys::{self, Oid};
+use pgrx::PgSqlErrorCode;
+use std::ffi::CStr;
+
+unsafe extern "C-unwind" {
+    // utils/pg_locale.h; not in pgrx's bindings.  Call through
+    // `collation_is_bytewise`, which guards the FFI boundary.
+    fn lc_collate_is_c(collation: Oid) -> bool;
+}
+
+/// Whether `coll` orders strings by their bytes ("C", "POSIX", ucs_basic, or
+/// a database default of C).
+fn collation_is_bytewise(coll: Oid) -> bool {
+    // SAFETY: lc_collate_is_c accepts any collation oid and may ereport;
+    // the boundary guard turns that into a Rust unwind.
+    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| lc_collate_is_c(coll)) }
+}
+
+/// One key column, in index order.
+#[derive(Clone, Debug)]
+pub struct KeyCol {
+    pub attnum: i16,
+    pub name: String,
+    /// The column's type (domains resolved to their base type).
+    pub typid: Oid,
+    pub kind: KeyKind,
+    pub desc: bool,
+}
+
+/// The key of a latched table.
+#[derive(Clone, Debug)]
+pub struct KeyDesc {
+    pub relid: Oid,
+    pub relname: String,
+    pub index: Oid,
+    pub index_name: String,
+    pub cols: Vec<KeyCol>,
+}
+
+fn name_of(relid: Oid) -> String {
+    // SAFETY: get_rel_name returns a palloc'd copy or NULL.
+    let p = unsafe { pg_sys::get_rel_name(relid) };
+    if p.is_null() {
+        format!("{}", relid.to_u32())
+    } else {
+        // SAFETY: non-null NUL-terminated string from the catalog.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+fn type_name(typid: Oid) -> String {
+    // SAFETY: format_type_be always returns a palloc'd string.
+    unsafe { CStr::from_ptr(pg_sys::format_type_be(typid)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn collation_name(coll: Oid) -> String {
+    // SAFETY: returns a palloc'd name or NULL.
+    let p = unsafe { pg_sys::get_collation_name(coll) };
+    if p.is_null() {
+        "default".into()
+    } else {
+        // SAFETY: as above.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The codec for a (base) type, if there is one.
+pub fn kind_of(typid: Oid) -> Option<KeyKind> {
+    Some(match typid {
+        pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID => KeyKind::Int,
+        pg_sys::BOOLOID => KeyKind::Bool,
+        pg_sys::UUIDOID => KeyKind::Uuid,
+        pg_sys::BYTEAOID => KeyKind::Bytes,
+        pg_sys::TEXTOID | pg_sys::VARCHAROID => KeyKind::Text,
+        pg_sys::BPCHAROID => KeyKind::BpChar,
+        pg_sys::DATEOID => KeyKind::Date,
+        pg_sys::TIMESTAMPOID | pg_sys::TIMESTAMPTZOID => KeyKind::Timestamp,
+        _ => return None,
+    })
+}
+
+/// Opens a relation and closes it when dropped (or unwound).
+struct Rel(pg_sys::Relation);
+
+impl Rel {
+    fn open(relid: Oid) -> Rel {
+        // SAFETY: relation_open raises a proper ERROR for a missing relation.
+        Rel(unsafe { pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) })
+    }
+    fn get(&self) -> &pg_sys::RelationData {
+        // SAFETY: an open relation's descriptor stays valid until closed.
+        unsafe { &*self.0 }
+    }
+}
+
+impl Drop for Rel {
+    fn drop(&mut self) {
+        // SAFETY: opened in Rel::open with the same lock mode.
+        unsafe { pg_sys::relation_close(self.0, pg_sys::AccessShareLock as pg_sys::LOCKMODE) }
+    }
+}
+
+impl KeyDesc {
+    /// Resolves and validates the key of `relid`: `index`, or the primary
+    /// key when `None`.  Raises a clear ERROR when pgkvx cannot latch it.
+    pub fn resolve(relid: Oid, index: Option<Oid>) -> KeyDesc {
+        let rel = Rel::open(relid);
+        let relname = name_of(relid);
+        // SAFETY: rd_rel is always set for an open relation.
+        let form = unsafe { &*rel.get().rd_rel };
+        let kind = form.relkind as u8;
+        match kind {
+            b'r' => {}
+            b'p' => errors::raise_hint(
+                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+                format!("pgkvx cannot latch partitioned table \"{relname}\""),
+                "Latch each partition: SELECT pgkvx.enable(p) for every leaf partition p.",
+            ),
+            _ => errors::raise(
+                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+                format!("pgkvx can latch only ordinary tables; \"{relname}\" is not one"),
+            ),
+        }
+        if form.relpersistence as u8 == b't' && !rel.get().rd_islocaltemp {
+            errors::raise(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!("cannot latch temporary table \"{relname}\" of another session"),
+            );
+        }
+        let index = match index {
+            Some(i) => i,
+            None => {
+                // SAFETY: the relation is open.
+                let pk = unsafe { pg_sys::RelationGetPrimaryKeyIndex(rel.0) };
+                if pk == pg_sys::InvalidOid {
+                    errors::raise_hint(
+                        PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+                        format!("table \"{relname}\" has no primary key to latch"),
+                        format!(
+                            "Add a primary key, or name a unique index: SELECT pgkvx.enable('{relname}', 'the_index');"
+                        ),
+                    );
+                }
+                pk
+            }
+        };
+        let idx = Rel::open(index);
+        let index_name = name_of(index);
+        // SAFETY: opened as an index below is checked via rd_index.
+        let ind = unsafe { idx.get().rd_index.as_ref() };
+        let Some(ind) = ind else {
+            errors::raise(
+                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+                format!("\"{index_name}\" is not an index"),
+            );
+        };
+        if ind.indrelid != relid {
+            errors::raise(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("index \"{index_name}\" does not belong to table \"{relname}\""),
+            );
+        }
+        let refuse = |why: &str| -> ! {
+            errors::raise_hint(
+                PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+                format!("index \"{index_name}\" cannot be the key of \"{relname}\": {why}"),
+                "Use the primary key or a unique, non-partial btree index on plain NOT NULL columns.",
+            )
+        };
+        // SAFETY: rd_rel of an open index.
+        if unsafe { (*idx.get().rd_rel).relam } != pg_sys::BTREE_AM_OID {
+            refuse("it is not a btree index");
+        }
+        if !ind.indisunique {
+            refuse("it is not unique");
+        }
+        if !ind.indisvalid {
+            refuse("it is not valid (a failed CREATE INDEX CONCURRENTLY?)");
+        }
+        // SAFETY: relcache helpers on an open index.
+        if !unsafe { pg_sys::RelationGetIndexPredicate(idx.0) }.is_null() {
+            refuse("it is partial");
+        }
+        // SAFETY: as above.
+        if !unsafe { pg_sys::RelationGetIndexExpressions(idx.0) }.is_null() {
+            refuse("it has expression columns");
+        }
+        let nkeys = ind.indnkeyatts as usize;
+        // SAFETY: indkey holds indnatts >= indnkeyatts entries.
+        let attnums = unsafe { ind.indkey.values.as_slice(nkeys) }.to_vec();
+        let tupdesc = rel.get().rd_att;
+        let mut cols = Vec::with_capacity(nkeys);
+        for (i, &attnum) in attnums.iter().enumerate() {
+            // SAFETY: attnum is a valid user column of the open relation.
+            let att = unsafe { &*(*tupdesc).attrs.as_ptr().add(attnum as usize - 1) };
+            // SAFETY: NameData is NUL-terminated.
+            let name = unsafe { CStr::from_ptr(att.attname.data.as_ptr()) }
+                .to_string_lossy()
+                .into_owned();
+            if !att.attnotnull {
+                errors::raise_hint(
+                    PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+                    format!("key column \"{name}\" of \"{relname}\" may be NULL"),
+                    format!("ALTER TABLE {relname} ALTER COLUMN {name} SET NOT NULL;"),
+                );
+            }
+            // SAFETY: plain catalog lookup.
+            let base = unsafe { pg_sys::getBaseType(att.atttypid) };
+            let Some(kind) = kind_of(base) else {
+                errors::raise_hint(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!(
+                        "key column \"{name}\" of \"{relname}\" has type {}, which pgkvx cannot encode in index order",
+                        type_name(att.atttypid)
+                    ),
+                    "Supported key types: smallint, integer, bigint, boolean, uuid, bytea, text, varchar, char, date, timestamp, timestamptz.",
+                );
+            };
+            // SAFETY: per-column index metadata arrays have nkeys entries.
+            let (family, option, coll) = unsafe {
+                let r = idx.get();
+                (
+                    *r.rd_opfamily.add(i),
+                    *r.rd_indoption.add(i),
+                    *r.rd_indcollation.add(i),
+                )
+            };
+            // SAFETY: catalog lookups.
+            let default_family = unsafe {
+                let opc = pg_sys::GetDefaultOpClass(base, pg_sys::BTREE_AM_OID);
+                if opc == pg_sys::InvalidOid {
+                    pg_sys::InvalidOid
+                } else {
+                    pg_sys::get_opclass_family(opc)
+                }
+            };
+            let pattern_ops = family == pg_sys::TEXT_PATTERN_BTREE_FAM_OID
+                || family == pg_sys::BPCHAR_PATTERN_BTREE_FAM_OID;
+            if family != default_family && !pattern_ops {
+                errors::raise_hint(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!(
+                        "key column \"{name}\" of \"{relname}\" uses a non-default operator class"
+                    ),
+                    "Index the column with its default btree operator class (or text_pattern_ops).",
+                );
+            }
+            if matches!(kind, KeyKind::Text | KeyKind::BpChar)
+                && !pattern_ops
+                && !collation_is_bytewise(coll)
+            {
+                errors::raise_hint(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!(
+                        "key column \"{name}\" of \"{relname}\" ({}, collation \"{}\") does not sort in byte order",
+                        type_name(att.atttypid),
+                        collation_name(coll)
+                    ),
+                    format!(
+                        "pgkvx needs its key index to order by bytes. Use COLLATE \"C\": ALTER TABLE {relname} ALTER COLUMN {name} TYPE {} COLLATE \"C\";",
+                        type_name(att.atttypid)
+                    ),
+                );
+            }
+            cols.push(KeyCol {
+                attnum,
+                name,
+                typid: base,
+                kind,
+                desc: option & pg_sys::INDOPTION_DESC as i16 != 0,
+            });
+        }
+        KeyDesc {
+            relid,
+            relname,
+            index,
+            index_name,
+            cols,
+        }
+    }
+}

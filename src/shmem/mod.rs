@@ -1,0 +1,172 @@
+//! The latch table in Postgres shared memory, with LWLocks from named
+//! tranches (visible as wait events `pgkvx_directory`, `pgkvx_range`,
+//! `pgkvx_table` in `pg_stat_activity`).
+//!
+//! Sized from postmaster GUCs in `shmem_request_hook`, created or attached in
+//! `shmem_startup_hook`.  The postmaster runs the startup hook and every
+//! backend inherits the mapping; after a crash the postmaster re-creates
+//! shared memory and the hook starts over with an empty table.
+
+pub mod backend;
+
+use crate::guc;
+use crate::latch::{Config, LatchTable, LockId, LockSet, Mode};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::UnsafeCell;
+
+const REGION_NAME: &std::ffi::CStr = c"pgkvx latch table";
+const DIRECTORY_TRANCHE: &std::ffi::CStr = c"pgkvx_directory";
+const RANGE_TRANCHE: &std::ffi::CStr = c"pgkvx_range";
+const TABLE_TRANCHE: &std::ffi::CStr = c"pgkvx_table";
+
+/// LWLocks of the three tranches.
+pub struct PgLocks {
+    directory: *mut pg_sys::LWLockPadded,
+    ranges: *mut pg_sys::LWLockPadded,
+    tables: *mut pg_sys::LWLockPadded,
+    nranges: u32,
+    ntables: u32,
+}
+
+impl PgLocks {
+    fn get(&self, id: LockId) -> *mut pg_sys::LWLock {
+        // SAFETY: the tranches were requested with these sizes; the indices
+        // are bounds-checked here, so every pointer is into the tranche.
+        unsafe {
+            match id {
+                LockId::Directory => &raw mut (*self.directory).lock,
+                LockId::Range(i) => {
+                    assert!(i < self.nranges, "range lock {i} out of bounds");
+                    &raw mut (*self.ranges.add(i as usize)).lock
+                }
+                LockId::Table(i) => {
+                    assert!(i < self.ntables, "table lock {i} out of bounds");
+                    &raw mut (*self.tables.add(i as usize)).lock
+                }
+            }
+        }
+    }
+}
+
+fn lw_mode(mode: Mode) -> pg_sys::LWLockMode::Type {
+    match mode {
+        Mode::Shared => pg_sys::LWLockMode::LW_SHARED,
+        Mode::Exclusive => pg_sys::LWLockMode::LW_EXCLUSIVE,
+    }
+}
+
+impl LockSet for PgLocks {
+    fn acquire(&self, id: LockId, mode: Mode) {
+        // SAFETY: a valid LWLock in shared memory.
+        unsafe { pg_sys::LWLockAcquire(self.get(id), lw_mode(mode)) };
+    }
+    fn try_acquire(&self, id: LockId, mode: Mode) -> bool {
+        // SAFETY: as above.
+        unsafe { pg_sys::LWLockConditionalAcquire(self.get(id), lw_mode(mode)) }
+    }
+    fn release(&self, id: LockId) {
+        // SAFETY: we hold it (Held guards pair every acquire with a release).
+        unsafe { pg_sys::LWLockRelease(self.get(id)) };
+    }
+}
+
+pub type Table = LatchTable<'static, PgLocks>;
+
+/// A value set once per process (in the postmaster, inherited by fork) and
+/// read by the same single-threaded process afterwards.
+struct ProcessGlobal<T>(UnsafeCell<Option<T>>);
+// SAFETY: Postgres processes are single-threaded; the value is written only
+// by the shmem startup hook, before any reader exists in this process.
+unsafe impl<T> Sync for ProcessGlobal<T> {}
+
+static TABLE: ProcessGlobal<Table> = ProcessGlobal(UnsafeCell::new(None));
+static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+
+/// The latch table of this cluster.
+pub fn table() -> &'static Table {
+    // SAFETY: see ProcessGlobal; readers run after the startup hook.
+    match unsafe { &*TABLE.0.get() } {
+        Some(t) => t,
+        None => crate::errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pgkvx shared memory is not initialised (is pgkvx in shared_preload_libraries?)",
+        ),
+    }
+}
+
+pub fn config() -> Config {
+    // SAFETY: MaxBackends is set before shmem_request_hook runs.
+    let backends = unsafe { pg_sys::MaxBackends } as u32 + pg_sys::NUM_AUXILIARY_PROCS + 1;
+    Config {
+        max_entries: guc::MAX_LATCHES.get() as u32,
+        max_ranges: guc::MAX_RANGES.get() as u32,
+        max_tables: guc::MAX_TABLES.get() as u32,
+        max_backends: backends,
+    }
+}
+
+/// Installs the hooks; called from `_PG_init` in the postmaster.
+pub fn init() {
+    // SAFETY: _PG_init runs once, single-threaded, during preload.
+    unsafe {
+        PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request_hook);
+        PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(startup_hook);
+    }
+}
+
+#[pg_guard]
+extern "C-unwind" fn request_hook() {
+    // SAFETY: chaining the hook we replaced.
+    unsafe {
+        if let Some(prev) = PREV_REQUEST_HOOK {
+            prev();
+        }
+    }
+    let cfg = config();
+    // SAFETY: called from the shmem request hook, the only place allowed.
+    unsafe {
+        pg_sys::RequestAddinShmemSpace(Table::region_size(&cfg));
+        pg_sys::RequestNamedLWLockTranche(DIRECTORY_TRANCHE.as_ptr(), 1);
+        pg_sys::RequestNamedLWLockTranche(RANGE_TRANCHE.as_ptr(), cfg.max_ranges as i32);
+        pg_sys::RequestNamedLWLockTranche(TABLE_TRANCHE.as_ptr(), cfg.max_tables as i32);
+    }
+}
+
+#[pg_guard]
+extern "C-unwind" fn startup_hook() {
+    // SAFETY: chaining the hook we replaced.
+    unsafe {
+        if let Some(prev) = PREV_STARTUP_HOOK {
+            prev();
+        }
+    }
+    let cfg = config();
+    let size = Table::region_size(&cfg);
+    // SAFETY: the standard add-in shared memory protocol: create or find
+    // the region under AddinShmemInitLock; initialise it only when new.
+    unsafe {
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let mem = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found) as *mut u8;
+        let locks = PgLocks {
+            directory: pg_sys::GetNamedLWLockTranche(DIRECTORY_TRANCHE.as_ptr()),
+            ranges: pg_sys::GetNamedLWLockTranche(RANGE_TRANCHE.as_ptr()),
+            tables: pg_sys::GetNamedLWLockTranche(TABLE_TRANCHE.as_ptr()),
+            nranges: cfg.max_ranges,
+            ntables: cfg.max_tables,
+        };
+        let table = if found {
+            Table::attach(mem, locks)
+        } else {
+            Table::init(mem, &cfg, locks)
+        };
+        table.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
+        *TABLE.0.get() = Some(table);
+        pg_sys::LWLockRelease(init_lock);
+    }
+}
