@@ -22,6 +22,34 @@ unsafe fn varlena_bytes<'a>(d: Datum) -> &'a [u8] {
     }
 }
 
+/// Appends a (non-null) value of type `typid`, encoded as a `kind` column.
+///
+/// # Safety
+/// `d` is a non-null datum of type `typid`, and `typid` suits `kind`.
+pub unsafe fn encode_value(kind: KeyKind, desc: bool, typid: Oid, d: Datum, w: &mut KeyWriter) {
+    // SAFETY (whole match): the datum has type `typid`, per contract.
+    match kind {
+        KeyKind::Int => {
+            let v = match typid {
+                pg_sys::INT2OID => i64::from(d.value() as i16),
+                pg_sys::INT4OID => i64::from(d.value() as i32),
+                _ => d.value() as i64,
+            };
+            w.int(v, desc)
+        }
+        KeyKind::Bool => w.bool(d.value() != 0, desc),
+        KeyKind::Uuid => {
+            // SAFETY: a uuid datum points to 16 bytes.
+            let b = unsafe { &*(d.cast_mut_ptr::<u8>() as *const [u8; 16]) };
+            w.uuid(b, desc)
+        }
+        KeyKind::Bytes | KeyKind::Text => w.bytes_col(unsafe { varlena_bytes(d) }, desc),
+        KeyKind::BpChar => w.bpchar(unsafe { varlena_bytes(d) }, desc),
+        KeyKind::Date => w.date(d.value() as i32, desc),
+        KeyKind::Timestamp => w.timestamp(d.value() as i64, desc),
+    }
+}
+
 impl KeyDesc {
     /// Appends column `i`'s (non-null) value to `w`.
     ///
@@ -29,27 +57,24 @@ impl KeyDesc {
     /// `d` is a non-null datum of column `i`'s type.
     pub unsafe fn encode_datum(&self, i: usize, d: Datum, w: &mut KeyWriter) {
         let c = &self.cols[i];
-        // SAFETY (whole match): the datum has the column's type, per contract.
-        match c.kind {
-            KeyKind::Int => {
-                let v = match c.typid {
-                    pg_sys::INT2OID => i64::from(d.value() as i16),
-                    pg_sys::INT4OID => i64::from(d.value() as i32),
-                    _ => d.value() as i64,
-                };
-                w.int(v, c.desc)
+        // SAFETY: forwarded contract.
+        unsafe { encode_value(c.kind, c.desc, c.typid, d, w) }
+    }
+
+    /// Whether a value of type `typid` can be compared with column `i` by
+    /// its encoding (cross-type integer quals, varchar against text).
+    /// Others, e.g. timestamp against timestamptz (which goes through the
+    /// session time zone), cannot.
+    pub fn compatible(&self, i: usize, typid: Oid) -> bool {
+        let c = &self.cols[i];
+        typid == c.typid
+            || match c.kind {
+                KeyKind::Int => {
+                    matches!(typid, pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID)
+                }
+                KeyKind::Text => matches!(typid, pg_sys::TEXTOID | pg_sys::VARCHAROID),
+                _ => false,
             }
-            KeyKind::Bool => w.bool(d.value() != 0, c.desc),
-            KeyKind::Uuid => {
-                // SAFETY: a uuid datum points to 16 bytes.
-                let b = unsafe { &*(d.cast_mut_ptr::<u8>() as *const [u8; 16]) };
-                w.uuid(b, c.desc)
-            }
-            KeyKind::Bytes | KeyKind::Text => w.bytes_col(unsafe { varlena_bytes(d) }, c.desc),
-            KeyKind::BpChar => w.bpchar(unsafe { varlena_bytes(d) }, c.desc),
-            KeyKind::Date => w.date(d.value() as i32, c.desc),
-            KeyKind::Timestamp => w.timestamp(d.value() as i64, c.desc),
-        }
     }
 
     /// Encodes the key of a heap tuple of this table.

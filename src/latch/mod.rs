@@ -4,12 +4,13 @@
 //! and half-open spans), `snapshot` (the conflict rule), `tree` (per-range
 //! interval treap), `region` (the fixed shared-memory layout), `locks` (the
 //! lock abstraction), `table` (acquire and release), `validate` (the read
-//! side), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
+//! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
 //! (views), `stats` (counters).
 
 pub mod inspect;
 pub mod locks;
 pub mod maint;
+pub mod protocol;
 pub mod region;
 pub mod snapshot;
 pub mod span;
@@ -20,10 +21,13 @@ pub mod validate;
 pub mod xid;
 
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 
 pub use inspect::{LatchInfo, RangeInfo, Usage};
 pub use locks::{LockId, LockSet, Mode};
+pub use protocol::{Outcome as ReadOutcome, Params as ReadParams, ReadMode, Report as ReadReport};
 pub use region::{Config, RelId, State};
 pub use snapshot::ReadSnapshot;
 pub use span::{KeyBuf, Span, KEY_MAX};

@@ -6,10 +6,10 @@
 //! xids at or above `xmax`; those writers started after the snapshot and are
 //! simply ordered after the read, so they must not conflict.
 //!
-//! `pulled` lists in-progress holders whose outcome the reader has since
-//! waited for and folded into its snapshot (see validate.rs): they no longer
-//! conflict, but the reader must then show a consistent prefix of the latch
-//! order, which validation checks.
+//! `pulled` lists holders whose outcome the reader has since waited for and
+//! folded into its snapshot (see validate.rs): they no longer conflict, and
+//! may include writers that started after the snapshot when the reader must
+//! show them to stay consistent.
 
 use super::xid::Xid;
 
@@ -19,7 +19,8 @@ pub struct ReadSnapshot<'a> {
     pub xmax: Xid,
     /// Top-level xids in progress at the snapshot, sorted by raw value.
     pub xip: &'a [Xid],
-    /// Xids of `xip` the reader has waited for and now sees (sorted by raw value).
+    /// Holders the reader has waited for and now sees, in `xip` or at or
+    /// above `xmax` (sorted by raw value).
     pub pulled: &'a [Xid],
     /// The reader's own top-level xid, if it has one: its latches never conflict.
     pub own: Xid,
@@ -48,9 +49,9 @@ impl<'a> ReadSnapshot<'a> {
         x != self.own && contains(self.xip, x) && !contains(self.pulled, x)
     }
 
-    /// Started after the snapshot: ordered after the read.
+    /// Started after the snapshot and not pulled in: ordered after the read.
     pub fn is_after(&self, x: Xid) -> bool {
-        x != self.own && x.follows_or_equals(self.xmax)
+        x != self.own && x.follows_or_equals(self.xmax) && !contains(self.pulled, x)
     }
 
     pub fn is_pulled(&self, x: Xid) -> bool {

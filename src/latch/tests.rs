@@ -345,7 +345,7 @@ fn purge_waits_for_live_latches() {
 }
 
 #[test]
-fn pulled_in_holder_needs_a_fresh_snapshot_when_a_later_writer_published_first() {
+fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     // Reader snapshot: 50 in flight, xmax 60.  Writer 70 (after the
     // snapshot) publishes key 10, then 50 publishes key 11.
     let t = small();
@@ -353,20 +353,46 @@ fn pulled_in_holder_needs_a_fresh_snapshot_when_a_later_writer_published_first()
     t.acquire(1, REL, &pt(11), &holder(50)).unwrap();
     let mut xs = [Xid(50)];
     let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid::INVALID);
-    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
+    let mut seen = Vec::new();
+    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
     assert!(c.conflicted && !c.must_refresh);
-    // After waiting for 50 the reader may not simply see it: 70's key 10
-    // came first and is still hidden.
+    assert_eq!(
+        seen,
+        vec![Conflict {
+            xid: Xid(50),
+            live: true,
+            after: false
+        }]
+    );
+    // After waiting for 50 the reader may not show it alone: 70's key 10
+    // came first and would stay hidden.  70 must be pulled in as well.
     t.release_all(1, Outcome::Committed);
     let pulled = [Xid(50)];
     snap.pulled = &pulled;
-    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
-    assert!(!c.conflicted && c.must_refresh);
-    // In the other order (50 first, then 70) pulling in is fine.
+    seen.clear();
+    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
+    assert!(c.conflicted && !c.must_refresh);
+    assert_eq!(
+        seen,
+        vec![Conflict {
+            xid: Xid(70),
+            live: true,
+            after: true
+        }]
+    );
+    // With both pulled in, the span is clean.
+    let pulled = [Xid(50), Xid(70)];
+    snap.pulled = &pulled;
+    assert!(t
+        .check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {})
+        .clean());
+    // In the other order (50 first, then 70), 70 stays ordered after.
     let t = small();
     t.acquire(1, REL, &pt(10), &holder(50)).unwrap();
     t.acquire(0, REL, &pt(11), &holder(70)).unwrap();
     t.release_all(1, Outcome::Committed);
+    let pulled = [Xid(50)];
+    snap.pulled = &pulled;
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
     assert!(c.clean(), "{c:?}");
 }

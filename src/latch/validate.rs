@@ -8,13 +8,13 @@
 //! A reader that waits for its conflicting holders may fold their outcome
 //! into its snapshot ("pull them in") instead of taking a fresh snapshot,
 //! which would bring in new in-flight writers and could chase a busy table
-//! for ever.  Pulling in is sound only if what the reader then shows is a
-//! prefix of the latch publication order inside the span: no writer that
-//! started after the snapshot may have published a latch there *before* a
-//! pulled-in holder's latch (with `next_key`, publication order is key-draw
-//! order, so a violation is exactly "showing key 11 while hiding key 10").
-//! `Check::must_refresh` reports that case; the reader then takes a fresh
-//! snapshot instead.
+//! for ever.  Pulling in must keep what the reader shows a prefix of the
+//! latch publication order inside the span: when a writer that started after
+//! the snapshot published a latch there *before* a pulled-in holder's latch,
+//! that writer must be shown too.  With `next_key`, publication order is
+//! key-draw order, and this is exactly "never show key 11 while hiding key
+//! 10".  `check` reports such writers as conflicts with `after: true`; the
+//! reader waits for them and pulls them in like the others.
 
 use super::locks::{LockId, LockSet, Mode};
 use super::region::{RelId, State};
@@ -30,6 +30,9 @@ pub struct Conflict {
     pub xid: Xid,
     /// Still running (wait for it) or already committed (no wait needed).
     pub live: bool,
+    /// Started after the snapshot, but published before a pulled-in holder
+    /// (so it must be pulled in too).
+    pub after: bool,
 }
 
 /// What a check found besides the conflicts it reported.
@@ -37,7 +40,8 @@ pub struct Conflict {
 pub struct Check {
     /// Some conflict was reported.
     pub conflicted: bool,
-    /// Pulled-in holders would show a non-prefix of the latch order: the
+    /// Pulled-in holders would show a non-prefix of the latch order and the
+    /// writers to add cannot be named (a huge coalesced xid interval): the
     /// reader must take a fresh snapshot.
     pub must_refresh: bool,
     /// Latches (and summaries) looked at.
@@ -69,61 +73,102 @@ impl<L: LockSet> LatchTable<'_, L> {
         if span.is_empty() {
             return out;
         }
-        // Latest publication of a pulled-in holder, earliest of a writer that
-        // started after the snapshot.
+        let pulling = !snap.pulled.is_empty();
+        // Latest publication by a pulled-in holder; latches of writers that
+        // started after the snapshot (only collected when pulling in).
         let mut pulled_seq = 0u64;
-        let mut after_seq = u64::MAX;
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        let Some(t) = self.find_table(rel) else {
-            return out; // never latched
-        };
-        self.for_each_range_of(t, span, &mut |r| {
-            let _g = self.lock(LockId::Range(r), Mode::Shared);
-            // SAFETY: range lock held (shared: read only).
-            let body = unsafe { self.body(r) };
-            tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
-                // SAFETY: `e` is in range `r`, whose lock we hold.
-                let d = unsafe { self.data(e) };
-                out.examined += 1;
-                if snap.in_flight(d.xid) {
-                    out.conflicted = true;
-                    on_conflict(Conflict {
-                        xid: d.xid,
-                        live: d.state == State::Live,
-                    });
-                } else if snap.is_after(d.xid) {
-                    after_seq = after_seq.min(d.seq);
-                } else if snap.is_pulled(d.xid) {
-                    pulled_seq = pulled_seq.max(d.seq);
+        let mut after: Vec<(Xid, u64, bool)> = Vec::new();
+        let mut after_ranges: Vec<(Xid, Xid, u64)> = Vec::new();
+        {
+            let _d = self.lock(LockId::Directory, Mode::Shared);
+            let Some(t) = self.find_table(rel) else {
+                return out; // never latched
+            };
+            self.for_each_range_of(t, span, &mut |r| {
+                let _g = self.lock(LockId::Range(r), Mode::Shared);
+                // SAFETY: range lock held (shared: read only).
+                let body = unsafe { self.body(r) };
+                tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
+                    // SAFETY: `e` is in range `r`, whose lock we hold.
+                    let d = unsafe { self.data(e) };
+                    out.examined += 1;
+                    let live = d.state == State::Live;
+                    if snap.in_flight(d.xid) {
+                        out.conflicted = true;
+                        on_conflict(Conflict {
+                            xid: d.xid,
+                            live,
+                            after: false,
+                        });
+                    } else if snap.is_pulled(d.xid) {
+                        pulled_seq = pulled_seq.max(d.seq);
+                    } else if pulling && snap.is_after(d.xid) {
+                        after.push((d.xid, d.seq, live));
+                    }
+                    true
+                });
+                let s = &body.summary;
+                if !s.is_empty() && s.span.overlaps(span) {
+                    out.examined += 1;
+                    for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
+                        if committed(x) {
+                            out.conflicted = true;
+                            on_conflict(Conflict {
+                                xid: x,
+                                live: false,
+                                after: false,
+                            });
+                        }
+                    }
+                    if pulling {
+                        if snap
+                            .pulled
+                            .iter()
+                            .any(|&p| !p.precedes(s.xid_lo) && !s.xid_hi.precedes(p))
+                        {
+                            pulled_seq = pulled_seq.max(s.seq_hi);
+                        }
+                        if s.xid_hi.follows_or_equals(snap.xmax) {
+                            after_ranges.push((s.xid_lo.max(snap.xmax), s.xid_hi, s.seq_lo));
+                        }
+                    }
                 }
                 true
             });
-            let s = &body.summary;
-            if !s.is_empty() && s.span.overlaps(span) {
-                out.examined += 1;
-                for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
-                    if committed(x) {
-                        out.conflicted = true;
-                        on_conflict(Conflict {
-                            xid: x,
-                            live: false,
-                        });
-                    }
-                }
-                if s.xid_hi.follows_or_equals(snap.xmax) {
-                    after_seq = after_seq.min(s.seq_lo);
-                }
-                if snap
-                    .pulled
-                    .iter()
-                    .any(|&p| !p.precedes(s.xid_lo) && !s.xid_hi.precedes(p))
-                {
-                    pulled_seq = pulled_seq.max(s.seq_hi);
+        }
+        // Writers after the snapshot that published before something we
+        // now show must be shown as well.
+        for (xid, seq, live) in after {
+            if seq < pulled_seq {
+                out.conflicted = true;
+                on_conflict(Conflict {
+                    xid,
+                    live,
+                    after: true,
+                });
+            }
+        }
+        for (lo, hi, seq_lo) in after_ranges {
+            if seq_lo >= pulled_seq {
+                continue;
+            }
+            let n = hi.0.wrapping_sub(lo.0);
+            if n > 1 << 16 {
+                out.must_refresh = true;
+                continue;
+            }
+            for i in 0..=n {
+                let x = Xid(lo.0.wrapping_add(i));
+                if x.is_valid() && !snap.is_pulled(x) && x != snap.own && committed(x) {
+                    out.conflicted = true;
+                    on_conflict(Conflict {
+                        xid: x,
+                        live: false,
+                        after: true,
+                    });
                 }
             }
-            true
-        });
-        out.must_refresh = pulled_seq > after_seq;
+        }
         out
     }
 

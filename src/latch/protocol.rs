@@ -1,0 +1,156 @@
+//! The reader's protocol: how a fenced or optimistic scan turns latch checks
+//! and waits into a result that never omits a row written by a transaction
+//! that was in flight at its snapshot.
+//!
+//! Pure logic over an [`Env`] that reads, checks, waits and takes snapshots:
+//! the Postgres scan node is one Env, the simulated database in the tests is
+//! another.
+//!
+//! - optimistic: read the declared span D at once with the snapshot, up to
+//!   the limit; the touched span T is what the read looked at; check T.
+//!   Clean → the buffered rows are the answer.  Conflict → wait for the
+//!   conflicting holders that still run, fold them into the snapshot ("pull
+//!   them in"), read again.  After `retries` conflicts, go fenced.
+//! - fenced: check D before reading, wait and pull in until D is clean, then
+//!   read and stream: nothing in D can be missed, so nothing is buffered.
+//! - REPEATABLE READ / SERIALIZABLE: the snapshot cannot change.  Waiting
+//!   still helps when a holder aborts; a holder that committed is a conflict
+//!   waiting cannot repair → serialization failure (40001).
+//!
+//! Why pull in instead of a fresh snapshot: on a table written continuously
+//! (the tail of an event stream), every fresh snapshot has new writers in
+//! flight and a reader that insists on a snapshot without any would chase
+//! them for ever.  Pulling in shrinks the in-flight set of one snapshot, so
+//! it ends.  To keep rows in latch-publication order the reader may have to
+//! pull in writers that started after its snapshot too (validate.rs); only
+//! when it cannot name them (`Check::must_refresh`) does it take a fresh
+//! snapshot.
+
+use super::span::Span;
+use super::validate::{Check, Conflict};
+use super::xid::Xid;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    Optimistic,
+    Fenced,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub mode: ReadMode,
+    /// Conflicting optimistic attempts before falling back to fenced.
+    pub retries: u32,
+    /// REPEATABLE READ or SERIALIZABLE: the snapshot is fixed.
+    pub fixed_snapshot: bool,
+}
+
+/// What the protocol decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The buffered optimistic result is valid: emit it.
+    Emit,
+    /// Fenced: D is clean for the snapshot with `pulled` folded in; read it
+    /// now and stream.
+    Stream { pulled: Vec<Xid> },
+    /// A conflict that waiting cannot repair under a fixed snapshot.
+    SerializationFailure { xid: Xid, span: Span },
+}
+
+/// What happened on the way, for EXPLAIN ANALYZE and `pgkvx.stats()`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub validations: u32,
+    pub conflicts: u32,
+    pub retries: u32,
+    pub fresh_snapshots: u32,
+    pub waits: u32,
+    /// Writers that started after the snapshot, pulled in to keep latch order.
+    pub pulled_after: u32,
+    pub fell_back: bool,
+    /// The last touched span checked (optimistic) or the declared span (fenced).
+    pub checked: Option<Span>,
+}
+
+/// The reader's side of the world.
+pub trait Env {
+    /// Reads with the base snapshot, `pulled` folded in, buffering up to the
+    /// limit; returns the touched span.
+    fn read_buffered(&mut self, pulled: &[Xid]) -> Span;
+    /// Checks `span` against the base snapshot with `pulled` folded in.
+    fn check(&mut self, span: &Span, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check;
+    /// Waits until transaction `xid` has ended.
+    fn wait(&mut self, xid: Xid);
+    /// Replaces the base snapshot with a new one (never called when the
+    /// snapshot is fixed).
+    fn refresh_snapshot(&mut self);
+}
+
+/// Runs the protocol for a scan whose declared span is `declared`.
+pub fn run<E: Env>(env: &mut E, declared: &Span, p: &Params, report: &mut Report) -> Outcome {
+    let mut mode = p.mode;
+    let mut pulled: Vec<Xid> = Vec::new();
+    let mut conflicts: Vec<Conflict> = Vec::new();
+    let mut failures = 0u32;
+    loop {
+        let span = match mode {
+            ReadMode::Optimistic => env.read_buffered(&pulled),
+            ReadMode::Fenced => *declared,
+        };
+        conflicts.clear();
+        let c = env.check(&span, &pulled, &mut conflicts);
+        report.validations += 1;
+        report.checked = Some(span);
+        if c.clean() {
+            return match mode {
+                ReadMode::Optimistic => Outcome::Emit,
+                ReadMode::Fenced => Outcome::Stream { pulled },
+            };
+        }
+        dedup(&mut conflicts);
+        report.conflicts += conflicts.len() as u32;
+        report.pulled_after += conflicts.iter().filter(|c| c.after).count() as u32;
+        for x in conflicts.iter().filter(|c| c.live) {
+            env.wait(x.xid);
+            report.waits += 1;
+        }
+        if p.fixed_snapshot {
+            // Aborted holders are gone now; committed ones stay conflicts.
+            conflicts.clear();
+            let again = env.check(&span, &pulled, &mut conflicts);
+            report.validations += 1;
+            if again.clean() {
+                return match mode {
+                    ReadMode::Optimistic => Outcome::Emit,
+                    ReadMode::Fenced => Outcome::Stream { pulled },
+                };
+            }
+            let xid = conflicts.first().map_or(Xid::INVALID, |c| c.xid);
+            return Outcome::SerializationFailure { xid, span };
+        }
+        if c.must_refresh {
+            env.refresh_snapshot();
+            pulled.clear();
+            report.fresh_snapshots += 1;
+        } else {
+            for x in &conflicts {
+                if let Err(at) = pulled.binary_search_by_key(&x.xid.0, |p| p.0) {
+                    pulled.insert(at, x.xid);
+                }
+            }
+        }
+        if mode == ReadMode::Optimistic {
+            failures += 1;
+            report.retries += 1;
+            if failures > p.retries {
+                mode = ReadMode::Fenced;
+                report.fell_back = true;
+            }
+        }
+    }
+}
+
+fn dedup(c: &mut Vec<Conflict>) {
+    c.sort_by_key(|c| (c.xid.0, !c.live));
+    c.dedup_by_key(|c| c.xid);
+}

@@ -1,0 +1,154 @@
+//! The declared span D of a LIMIT scan, from its btree scan keys, and the
+//! touched span T, from where the scan stopped.
+//!
+//! D must contain every key the scan could return.  Equality on leading key
+//! columns narrows it to a prefix; the first column after them may bound it
+//! from below and above; everything else (later columns, arrays, row
+//! comparisons, cross-type quals the codec cannot compare) is ignored, which
+//! only widens D.  Wider is always safe: more waiting, never a missed row.
+
+use crate::keys::codec::KeyWriter;
+use crate::keys::datum::encode_value;
+use crate::keys::KeyDesc;
+use crate::latch::{KeyBuf, Span};
+use pgrx::pg_sys;
+
+/// A bound on one key column: the value and whether it is included.
+#[derive(Clone, Copy)]
+struct Bound {
+    datum: pg_sys::Datum,
+    typid: pg_sys::Oid,
+    inclusive: bool,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Column {
+    eq: Option<Bound>,
+    lo: Option<Bound>,
+    hi: Option<Bound>,
+}
+
+fn encode_one(desc: &KeyDesc, i: usize, b: &Bound) -> KeyWriter {
+    let mut w = KeyWriter::new();
+    // SAFETY: the datum has type b.typid, checked compatible with column i.
+    unsafe { encode_value(desc.cols[i].kind, desc.cols[i].desc, b.typid, b.datum, &mut w) };
+    w
+}
+
+/// Keeps the tighter of two bounds in encoded order: the greater lower
+/// bound, or the smaller upper bound (`upper`); ties go to the exclusive one.
+fn tighter(desc: &KeyDesc, i: usize, cur: Option<Bound>, new: Bound, upper: bool) -> Option<Bound> {
+    let Some(cur) = cur else { return Some(new) };
+    let (a, b) = (encode_one(desc, i, &cur), encode_one(desc, i, &new));
+    let ord = b.bytes().cmp(a.bytes());
+    let better = if upper { ord.is_lt() } else { ord.is_gt() };
+    if better || (ord.is_eq() && !new.inclusive) {
+        Some(new)
+    } else {
+        Some(cur)
+    }
+}
+
+/// D from evaluated btree scan keys of the key index.
+pub fn declared(desc: &KeyDesc, keys: &[pg_sys::ScanKeyData]) -> Span {
+    let mut cols = vec![Column::default(); desc.cols.len()];
+    for sk in keys {
+        let flags = sk.sk_flags as u32;
+        if flags & pg_sys::SK_ISNULL != 0 && flags & (pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) == 0 {
+            // `k op NULL` is never true: the scan returns nothing.
+            return Span { start: KeyBuf::EMPTY, end: KeyBuf::EMPTY };
+        }
+        if flags & (pg_sys::SK_ROW_HEADER | pg_sys::SK_SEARCHARRAY | pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) != 0
+        {
+            continue;
+        }
+        let Some(i) = (sk.sk_attno as usize).checked_sub(1).filter(|&i| i < desc.cols.len()) else { continue };
+        let typid = if sk.sk_subtype == pg_sys::InvalidOid { desc.cols[i].typid } else { sk.sk_subtype };
+        if !desc.compatible(i, typid) {
+            continue;
+        }
+        let b = |inclusive| Bound { datum: sk.sk_argument, typid, inclusive };
+        // On a DESC column the encoding runs backwards: `>` bounds from above.
+        let flip = desc.cols[i].desc;
+        let c = &mut cols[i];
+        match (sk.sk_strategy as u32, flip) {
+            (pg_sys::BTEqualStrategyNumber, _) => c.eq = Some(b(true)),
+            (pg_sys::BTGreaterStrategyNumber, false) | (pg_sys::BTLessStrategyNumber, true) => {
+                c.lo = tighter(desc, i, c.lo, b(false), false)
+            }
+            (pg_sys::BTGreaterEqualStrategyNumber, false) | (pg_sys::BTLessEqualStrategyNumber, true) => {
+                c.lo = tighter(desc, i, c.lo, b(true), false)
+            }
+            (pg_sys::BTLessStrategyNumber, false) | (pg_sys::BTGreaterStrategyNumber, true) => {
+                c.hi = tighter(desc, i, c.hi, b(false), true)
+            }
+            (pg_sys::BTLessEqualStrategyNumber, false) | (pg_sys::BTGreaterEqualStrategyNumber, true) => {
+                c.hi = tighter(desc, i, c.hi, b(true), true)
+            }
+            _ => {}
+        }
+    }
+    assemble(desc, &cols)
+}
+
+fn assemble(desc: &KeyDesc, cols: &[Column]) -> Span {
+    let mut prefix = KeyWriter::new();
+    let mut j = 0;
+    while j < cols.len() {
+        let Some(eq) = cols[j].eq else { break };
+        // SAFETY: bounds were checked compatible when collected.
+        unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, eq.typid, eq.datum, &mut prefix) };
+        j += 1;
+    }
+    if j == cols.len() {
+        return Span::point(prefix.bytes());
+    }
+    let with = |b: &Bound| {
+        let mut w = prefix;
+        // SAFETY: as above.
+        unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, b.typid, b.datum, &mut w) };
+        w
+    };
+    // A truncated encoding is a prefix of the exact one: starts round down,
+    // ends round up, whatever the operator.
+    let start = match &cols[j].lo {
+        None => KeyBuf::floor(prefix.bytes()),
+        Some(b) => {
+            let w = with(b);
+            if b.inclusive || w.truncated() {
+                KeyBuf::floor(w.bytes())
+            } else {
+                KeyBuf::prefix_successor(w.bytes())
+            }
+        }
+    };
+    let end = match &cols[j].hi {
+        None if prefix.bytes().is_empty() => KeyBuf::INFINITE,
+        None => KeyBuf::prefix_successor(prefix.bytes()),
+        Some(b) => {
+            let w = with(b);
+            if b.inclusive {
+                KeyBuf::prefix_successor(w.bytes())
+            } else {
+                KeyBuf::ceil(w.bytes())
+            }
+        }
+    };
+    Span { start, end }
+}
+
+/// T: what a scan that stopped at `last` (having returned its full count)
+/// looked at.  A scan that ran out of rows touched all of D.
+pub fn touched(declared: &Span, last: Option<&KeyWriter>, forward: bool) -> Span {
+    match last {
+        None => *declared,
+        Some(k) => {
+            let p = Span::point(k.bytes());
+            if forward {
+                Span { start: declared.start, end: p.end }
+            } else {
+                Span { start: p.start, end: declared.end }
+            }
+        }
+    }
+}
