@@ -14,6 +14,9 @@ PGKVX_LOG="$PGKVX_CLUSTER/server.log"
 PGKVX_VENV=${PGKVX_VENV:-/var/tmp/pgkvx-venv}
 # What the scratch cluster preloads; empty proves the refusal without it.
 PGKVX_PRELOAD=${PGKVX_PRELOAD-pgkvx}
+# Extra postgresql.conf lines for a new scratch cluster (tests use it for
+# small limits), e.g. PGKVX_EXTRA_CONF='pgkvx.max_latches = 64'.
+PGKVX_EXTRA_CONF=${PGKVX_EXTRA_CONF:-}
 PGKVX_PGRX_DATA=${PGKVX_PGRX_DATA:-/tmp/pgkvx-pgrx-data}
 # The OS user the server runs as: Postgres refuses to run as root.
 PGKVX_OS_USER=${PGKVX_OS_USER:-postgres}

@@ -12,6 +12,7 @@ pub mod guc;
 pub mod keys;
 pub mod latch;
 pub mod queue;
+pub mod scan;
 pub mod shmem;
 
 pgrx::pg_module_magic!(name, version);
@@ -32,6 +33,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::init();
     shmem::backend::init();
     api::registry::init();
+    scan::init();
 }
 
 /// The version of the loaded library (not of the SQL objects).

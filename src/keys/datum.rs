@@ -174,25 +174,26 @@ impl KeyDesc {
     /// Text of an encoded key (or key prefix), one value per column, with
     /// `…` where the bytes run out (a truncated or partial key).
     pub fn format_key(&self, bytes: &[u8]) -> String {
+        self.decode_text(bytes)
+            .map_or_else(|| format!("{bytes:02x?}"), |(s, _)| s)
+    }
+
+    /// Decodes `bytes` as a key or a prefix of whole columns; `None` when
+    /// they end inside a column (e.g. a bound that was incremented).
+    fn decode_text(&self, bytes: &[u8]) -> Option<(String, bool)> {
         let mut pos = 0;
         let mut parts = Vec::new();
-        let mut complete = true;
         for c in &self.cols {
-            if pos >= bytes.len() {
-                complete = pos == bytes.len() && parts.len() == self.cols.len();
+            if pos == bytes.len() {
                 break;
             }
-            match decode_col(c.kind, c.desc, bytes, &mut pos) {
-                Some(v) => parts.push(output_value(c.typid, &v)),
-                None => {
-                    complete = false;
-                    break;
-                }
-            }
+            let v = decode_col(c.kind, c.desc, bytes, &mut pos)?;
+            parts.push(output_value(c.typid, &v));
         }
-        if parts.len() < self.cols.len() {
-            complete = false;
+        if pos != bytes.len() {
+            return None;
         }
+        let complete = parts.len() == self.cols.len();
         let mut s = if self.cols.len() == 1 && parts.len() == 1 {
             parts.pop().unwrap_or_default()
         } else {
@@ -201,11 +202,29 @@ impl KeyDesc {
         if !complete {
             s.push('…');
         }
-        s
+        Some((s, complete))
     }
 
-    /// A span for people: `[k]` for one key, `[p…]` for every key starting
-    /// with a prefix, else `[lo, hi)` with `-∞`/`+∞` for open ends.
+    /// A bound that is "just past every key starting with p" (an exclusive
+    /// lower or inclusive upper bound): the text of p, if that is what it is.
+    fn successor_of(&self, bytes: &[u8]) -> Option<String> {
+        let (&last, head) = bytes.split_last()?;
+        let mut p = head.to_vec();
+        p.push(last.checked_sub(1)?);
+        let (s, complete) = self.decode_text(&p)?;
+        (KeyBuf::prefix_successor(&p).as_bytes() == bytes).then(|| {
+            if complete {
+                s
+            } else {
+                s.trim_end_matches('…').to_string() + "…"
+            }
+        })
+    }
+
+    /// A span for people, in interval notation: `[k]` for one key, `[p…]`
+    /// for every key starting with a prefix, `-∞`/`+∞` for open ends, `(`
+    /// and `]` where a bound excludes or includes a key (and with `…`,
+    /// everything starting with it).
     pub fn format_span(&self, span: &Span) -> String {
         let lo = span.start.as_bytes();
         if span.end == Span::point(lo).end && !lo.is_empty() {
@@ -223,16 +242,31 @@ impl KeyDesc {
             );
         }
         let lo_s = if lo.is_empty() {
-            "-∞".to_string()
+            "[-∞".to_string()
+        } else if let Some((s, _)) = self.decode_text(lo) {
+            format!("[{s}")
+        } else if let Some(s) = self.successor_of(lo) {
+            format!("({s}")
         } else {
-            self.format_key(lo)
+            format!("[{lo:02x?}")
         };
-        let hi_s = if span.end.is_infinite() {
-            "+∞".to_string()
+        if span.end.is_infinite() {
+            return format!("{lo_s}, +∞)");
+        }
+        let hi = span.end.as_bytes();
+        // [.., k ++ 0x00) ends right after key k: show it as inclusive.
+        if let Some(k) = hi.strip_suffix(&[0]) {
+            if let Some((k_s, true)) = self.decode_text(k) {
+                return format!("{lo_s}, {k_s}]");
+            }
+        }
+        if let Some((s, _)) = self.decode_text(hi) {
+            format!("{lo_s}, {s})")
+        } else if let Some(s) = self.successor_of(hi) {
+            format!("{lo_s}, {s}]")
         } else {
-            self.format_key(span.end.as_bytes())
-        };
-        format!("[{lo_s}, {hi_s})")
+            format!("{lo_s}, {hi:02x?})")
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! The shape we take: a SELECT whose only base relation at its level is a
 //! latched table, with LIMIT (constant, parameter or expression) and an
-//! ORDER BY the key index provides, and nothing between the scan and the
+//! ORDER BY the key index provides (or that equality quals made moot), and nothing between the scan and the
 //! Limit node that changes the row count (no aggregates, grouping, DISTINCT,
 //! window functions, set-returning functions or row locks).  Then the Limit
 //! applies to exactly the rows we return and "the last key examined" is
@@ -63,7 +63,7 @@ fn list_iter<T>(l: *mut List) -> impl Iterator<Item = *mut T> {
     (0..n).map(move |i| unsafe { (*(*l).elements.add(i)).ptr_value as *mut T })
 }
 
-fn tag(n: *const Node) -> pg_sys::NodeTag::Type {
+fn tag(n: *const Node) -> pg_sys::NodeTag {
     // SAFETY: every Node starts with its tag.
     unsafe { (*n).type_ }
 }
@@ -111,7 +111,9 @@ unsafe fn limit_applies_to_scan(root: *mut pg_sys::PlannerInfo) -> bool {
             && !q.hasTargetSRFs
             && q.setOperations.is_null()
             && q.havingQual.is_null()
-            && !(*root).query_pathkeys.is_null()
+            // ORDER BY present (its pathkeys may all be redundant, as in
+            // `WHERE k = 5 ORDER BY k`)
+            && !q.sortClause.is_null()
             && pg_sys::bms_membership((*root).all_baserels) == pg_sys::BMS_Membership::BMS_SINGLETON
     }
 }
@@ -135,35 +137,37 @@ unsafe fn limit_scan_path(
             return None;
         }
         let latched = registry::lookup((*rte).relid)?;
-        let mut best: *mut pg_sys::IndexPath = std::ptr::null_mut();
-        let mut cheapest = f64::INFINITY;
-        for p in list_iter::<pg_sys::Path>((*rel).pathlist) {
-            cheapest = cheapest.min((*p).total_cost);
-            if tag(p as *const Node) != pg_sys::NodeTag::T_IndexPath {
-                continue;
-            }
-            let ip = p as *mut pg_sys::IndexPath;
-            if (*(*ip).indexinfo).indexoid != latched.key.index
-                || !(*p).param_info.is_null()
-                || (*p).pathkeys.is_null()
-                || !pg_sys::pathkeys_contained_in((*root).query_pathkeys, (*p).pathkeys)
-            {
-                continue;
-            }
-            if best.is_null() || (*p).total_cost < (*best).path.total_cost {
-                best = ip;
-            }
+        // No query pathkeys left means every ORDER BY column is fixed by an
+        // equality: any order of the key index will do.
+        let any_order = (*root).query_pathkeys.is_null();
+        let cheapest = list_iter::<pg_sys::Path>((*rel).pathlist)
+            .map(|p| (*p).total_cost)
+            .fold(f64::INFINITY, f64::min);
+        let mut best = best_key_index_path((*rel).pathlist, root, latched.key.index, any_order);
+        if best.is_null() {
+            // add_path may have pruned the key index path as too expensive
+            // (a tiny table, an order made moot): build the index paths
+            // again on their own, keep ours, and put the real list back.
+            let (pathlist, partial) = ((*rel).pathlist, (*rel).partial_pathlist);
+            (*rel).pathlist = std::ptr::null_mut();
+            (*rel).partial_pathlist = std::ptr::null_mut();
+            pg_sys::create_index_paths(root, rel);
+            best = best_key_index_path((*rel).pathlist, root, latched.key.index, any_order);
+            (*rel).pathlist = pathlist;
+            (*rel).partial_pathlist = partial;
         }
         if best.is_null() {
             return None;
         }
         // We fetch heap tuples ourselves, so an index-only path becomes a
         // plain index scan (same quals, same order).
-        let child = pg_sys::palloc(std::mem::size_of::<pg_sys::IndexPath>()) as *mut pg_sys::IndexPath;
+        let child =
+            pg_sys::palloc(std::mem::size_of::<pg_sys::IndexPath>()) as *mut pg_sys::IndexPath;
         std::ptr::copy_nonoverlapping(best, child, 1);
         (*child).path.pathtype = pg_sys::NodeTag::T_IndexScan;
 
-        let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
+        let cp =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
         let path = &mut (*cp).path;
         path.type_ = pg_sys::NodeTag::T_CustomPath;
         path.pathtype = pg_sys::NodeTag::T_CustomScan;
@@ -185,6 +189,40 @@ unsafe fn limit_scan_path(
     }
 }
 
+/// The cheapest unparameterized path on the key index whose order serves
+/// the query.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn best_key_index_path(
+    paths: *mut List,
+    root: *mut pg_sys::PlannerInfo,
+    index: pg_sys::Oid,
+    any_order: bool,
+) -> *mut pg_sys::IndexPath {
+    let mut best: *mut pg_sys::IndexPath = std::ptr::null_mut();
+    // SAFETY: per contract; paths are checked by tag before the cast.
+    unsafe {
+        for p in list_iter::<pg_sys::Path>(paths) {
+            if tag(p as *const Node) != pg_sys::NodeTag::T_IndexPath {
+                continue;
+            }
+            let ip = p as *mut pg_sys::IndexPath;
+            if (*(*ip).indexinfo).indexoid != index
+                || !(*p).param_info.is_null()
+                || !(any_order
+                    || pg_sys::pathkeys_contained_in((*root).query_pathkeys, (*p).pathkeys))
+            {
+                continue;
+            }
+            if best.is_null() || (*p).total_cost < (*best).path.total_cost {
+                best = ip;
+            }
+        }
+    }
+    best
+}
+
 fn integer(v: i32) -> *mut std::ffi::c_void {
     // SAFETY: makeInteger pallocs a node.
     unsafe { pg_sys::makeInteger(v) as *mut std::ffi::c_void }
@@ -203,9 +241,16 @@ unsafe extern "C-unwind" fn plan_custom_path(
     // path, an IndexScan built by create_indexscan_plan; we copy what we
     // need from it into a CustomScan.
     unsafe {
-        let child = list_iter::<pg_sys::IndexScan>(custom_plans).next().expect("one child plan");
-        assert_eq!(tag(child as *const Node), pg_sys::NodeTag::T_IndexScan, "PgkvxLimitScan wraps an index scan");
-        let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
+        let child = list_iter::<pg_sys::IndexScan>(custom_plans)
+            .next()
+            .expect("one child plan");
+        assert_eq!(
+            tag(child as *const Node),
+            pg_sys::NodeTag::T_IndexScan,
+            "PgkvxLimitScan wraps an index scan"
+        );
+        let cs =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
         (*cs).scan.plan.targetlist = tlist;
         // The index scan's filter: quals the index does not enforce.
@@ -218,15 +263,25 @@ unsafe extern "C-unwind" fn plan_custom_path(
         // and OFFSET expressions of this query level.  setrefs fixes them
         // all up, and copyObject keeps them in the plan cache.
         let parse = (*root).parse;
-        let nquals = if (*child).indexqual.is_null() { 0 } else { (*(*child).indexqual).length };
+        let nquals = if (*child).indexqual.is_null() {
+            0
+        } else {
+            (*(*child).indexqual).length
+        };
         let mut exprs = pg_sys::list_concat_copy((*child).indexqual, (*child).indexqualorig);
         let has_count = !(*parse).limitCount.is_null();
         let has_offset = !(*parse).limitOffset.is_null();
         if has_count {
-            exprs = pg_sys::lappend(exprs, pg_sys::copyObjectImpl((*parse).limitCount as *const _));
+            exprs = pg_sys::lappend(
+                exprs,
+                pg_sys::copyObjectImpl((*parse).limitCount as *const _),
+            );
         }
         if has_offset {
-            exprs = pg_sys::lappend(exprs, pg_sys::copyObjectImpl((*parse).limitOffset as *const _));
+            exprs = pg_sys::lappend(
+                exprs,
+                pg_sys::copyObjectImpl((*parse).limitOffset as *const _),
+            );
         }
         (*cs).custom_exprs = exprs;
         let forward = (*child).indexorderdir != pg_sys::ScanDirection::BackwardScanDirection;

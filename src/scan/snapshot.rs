@@ -1,0 +1,165 @@
+//! Snapshots for the scan: the base snapshot (the statement's, or a fresh
+//! one), the base with waited-for holders folded in, and the waits.
+
+use crate::latch::{ReadSnapshot, Stat, Xid};
+use crate::shmem::backend;
+use pgrx::pg_sys::{self, Snapshot};
+
+/// The snapshot a scan reads at, before pulling anyone in.
+pub struct Base {
+    pub snap: Snapshot,
+    /// A fresh snapshot we registered (and must unregister).
+    registered: bool,
+    /// Its in-progress xids, sorted (latch checks binary-search them).
+    xip: Vec<Xid>,
+}
+
+impl Base {
+    /// Views `snap` (owned by the executor).
+    ///
+    /// # Safety
+    /// `snap` is a valid MVCC snapshot that outlives this value.
+    pub unsafe fn of(snap: Snapshot) -> Base {
+        // SAFETY: per contract; xip has xcnt entries.
+        let mut xip: Vec<Xid> = unsafe {
+            (0..(*snap).xcnt as usize)
+                .map(|i| Xid((*(*snap).xip.add(i)).into_inner()))
+                .collect()
+        };
+        xip.sort_unstable_by_key(|x| x.0);
+        Base {
+            snap,
+            registered: false,
+            xip,
+        }
+    }
+
+    /// A new snapshot of the latest committed state (READ COMMITTED only).
+    pub fn fresh() -> Base {
+        // SAFETY: GetLatestSnapshot returns a static snapshot that
+        // RegisterSnapshot copies into a registered one we own.
+        let snap = unsafe { pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()) };
+        // SAFETY: registered until release().
+        let mut b = unsafe { Base::of(snap) };
+        b.registered = true;
+        b
+    }
+
+    /// Unregisters a fresh snapshot (on the normal path; at abort the
+    /// resource owner does it).
+    pub fn release(&mut self) {
+        if self.registered {
+            // SAFETY: we registered it and have not unregistered it yet.
+            unsafe { pg_sys::UnregisterSnapshot(self.snap) };
+            self.registered = false;
+        }
+    }
+
+    pub fn view<'a>(&'a self, pulled: &'a [Xid]) -> ReadSnapshot<'a> {
+        // SAFETY: the snapshot is valid while self is.
+        let (xmin, xmax) = unsafe { ((*self.snap).xmin, (*self.snap).xmax) };
+        ReadSnapshot {
+            xmin: Xid(xmin.into_inner()),
+            xmax: Xid(xmax.into_inner()),
+            xip: &self.xip,
+            pulled,
+            own: backend::my_xid_if_any(),
+        }
+    }
+
+    /// The base with `pulled` folded in, allocated in the current memory
+    /// context: pulled holders become visible if they committed, writers
+    /// that started after the base snapshot stay invisible unless pulled.
+    pub fn spliced(&self, pulled: &[Xid]) -> Snapshot {
+        if pulled.is_empty() {
+            return self.snap;
+        }
+        let base_xmax = self.view(&[]).xmax;
+        // The new xmax covers every xid assigned so far, so subtransactions
+        // of pulled-in holders (assigned after the base snapshot) resolve
+        // to their now-visible parents instead of counting as "in progress
+        // because too new".
+        // SAFETY: reads the next xid counter.
+        let next = Xid(unsafe { pg_sys::ReadNextFullTransactionId() }.value as u32);
+        let new_xmax = pulled
+            .iter()
+            .map(|p| Xid(p.0.wrapping_add(1)))
+            .chain([next])
+            .fold(base_xmax, |m, x| m.max(x));
+        let is_pulled = |x: Xid| pulled.binary_search_by_key(&x.0, |p| p.0).is_ok();
+        // In progress for S*: the base's in-progress xids that were not
+        // pulled, plus every xid the base did not know (at or above its
+        // xmax) up to the new xmax, except those pulled in.  Subtransaction
+        // xids in that list are harmless: with suboverflowed set, Postgres
+        // maps a subxid to its top-level xid before searching the list.
+        let mut xip: Vec<u32> = self
+            .xip
+            .iter()
+            .filter(|&&x| !is_pulled(x))
+            .map(|x| x.0)
+            .collect();
+        let mut x = base_xmax;
+        while x.precedes(new_xmax) {
+            if x.is_valid() && !is_pulled(x) {
+                xip.push(x.0);
+            }
+            x = Xid(x.0.wrapping_add(1));
+        }
+        // SAFETY: we build a private copy of a valid MVCC snapshot: same
+        // xmin (so our proc's xmin still protects everything it can see),
+        // the edited in-progress list, and subtransactions resolved through
+        // pg_subtrans (suboverflowed) because the copy lists no subxids.
+        unsafe {
+            let bytes = std::mem::size_of::<pg_sys::SnapshotData>() + 4 * xip.len().max(1);
+            let s = pg_sys::palloc0(bytes) as *mut pg_sys::SnapshotData;
+            std::ptr::copy_nonoverlapping(self.snap, s, 1);
+            let arr = (s as *mut u8).add(std::mem::size_of::<pg_sys::SnapshotData>())
+                as *mut pg_sys::TransactionId;
+            for (i, v) in xip.iter().enumerate() {
+                *arr.add(i) = pg_sys::TransactionId::from(*v);
+            }
+            (*s).xip = arr;
+            (*s).xcnt = xip.len() as u32;
+            (*s).xmax = pg_sys::TransactionId::from(new_xmax.0);
+            (*s).subxip = std::ptr::null_mut();
+            (*s).subxcnt = 0;
+            (*s).suboverflowed = true;
+            (*s).copied = true;
+            (*s).active_count = 0;
+            (*s).regd_count = 0;
+            (*s).ph_node = std::mem::zeroed();
+            s
+        }
+    }
+}
+
+/// Whether `xid` has committed (for coalesced tombstones, which remember
+/// only an xid interval).
+pub fn committed(xid: Xid) -> bool {
+    let x = pg_sys::TransactionId::from(xid.0);
+    // SAFETY: clog/procarray lookups for an xid no older than our snapshot's
+    // xmin (tombstones older than the horizon are gone).
+    unsafe { !pg_sys::TransactionIdIsInProgress(x) && pg_sys::TransactionIdDidCommit(x) }
+}
+
+/// Waits for transaction `xid` to end, through the lock manager: the wait
+/// shows in pg_locks, honours lock_timeout, statement_timeout and cancel,
+/// and takes part in deadlock detection.  Returns microseconds waited.
+///
+/// # Safety
+/// `rel` is an open relation (named in the wait's error context).
+pub unsafe fn wait_for(xid: Xid, rel: pg_sys::Relation) -> i64 {
+    // SAFETY: reading the clock and waiting on a transaction lock.
+    unsafe {
+        let t0 = pg_sys::GetCurrentTimestamp();
+        pg_sys::XactLockTableWait(
+            pg_sys::TransactionId::from(xid.0),
+            rel,
+            std::ptr::null_mut(),
+            pg_sys::XLTW_Oper::XLTW_None,
+        );
+        let us = pg_sys::GetCurrentTimestamp() - t0;
+        backend::count(Stat::WaitMicros, us as u64);
+        us
+    }
+}

@@ -1,0 +1,85 @@
+-- Which queries get a PgkvxLimitScan, what EXPLAIN shows, and that results
+-- equal plain Postgres's.  No concurrency here: validations are all clean.
+SET client_min_messages = warning;
+CREATE TABLE kv (k bigint PRIMARY KEY, v int NOT NULL);
+INSERT INTO kv SELECT g * 10, g % 7 FROM generate_series(1, 200) g;
+CREATE TABLE comp (a int, b text COLLATE "C", v int, PRIMARY KEY (a, b));
+INSERT INTO comp SELECT g % 5, 'b' || (g / 5), g FROM generate_series(0, 99) g;
+CREATE TABLE plain (k bigint PRIMARY KEY, v int);
+INSERT INTO plain SELECT k, v FROM kv;
+SELECT pgkvx.enable('kv'), pgkvx.enable('comp');
+ANALYZE kv, comp, plain;
+
+-- the shapes it serves
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k >= 100 AND k < 500 ORDER BY k DESC LIMIT 3 OFFSET 2;
+EXPLAIN (COSTS OFF) SELECT k FROM kv WHERE k BETWEEN 100 AND 200 AND v = 3 ORDER BY k LIMIT 5;
+EXPLAIN (COSTS OFF) SELECT * FROM kv ORDER BY k LIMIT 1;
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k = 50 ORDER BY k LIMIT 1;
+EXPLAIN (COSTS OFF) SELECT * FROM comp WHERE a = 2 AND b > 'b1' ORDER BY a, b LIMIT 4;
+EXPLAIN (COSTS OFF) SELECT count(v) FROM (SELECT v FROM kv WHERE k >= 1000 ORDER BY k LIMIT 10) t;
+EXPLAIN (COSTS OFF) WITH w AS (SELECT * FROM kv WHERE k > 1900 ORDER BY k LIMIT 5) SELECT sum(v) FROM w;
+EXPLAIN (COSTS OFF) SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 40;
+-- parameters and generic plans (pgbench -M prepared)
+PREPARE span(bigint, int) AS SELECT count(v) FROM (SELECT v FROM kv WHERE k >= $1 ORDER BY k LIMIT $2) t;
+SET plan_cache_mode = force_generic_plan;
+EXPLAIN (COSTS OFF) EXECUTE span(100, 10);
+EXECUTE span(100, 10);
+EXECUTE span(1995, 10);
+EXECUTE span(100, NULL);
+RESET plan_cache_mode;
+
+-- shapes that stay plain Postgres
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 LIMIT 3;                       -- no ORDER BY
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY v LIMIT 3;            -- not the key order
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k;                    -- no LIMIT
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3 FOR UPDATE; -- row locks
+EXPLAIN (COSTS OFF) SELECT v, count(*) FROM kv GROUP BY v ORDER BY v LIMIT 3;     -- grouping
+EXPLAIN (COSTS OFF) SELECT kv.k FROM kv JOIN plain USING (k) ORDER BY kv.k LIMIT 3; -- a join
+EXPLAIN (COSTS OFF) SELECT * FROM plain WHERE k > 100 ORDER BY k LIMIT 3;         -- not latched
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k FETCH FIRST 3 ROWS WITH TIES;
+SET pgkvx.scan_mode = off;
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+RESET pgkvx.scan_mode;
+
+-- EXPLAIN ANALYZE: the touched span and the validation
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 1950 ORDER BY k LIMIT 30;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k < 100 ORDER BY k DESC LIMIT 2;
+SET pgkvx.scan_mode = fenced;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+SET pgkvx.scan_mode = optimistic;
+SET pgkvx.max_optimistic_rows = 2;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+RESET pgkvx.max_optimistic_rows;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 40;
+
+-- results equal plain Postgres for every mode
+CREATE FUNCTION results(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE r text;
+BEGIN
+  EXECUTE format('SELECT string_agg(x::text, '' '') FROM (%s) x', q) INTO r;
+  RETURN r;
+END $$;
+CREATE FUNCTION same_everywhere(q text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE a text; b text; c text;
+BEGIN
+  SET LOCAL pgkvx.scan_mode = off;        a := results(q);
+  SET LOCAL pgkvx.scan_mode = fenced;     b := results(q);
+  SET LOCAL pgkvx.scan_mode = optimistic; c := results(q);
+  RETURN a IS NOT DISTINCT FROM b AND b IS NOT DISTINCT FROM c;
+END $$;
+SELECT q, same_everywhere(q) FROM (VALUES
+  ('SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3'),
+  ('SELECT * FROM kv WHERE k >= 100 AND k < 500 ORDER BY k DESC LIMIT 3 OFFSET 2'),
+  ('SELECT k FROM kv WHERE k BETWEEN 100 AND 900 AND v = 3 ORDER BY k LIMIT 5'),
+  ('SELECT * FROM kv ORDER BY k DESC LIMIT 7'),
+  ('SELECT * FROM comp WHERE a = 2 AND b > ''b1'' ORDER BY a, b LIMIT 4'),
+  ('SELECT * FROM comp WHERE a >= 3 ORDER BY a DESC, b DESC LIMIT 6'),
+  ('SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 80')
+) t(q);
+SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+SELECT * FROM comp WHERE a = 2 AND b > 'b1' ORDER BY a, b LIMIT 4;
+SELECT stat, value > 0 AS counted FROM pgkvx.stats() WHERE stat IN ('scans_optimistic', 'scans_fenced', 'scans_off', 'validations') ORDER BY stat;
+DROP TABLE kv, comp, plain;
+DROP FUNCTION same_everywhere, results;
