@@ -25,26 +25,17 @@ fn require_owner(relid: Oid) {
 
 /// `schema.table`, quoted for SQL.
 fn qualified(relid: Oid) -> String {
-    Spi::get_one_with_args::<String>("SELECT $1::regclass::text", &[relid.into()])
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| {
-            errors::raise(
-                PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
-                "relation does not exist",
-            )
-        })
+    super::spi::one::<String>("SELECT $1::regclass::text", &[relid.into()])
+        .unwrap_or_else(|| errors::raise(PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE, "relation does not exist"))
 }
 
 /// The sequence that feeds the key column (serial/bigserial or identity).
 pub fn key_sequence(key: &KeyDesc) -> Option<Oid> {
     let col = &key.cols[0];
-    Spi::get_one_with_args::<Oid>(
+    super::spi::one::<Oid>(
         "SELECT pg_catalog.pg_get_serial_sequence($1::regclass::text, $2)::regclass::oid",
         &[key.relid.into(), col.name.clone().into()],
     )
-    .ok()
-    .flatten()
 }
 
 /// Checks `key` can be drawn gaplessly and returns its sequence.
@@ -52,19 +43,13 @@ pub fn gapless_sequence(key: &KeyDesc) -> Oid {
     if key.cols.len() != 1 || key.cols[0].kind != KeyKind::Int {
         errors::raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!(
-                "gapless keys need a single integer key column; \"{}\" has another key",
-                key.relname
-            ),
+            format!("gapless keys need a single integer key column; \"{}\" has another key", key.relname),
         );
     }
     let Some(seq) = key_sequence(key) else {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!(
-                "key column \"{}\" of \"{}\" has no sequence",
-                key.cols[0].name, key.relname
-            ),
+            format!("key column \"{}\" of \"{}\" has no sequence", key.cols[0].name, key.relname),
             "Declare the key column bigserial (or attach a sequence with OWNED BY).",
         );
     };
@@ -72,28 +57,21 @@ pub fn gapless_sequence(key: &KeyDesc) -> Oid {
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
-fn enable(
-    rel: Regclass,
-    index: default!(Option<Regclass>, "NULL"),
-    gapless: default!(bool, false),
-) {
+fn enable(rel: Regclass, index: default!(Option<Regclass>, "NULL"), gapless: default!(bool, false)) {
     let (rel, index) = (rel.0, index.map(|i| i.0));
     require_owner(rel);
     let key = KeyDesc::resolve(rel, index);
     let name = qualified(rel);
     // SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes) up front, so writers
     // in flight finish before latching starts and none slips through.
-    Spi::run(&format!("LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    Spi::run(&format!("LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE")).unwrap_or_else(|e| panic!("{e}"));
     if gapless {
         let seq = gapless_sequence(&key);
         check_sequence_cache(seq);
-        let identity = Spi::get_one_with_args::<bool>(
+        let identity = super::spi::one::<bool>(
             "SELECT attidentity <> '' FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum = $2",
             &[rel.into(), key.cols[0].attnum.into()],
         )
-        .ok()
-        .flatten()
         .unwrap_or(false);
         if identity {
             errors::raise_hint(
@@ -113,12 +91,10 @@ fn enable(
         (ROW_TRIGGER, "BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_row()"),
         (TRUNCATE_TRIGGER, "BEFORE TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION pgkvx.latch_truncate()"),
     ] {
-        let exists = Spi::get_one_with_args::<bool>(
+        let exists = super::spi::one::<bool>(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1 AND tgname = $2)",
             &[rel.into(), trigger.into()],
         )
-        .ok()
-        .flatten()
         .unwrap_or(false);
         if !exists {
             let body = timing.replace("{t}", &name);
@@ -146,14 +122,8 @@ fn disable(rel: Regclass) {
     require_owner(rel);
     let name = qualified(rel);
     // No reader may be validating and no writer latching while we go.
-    Spi::run(&format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let gapless = Spi::get_one_with_args::<bool>(
-        "SELECT gapless FROM pgkvx.tables WHERE relid = $1",
-        &[rel.into()],
-    )
-    .ok()
-    .flatten();
+    Spi::run(&format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")).unwrap_or_else(|e| panic!("{e}"));
+    let gapless = super::spi::one::<bool>("SELECT gapless FROM pgkvx.tables WHERE relid = $1", &[rel.into()]);
     if gapless == Some(true) {
         // Put the plain sequence default back.
         if let Some(l) = registry::lookup(rel) {
@@ -163,13 +133,7 @@ fn disable(rel: Regclass) {
                         "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pg_catalog.nextval({})",
                         quote_ident(&l.key.cols[0].name),
                         quote_literal(
-                            &Spi::get_one_with_args::<String>(
-                                "SELECT $1::regclass::text",
-                                &[seq.into()]
-                            )
-                            .ok()
-                            .flatten()
-                            .unwrap_or_default()
+                            &super::spi::one::<String>("SELECT $1::regclass::text", &[seq.into()]).unwrap_or_default()
                         )
                     ),
                     &[],
@@ -179,11 +143,9 @@ fn disable(rel: Regclass) {
         }
     }
     for trigger in [ROW_TRIGGER, TRUNCATE_TRIGGER] {
-        Spi::run(&format!("DROP TRIGGER IF EXISTS {trigger} ON {name}"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        Spi::run(&format!("DROP TRIGGER IF EXISTS {trigger} ON {name}")).unwrap_or_else(|e| panic!("{e}"));
     }
-    Spi::run_with_args("DELETE FROM pgkvx.tables WHERE relid = $1", &[rel.into()])
-        .unwrap_or_else(|e| panic!("{e}"));
+    Spi::run_with_args("DELETE FROM pgkvx.tables WHERE relid = $1", &[rel.into()]).unwrap_or_else(|e| panic!("{e}"));
     backend::purge_at_commit(backend::rel_id(rel));
     // SAFETY: queues a relcache invalidation, sent at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(rel) };
@@ -193,11 +155,8 @@ fn disable(rel: Regclass) {
 /// registry row and its latches go with it.
 #[pg_extern(volatile, parallel_unsafe, name = "_forget_table")]
 fn forget_table(rel: Oid) {
-    Spi::run_with_args(
-        "DELETE FROM pgkvx.tables WHERE relid::oid = $1",
-        &[rel.into()],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    Spi::run_with_args("DELETE FROM pgkvx.tables WHERE relid::oid = $1", &[rel.into()])
+        .unwrap_or_else(|e| panic!("{e}"));
     backend::purge_at_commit(backend::rel_id(rel));
 }
 
@@ -205,20 +164,14 @@ fn forget_table(rel: Oid) {
 /// then hand out a smaller value after another committed a larger one,
 /// which is exactly the gap gapless keys exist to prevent.
 pub fn check_sequence_cache(seq: Oid) {
-    let cache = Spi::get_one_with_args::<i64>(
-        "SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = $1",
-        &[seq.into()],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(1);
+    let cache =
+        super::spi::one::<i64>("SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = $1", &[seq.into()])
+            .unwrap_or(1);
     if cache != 1 {
         let name = registry::rel_name(seq);
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!(
-                "sequence \"{name}\" caches {cache} values per session; gapless keys need CACHE 1"
-            ),
+            format!("sequence \"{name}\" caches {cache} values per session; gapless keys need CACHE 1"),
             format!("ALTER SEQUENCE {name} CACHE 1;"),
         );
     }

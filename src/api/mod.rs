@@ -7,6 +7,7 @@ pub mod latch_span;
 pub mod next_key;
 pub mod regclass;
 pub mod registry;
+pub mod spi;
 pub mod trigger;
 pub mod views;
 

@@ -64,11 +64,7 @@ fn next_key(rel: Regclass) -> i64 {
         let value = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(seq, true)) };
         let mut key = crate::keys::KeyWriter::new();
         // SAFETY: an int8 datum for the (integer) key column.
-        unsafe {
-            latched
-                .key
-                .encode_datum(0, pg_sys::Datum::from(value), &mut key)
-        };
+        unsafe { latched.key.encode_datum(0, pg_sys::Datum::from(value), &mut key) };
         backend::latch(relid, &Span::point(key.bytes()));
         (value, key, xid)
     };

@@ -10,11 +10,7 @@ use pgrx::{FromDatum, IntoDatum};
 pub struct Regclass(pub Oid);
 
 impl FromDatum for Regclass {
-    unsafe fn from_polymorphic_datum(
-        datum: pg_sys::Datum,
-        is_null: bool,
-        _typoid: Oid,
-    ) -> Option<Self> {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _typoid: Oid) -> Option<Self> {
         // SAFETY: a regclass datum is an oid.
         (!is_null).then(|| Regclass(unsafe { Oid::from_datum(datum, false) }.expect("not null")))
     }
@@ -36,13 +32,10 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for Regclass {
     unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
         let index = arg.index();
         // SAFETY: the argument is a non-null regclass.
-        unsafe { arg.unbox_arg_using_from_datum() }
-            .unwrap_or_else(|| panic!("argument {index} must not be null"))
+        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or_else(|| panic!("argument {index} must not be null"))
     }
 
-    unsafe fn unbox_nullable_arg(
-        arg: pgrx::callconv::Arg<'_, 'fcx>,
-    ) -> pgrx::nullable::Nullable<Self> {
+    unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
         // SAFETY: the argument is a regclass or NULL.
         unsafe { arg.unbox_arg_using_from_datum() }.into()
     }

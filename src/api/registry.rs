@@ -35,9 +35,7 @@ thread_local! {
 /// Installs the relcache callback; called from `_PG_init`.
 pub fn init() {
     // SAFETY: registering a process-wide callback during preload.
-    unsafe {
-        pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_inval), pg_sys::Datum::from(0))
-    };
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_inval), pg_sys::Datum::from(0)) };
 }
 
 #[pg_guard]
@@ -101,16 +99,13 @@ pub fn rel_name(relid: Oid) -> String {
         relid.to_u32().to_string()
     } else {
         // SAFETY: NUL-terminated catalog string.
-        unsafe { std::ffi::CStr::from_ptr(p) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 }
 
 fn load(relid: Oid) -> Option<Rc<Latched>> {
     // SAFETY: try_relation_open returns NULL for a relation that is gone.
-    let rel =
-        unsafe { pg_sys::try_relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+    let rel = unsafe { pg_sys::try_relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     if rel.is_null() {
         return None;
     }
@@ -121,11 +116,10 @@ fn load(relid: Oid) -> Option<Rc<Latched>> {
     if !latched {
         return None;
     }
-    let row = Spi::get_two_with_args::<Oid, bool>(
+    let row = super::spi::two::<Oid, bool>(
         "SELECT key_index::oid, gapless FROM pgkvx.tables WHERE relid = $1",
         &[relid.into()],
-    )
-    .ok()?;
+    )?;
     let gapless = row.1?;
     let key = KeyDesc::resolve(relid, row.0);
     Some(Rc::new(Latched { key, gapless }))

@@ -39,10 +39,7 @@ fn latch_key(relid: pg_sys::Oid, key: &KeyWriter) {
 
 /// # Safety
 /// Called by the function manager as a trigger.
-unsafe fn trigger_data(
-    fcinfo: pg_sys::FunctionCallInfo,
-    what: &str,
-) -> &'static pg_sys::TriggerData {
+unsafe fn trigger_data(fcinfo: pg_sys::FunctionCallInfo, what: &str) -> &'static pg_sys::TriggerData {
     // SAFETY: fcinfo is valid; context is checked to be TriggerData.
     unsafe {
         let ctx = (*fcinfo).context;

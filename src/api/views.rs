@@ -28,10 +28,7 @@ impl SpanFormatter {
         SpanFormatter(HashMap::new())
     }
     fn span(&mut self, relid: Oid, span: &Span) -> String {
-        let l = self
-            .0
-            .entry(relid)
-            .or_insert_with(|| registry::lookup(relid));
+        let l = self.0.entry(relid).or_insert_with(|| registry::lookup(relid));
         match l {
             Some(l) => l.key.format_span(span),
             None => format!("{span:?}"),
@@ -41,10 +38,7 @@ impl SpanFormatter {
         if k.is_infinite() || k.as_bytes().is_empty() {
             return open.to_string();
         }
-        let l = self
-            .0
-            .entry(relid)
-            .or_insert_with(|| registry::lookup(relid));
+        let l = self.0.entry(relid).or_insert_with(|| registry::lookup(relid));
         match l {
             Some(l) => l.key.format_key(k.as_bytes()),
             None => format!("{k:?}"),
@@ -86,18 +80,10 @@ fn latch_list(
         .into_iter()
         .filter_map(|l| {
             let relid = visible_here(l.rel)?;
-            let state = if l.state == State::Live {
-                "live"
-            } else {
-                "tombstone"
-            };
+            let state = if l.state == State::Live { "live" } else { "tombstone" };
             // SAFETY: TimestampTz is a plain i64.
-            let at = unsafe {
-                pgrx::datum::TimestampWithTimeZone::from_datum(
-                    pg_sys::Datum::from(l.acquired_at),
-                    false,
-                )
-            }?;
+            let at =
+                unsafe { pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(l.acquired_at), false) }?;
             Some((
                 relid,
                 fmt.span(relid, &l.span),
@@ -160,10 +146,8 @@ fn stats() -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
     let t = table();
     let counts = t.stats();
     let u = t.usage();
-    let mut rows: Vec<(String, i64)> = Stat::ALL
-        .iter()
-        .map(|s| (s.name().to_string(), counts[*s as usize] as i64))
-        .collect();
+    let mut rows: Vec<(String, i64)> =
+        Stat::ALL.iter().map(|s| (s.name().to_string(), counts[*s as usize] as i64)).collect();
     rows.extend([
         ("latch_entries_used".to_string(), i64::from(u.entries_used)),
         ("latch_entries_max".to_string(), i64::from(u.entries_max)),

@@ -59,22 +59,13 @@ pub struct KeyWriter {
 
 impl Default for KeyWriter {
     fn default() -> Self {
-        KeyWriter {
-            len: 0,
-            buf: [0; BUF],
-            truncated: false,
-        }
+        KeyWriter { len: 0, buf: [0; BUF], truncated: false }
     }
 }
 
 impl std::fmt::Debug for KeyWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:02x?}{}",
-            self.bytes(),
-            if self.truncated { "…" } else { "" }
-        )
+        write!(f, "{:02x?}{}", self.bytes(), if self.truncated { "…" } else { "" })
     }
 }
 
@@ -284,38 +275,24 @@ mod tests {
     // Strings over a small alphabet with NULs and 0xFF so escapes and shared
     // prefixes occur often; short enough to usually fit untruncated.
     fn bytes() -> impl Strategy<Value = Vec<u8>> {
-        proptest::collection::vec(
-            prop_oneof![Just(0u8), Just(1u8), Just(b' '), Just(b'a'), Just(0xFFu8)],
-            0..6,
-        )
+        proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(b' '), Just(b'a'), Just(0xFFu8)], 0..6)
     }
 
     /// A value generator per column type, with the type's extremes.
     fn col(kind: u8) -> BoxedStrategy<V> {
         match kind {
-            0 => prop_oneof![any::<i64>(), Just(i64::MIN), Just(i64::MAX), -3i64..3]
-                .prop_map(V::Int)
-                .boxed(),
+            0 => prop_oneof![any::<i64>(), Just(i64::MIN), Just(i64::MAX), -3i64..3].prop_map(V::Int).boxed(),
             1 => any::<bool>().prop_map(V::Bool).boxed(),
-            2 => proptest::array::uniform16(prop_oneof![Just(0u8), Just(0x7F), Just(0xFF)])
-                .prop_map(V::Uuid)
-                .boxed(),
+            2 => proptest::array::uniform16(prop_oneof![Just(0u8), Just(0x7F), Just(0xFF)]).prop_map(V::Uuid).boxed(),
             3 => bytes().prop_map(V::Bytes).boxed(),
             4 => bytes().prop_map(V::BpChar).boxed(),
-            5 => prop_oneof![any::<i32>(), Just(i32::MIN), Just(i32::MAX)]
-                .prop_map(V::Date)
-                .boxed(),
-            _ => prop_oneof![any::<i64>(), Just(i64::MIN), Just(i64::MAX)]
-                .prop_map(V::Ts)
-                .boxed(),
+            5 => prop_oneof![any::<i32>(), Just(i32::MIN), Just(i32::MAX)].prop_map(V::Date).boxed(),
+            _ => prop_oneof![any::<i64>(), Just(i64::MIN), Just(i64::MAX)].prop_map(V::Ts).boxed(),
         }
     }
 
     fn tuple(kinds: Vec<(u8, bool)>) -> impl Strategy<Value = Tuple> {
-        kinds
-            .into_iter()
-            .map(|(k, desc)| col(k).prop_map(move |v| (v, desc)))
-            .collect::<Vec<_>>()
+        kinds.into_iter().map(|(k, desc)| col(k).prop_map(move |v| (v, desc))).collect::<Vec<_>>()
     }
 
     type Tuple = Vec<(V, bool)>;

@@ -81,11 +81,7 @@ impl KeyDesc {
     ///
     /// # Safety
     /// `tup` is a valid tuple of the table and `tupdesc` its descriptor.
-    pub unsafe fn encode_heap_tuple(
-        &self,
-        tup: pg_sys::HeapTuple,
-        tupdesc: pg_sys::TupleDesc,
-    ) -> KeyWriter {
+    pub unsafe fn encode_heap_tuple(&self, tup: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> KeyWriter {
         let mut w = KeyWriter::new();
         for (i, c) in self.cols.iter().enumerate() {
             let mut isnull = false;
@@ -96,10 +92,7 @@ impl KeyDesc {
                 // column changed since: refuse rather than mis-latch.
                 errors::raise(
                     PgSqlErrorCode::ERRCODE_NOT_NULL_VIOLATION,
-                    format!(
-                        "pgkvx: key column \"{}\" of \"{}\" is NULL",
-                        c.name, self.relname
-                    ),
+                    format!("pgkvx: key column \"{}\" of \"{}\" is NULL", c.name, self.relname),
                 );
             }
             // SAFETY: non-null datum of the column's type.
@@ -174,8 +167,7 @@ impl KeyDesc {
     /// Text of an encoded key (or key prefix), one value per column, with
     /// `…` where the bytes run out (a truncated or partial key).
     pub fn format_key(&self, bytes: &[u8]) -> String {
-        self.decode_text(bytes)
-            .map_or_else(|| format!("{bytes:02x?}"), |(s, _)| s)
+        self.decode_text(bytes).map_or_else(|| format!("{bytes:02x?}"), |(s, _)| s)
     }
 
     /// Decodes `bytes` as a key or a prefix of whole columns; `None` when
@@ -232,14 +224,7 @@ impl KeyDesc {
         }
         if span.end == KeyBuf::prefix_successor(lo) && !lo.is_empty() {
             let k = self.format_key(lo);
-            return format!(
-                "[{}]",
-                if k.ends_with('…') {
-                    k
-                } else {
-                    format!("{k}…")
-                }
-            );
+            return format!("[{}]", if k.ends_with('…') { k } else { format!("{k}…") });
         }
         let lo_s = if lo.is_empty() {
             "[-∞".to_string()
@@ -273,10 +258,7 @@ impl KeyDesc {
 /// Runs `typid`'s input function on `s`.
 pub fn input_value(typid: Oid, s: &str) -> Datum {
     let cs = CString::new(s).unwrap_or_else(|_| {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
-            "bound contains a NUL byte",
-        )
+        errors::raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, "bound contains a NUL byte")
     });
     let mut input = pg_sys::InvalidOid;
     let mut ioparam = pg_sys::InvalidOid;
@@ -322,9 +304,7 @@ fn output_value(typid: Oid, v: &KeyValue) -> String {
     // SAFETY: the datum has the type the output function expects.
     unsafe {
         pg_sys::getTypeOutputInfo(typid, &mut out, &mut varlena);
-        CStr::from_ptr(pg_sys::OidOutputFunctionCall(out, d))
-            .to_string_lossy()
-            .into_owned()
+        CStr::from_ptr(pg_sys::OidOutputFunctionCall(out, d)).to_string_lossy().into_owned()
     }
 }
 
@@ -372,10 +352,7 @@ mod tests {
             ("(1)", Some(vec![Some("1")])),
             ("(1,abc)", Some(vec![Some("1"), Some("abc")])),
             ("(1,\"a,b\")", Some(vec![Some("1"), Some("a,b")])),
-            (
-                "(1,\"say \"\"hi\"\"\")",
-                Some(vec![Some("1"), Some("say \"hi\"")]),
-            ),
+            ("(1,\"say \"\"hi\"\"\")", Some(vec![Some("1"), Some("say \"hi\"")])),
             ("(1,)", Some(vec![Some("1"), None])),
             ("(1,\"\")", Some(vec![Some("1"), Some("")])),
             ("(a\\,b)", Some(vec![Some("a,b")])),
@@ -384,9 +361,8 @@ mod tests {
         ];
         for (text, want) in cases {
             let got = parse_row_literal(text);
-            let want: Option<Vec<Option<String>>> = want
-                .as_ref()
-                .map(|v| v.iter().map(|f| f.map(str::to_string)).collect());
+            let want: Option<Vec<Option<String>>> =
+                want.as_ref().map(|v| v.iter().map(|f| f.map(str::to_string)).collect());
             assert_eq!(got, want, "{text}");
         }
     }

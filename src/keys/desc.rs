@@ -62,9 +62,7 @@ fn name_of(relid: Oid) -> String {
 
 fn type_name(typid: Oid) -> String {
     // SAFETY: format_type_be always returns a palloc'd string.
-    unsafe { CStr::from_ptr(pg_sys::format_type_be(typid)) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { CStr::from_ptr(pg_sys::format_type_be(typid)) }.to_string_lossy().into_owned()
 }
 
 fn collation_name(coll: Oid) -> String {
@@ -163,10 +161,7 @@ impl KeyDesc {
         // SAFETY: opened as an index below is checked via rd_index.
         let ind = unsafe { idx.get().rd_index.as_ref() };
         let Some(ind) = ind else {
-            errors::raise(
-                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
-                format!("\"{index_name}\" is not an index"),
-            );
+            errors::raise(PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE, format!("\"{index_name}\" is not an index"));
         };
         if ind.indrelid != relid {
             errors::raise(
@@ -208,9 +203,7 @@ impl KeyDesc {
             // SAFETY: attnum is a valid user column of the open relation.
             let att = unsafe { &*(*tupdesc).attrs.as_ptr().add(attnum as usize - 1) };
             // SAFETY: NameData is NUL-terminated.
-            let name = unsafe { CStr::from_ptr(att.attname.data.as_ptr()) }
-                .to_string_lossy()
-                .into_owned();
+            let name = unsafe { CStr::from_ptr(att.attname.data.as_ptr()) }.to_string_lossy().into_owned();
             if !att.attnotnull {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
@@ -233,11 +226,7 @@ impl KeyDesc {
             // SAFETY: per-column index metadata arrays have nkeys entries.
             let (family, option, coll) = unsafe {
                 let r = idx.get();
-                (
-                    *r.rd_opfamily.add(i),
-                    *r.rd_indoption.add(i),
-                    *r.rd_indcollation.add(i),
-                )
+                (*r.rd_opfamily.add(i), *r.rd_indoption.add(i), *r.rd_indcollation.add(i))
             };
             // SAFETY: catalog lookups.
             let default_family = unsafe {
@@ -248,21 +237,16 @@ impl KeyDesc {
                     pg_sys::get_opclass_family(opc)
                 }
             };
-            let pattern_ops = family == pg_sys::TEXT_PATTERN_BTREE_FAM_OID
-                || family == pg_sys::BPCHAR_PATTERN_BTREE_FAM_OID;
+            let pattern_ops =
+                family == pg_sys::TEXT_PATTERN_BTREE_FAM_OID || family == pg_sys::BPCHAR_PATTERN_BTREE_FAM_OID;
             if family != default_family && !pattern_ops {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    format!(
-                        "key column \"{name}\" of \"{relname}\" uses a non-default operator class"
-                    ),
+                    format!("key column \"{name}\" of \"{relname}\" uses a non-default operator class"),
                     "Index the column with its default btree operator class (or text_pattern_ops).",
                 );
             }
-            if matches!(kind, KeyKind::Text | KeyKind::BpChar)
-                && !pattern_ops
-                && !collation_is_bytewise(coll)
-            {
+            if matches!(kind, KeyKind::Text | KeyKind::BpChar) && !pattern_ops && !collation_is_bytewise(coll) {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                     format!(
@@ -276,20 +260,8 @@ impl KeyDesc {
                     ),
                 );
             }
-            cols.push(KeyCol {
-                attnum,
-                name,
-                typid: base,
-                kind,
-                desc: option & pg_sys::INDOPTION_DESC as i16 != 0,
-            });
+            cols.push(KeyCol { attnum, name, typid: base, kind, desc: option & pg_sys::INDOPTION_DESC as i16 != 0 });
         }
-        KeyDesc {
-            relid,
-            relname,
-            index,
-            index_name,
-            cols,
-        }
+        KeyDesc { relid, relname, index, index_name, cols }
     }
 }

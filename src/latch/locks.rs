@@ -81,9 +81,7 @@ pub mod std_locks {
                 directory: RawRwLock::INIT,
                 ranges: (0..ranges).map(|_| RawRwLock::INIT).collect(),
                 tables: (0..tables).map(|_| RawRwLock::INIT).collect(),
-                modes: (0..n)
-                    .map(|_| std::sync::atomic::AtomicBool::new(false))
-                    .collect(),
+                modes: (0..n).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
             }
         }
 

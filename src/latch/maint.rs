@@ -66,9 +66,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         let ranges: Vec<u32> = {
             let _d = self.lock(LockId::Directory, Mode::Shared);
             // SAFETY: Directory lock held.
-            (0..self.config().max_ranges)
-                .filter(|&r| unsafe { self.meta(r) }.in_use)
-                .collect()
+            (0..self.config().max_ranges).filter(|&r| unsafe { self.meta(r) }.in_use).collect()
         };
         for r in ranges {
             self.coalesce(slot, r);
@@ -118,16 +116,10 @@ impl<L: LockSet> LatchTable<'_, L> {
             }
         }
         self.rebuild_fifo(b1, b2, r2);
-        if b1.summary.span.overlaps(&Span {
-            start: at,
-            end: meta.hi,
-        }) {
+        if b1.summary.span.overlaps(&Span { start: at, end: meta.hi }) {
             b2.summary = b1.summary;
         }
-        let pos = td.ranges[..td.nranges as usize]
-            .iter()
-            .position(|&x| x == r)
-            .expect("range in its table");
+        let pos = td.ranges[..td.nranges as usize].iter().position(|&x| x == r).expect("range in its table");
         td.ranges.copy_within(pos + 1..td.nranges as usize, pos + 2);
         td.ranges[pos + 1] = r2;
         td.nranges += 1;
@@ -230,10 +222,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         unsafe { self.meta(left) }.hi = mr.hi;
         // SAFETY: as above.
         let td = unsafe { self.table_data(ml.table) };
-        let pos = td.ranges[..td.nranges as usize]
-            .iter()
-            .position(|&x| x == right)
-            .expect("range in its table");
+        let pos = td.ranges[..td.nranges as usize].iter().position(|&x| x == right).expect("range in its table");
         td.ranges.copy_within(pos + 1..td.nranges as usize, pos);
         td.nranges -= 1;
         td.ranges[td.nranges as usize] = NIL;

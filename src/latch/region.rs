@@ -146,10 +146,7 @@ pub struct Summary {
 impl Summary {
     pub const EMPTY: Summary = Summary {
         count: 0,
-        span: Span {
-            start: KeyBuf::INFINITE,
-            end: KeyBuf::EMPTY,
-        },
+        span: Span { start: KeyBuf::INFINITE, end: KeyBuf::EMPTY },
         xid_lo: Xid::INVALID,
         xid_hi: Xid::INVALID,
         seq_lo: u64::MAX,
@@ -162,14 +159,7 @@ impl Summary {
 
     pub fn absorb(&mut self, span: &Span, xid: Xid, seq: u64) {
         if self.count == 0 {
-            *self = Summary {
-                count: 1,
-                span: *span,
-                xid_lo: xid,
-                xid_hi: xid,
-                seq_lo: seq,
-                seq_hi: seq,
-            };
+            *self = Summary { count: 1, span: *span, xid_lo: xid, xid_hi: xid, seq_lo: seq, seq_hi: seq };
             return;
         }
         self.count += 1;
@@ -280,13 +270,7 @@ impl Layout {
         off = align_up(off, align_of::<BackendSlot>());
         let backends = off;
         off += size_of::<BackendSlot>() * cfg.max_backends as usize;
-        Layout {
-            tables,
-            ranges,
-            entries,
-            backends,
-            size: off,
-        }
+        Layout { tables, ranges, entries, backends, size: off }
     }
 }
 
@@ -325,11 +309,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 horizon: AtomicU32::new(0),
                 range_max_latches: AtomicU32::new(1024),
                 dir_version: AtomicU64::new(1),
-                dir: UnsafeCell::new(DirHeader {
-                    free_range: 0,
-                    ranges_used: 0,
-                    tables_used: 0,
-                }),
+                dir: UnsafeCell::new(DirHeader { free_range: 0, ranges_used: 0, tables_used: 0 }),
             },
         );
         let tables = mem.add(lay.tables) as *mut TableSlot;
@@ -406,26 +386,14 @@ pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
     // at the offsets Layout::of computes from the config stored in it.
     unsafe {
         let hdr = &*(mem as *const Header);
-        assert_eq!(
-            hdr.magic, MAGIC,
-            "latch region has the wrong layout version"
-        );
+        assert_eq!(hdr.magic, MAGIC, "latch region has the wrong layout version");
         let cfg = hdr.cfg;
         let lay = Layout::of(&cfg);
         Parts {
             hdr,
-            tables: std::slice::from_raw_parts(
-                mem.add(lay.tables) as *const TableSlot,
-                cfg.max_tables as usize,
-            ),
-            ranges: std::slice::from_raw_parts(
-                mem.add(lay.ranges) as *const RangeSlot,
-                cfg.max_ranges as usize,
-            ),
-            entries: std::slice::from_raw_parts(
-                mem.add(lay.entries) as *const Entry,
-                cfg.max_entries as usize,
-            ),
+            tables: std::slice::from_raw_parts(mem.add(lay.tables) as *const TableSlot, cfg.max_tables as usize),
+            ranges: std::slice::from_raw_parts(mem.add(lay.ranges) as *const RangeSlot, cfg.max_ranges as usize),
+            entries: std::slice::from_raw_parts(mem.add(lay.entries) as *const Entry, cfg.max_entries as usize),
             backends: std::slice::from_raw_parts(
                 mem.add(lay.backends) as *const BackendSlot,
                 cfg.max_backends as usize,
@@ -435,22 +403,13 @@ pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
 }
 
 impl RangeBody {
-    pub const EMPTY: RangeBody = RangeBody {
-        root: NIL,
-        live: 0,
-        tombstones: 0,
-        fifo_head: NIL,
-        fifo_tail: NIL,
-        summary: Summary::EMPTY,
-    };
+    pub const EMPTY: RangeBody =
+        RangeBody { root: NIL, live: 0, tombstones: 0, fifo_head: NIL, fifo_tail: NIL, summary: Summary::EMPTY };
 }
 
 impl EntryData {
     pub const FREE: EntryData = EntryData {
-        span: Span {
-            start: KeyBuf::EMPTY,
-            end: KeyBuf::EMPTY,
-        },
+        span: Span { start: KeyBuf::EMPTY, end: KeyBuf::EMPTY },
         xid: Xid::INVALID,
         state: State::Free,
         seq: 0,

@@ -50,11 +50,14 @@ struct Producer {
     steps_left: u32,
 }
 
+/// A Postgres 14+ snapshot: xmax is one past the latest completed xid and
+/// xip lists running xids below it; `after` is the next xid when taken.
 #[derive(Clone)]
 struct Snap {
     xmin: u32,
     xmax: u32,
     xip: Vec<Xid>,
+    after: u32,
 }
 
 pub struct Db {
@@ -67,6 +70,7 @@ pub struct Db {
     rows: BTreeMap<u64, u32>,
     producers: Vec<Producer>,
     reader_xmin: Option<u32>,
+    latest_completed: u32,
     /// Allow transactions to take their xid before drawing (xid order then
     /// differs from draw order).
     early_xids: bool,
@@ -89,26 +93,22 @@ impl Db {
             rows: BTreeMap::new(),
             producers: (0..producers).map(|_| Producer::default()).collect(),
             reader_xmin: None,
+            latest_completed: 99,
             early_xids,
         }
     }
 
     fn running(&self) -> impl Iterator<Item = u32> + '_ {
-        self.status
-            .iter()
-            .filter(|(_, s)| **s == Status::Running)
-            .map(|(x, _)| *x)
+        self.status.iter().filter(|(_, s)| **s == Status::Running).map(|(x, _)| *x)
     }
 
     fn snapshot(&self) -> Snap {
-        let mut xip: Vec<Xid> = self.running().map(Xid).collect();
-        xip.sort_by_key(|x| x.0);
-        let xmin = xip.first().map_or(self.next_xid, |x| x.0);
-        Snap {
-            xmin,
-            xmax: self.next_xid,
-            xip,
-        }
+        let xmax = self.latest_completed + 1;
+        let mut running: Vec<u32> = self.running().collect();
+        running.sort();
+        let xmin = running.first().copied().unwrap_or(xmax).min(xmax);
+        let xip = running.into_iter().filter(|&x| x < xmax).map(Xid).collect();
+        Snap { xmin, xmax, xip, after: self.next_xid }
     }
 
     fn assign_xid(&mut self, p: usize) -> u32 {
@@ -124,26 +124,16 @@ impl Db {
     }
 
     fn latch(&mut self, p: usize, span: &Span, x: u32) {
-        let h = Holder {
-            xid: Xid(x),
-            pid: p as i32,
-            now_us: 0,
-        };
+        let h = Holder { xid: Xid(x), pid: p as i32, now_us: 0 };
         if self.t.acquire(p as u32, REL, span, &h).is_err() {
             self.refresh_horizon();
             self.t.relieve_pressure(p as u32);
-            self.t
-                .acquire(p as u32, REL, span, &h)
-                .expect("latch table full even after relief");
+            self.t.acquire(p as u32, REL, span, &h).expect("latch table full even after relief");
         }
     }
 
     fn refresh_horizon(&mut self) {
-        let h = self
-            .running()
-            .chain(self.reader_xmin)
-            .min()
-            .unwrap_or(self.next_xid);
+        let h = self.running().chain(self.reader_xmin).min().unwrap_or(self.next_xid);
         self.t.set_horizon(Xid(h));
     }
 
@@ -169,6 +159,7 @@ impl Db {
         }
         let x = self.producers[p].xid.take().expect("in a transaction");
         let abort = self.rng.below(10) == 0;
+        self.latest_completed = self.latest_completed.max(x);
         if abort {
             self.status.insert(x, Status::Aborted);
             for k in std::mem::take(&mut self.producers[p].keys) {
@@ -199,6 +190,7 @@ impl Db {
         if pulled.binary_search_by_key(&xmin, |v| v.0).is_ok() {
             return true;
         }
+        // Postgres's rule: at or above xmax, or listed in xip, is invisible.
         let in_xip = s.xip.binary_search_by_key(&xmin, |v| v.0).is_ok();
         Xid(xmin).precedes(Xid(s.xmax)) && !in_xip
     }
@@ -228,10 +220,9 @@ impl Env for Poll<'_> {
     fn read_buffered(&mut self, pulled: &[Xid]) -> Span {
         self.buffer = self.db.read(self.cursor, self.limit, &self.snap, pulled);
         match self.buffer.last() {
-            Some(&k) if self.buffer.len() == self.limit => Span {
-                start: self.declared.start,
-                end: Span::point(&enc(k)).end,
-            },
+            Some(&k) if self.buffer.len() == self.limit => {
+                Span { start: self.declared.start, end: Span::point(&enc(k)).end }
+            }
             _ => self.declared,
         }
     }
@@ -241,17 +232,12 @@ impl Env for Poll<'_> {
             xmin: Xid(self.snap.xmin),
             xmax: Xid(self.snap.xmax),
             xip: &self.snap.xip,
+            after: Xid(self.snap.after),
             pulled,
             own: Xid::INVALID,
         };
         let status = &self.db.status;
-        self.db.t.check(
-            REL,
-            span,
-            &snap,
-            &|x| status.get(&x.0) == Some(&Status::Committed),
-            &mut |c| out.push(c),
-        )
+        self.db.t.check(REL, span, &snap, &|x| status.get(&x.0) == Some(&Status::Committed), &mut |c| out.push(c))
     }
 
     fn wait(&mut self, xid: Xid) {
@@ -263,10 +249,7 @@ impl Env for Poll<'_> {
             assert!(steps < 1_000_000, "waited for ever on {xid:?}");
         }
         self.waits += 1;
-        assert!(
-            self.waits < 10_000,
-            "one poll waited 10,000 times: the reader is chasing writers"
-        );
+        assert!(self.waits < 10_000, "one poll waited 10,000 times: the reader is chasing writers");
     }
 
     fn refresh_snapshot(&mut self) {
@@ -313,27 +296,12 @@ pub fn run(
         }
         let snap = db.snapshot();
         db.reader_xmin = Some(snap.xmin);
-        let declared = Span {
-            start: KeyBuf::prefix_successor(&enc(cursor)),
-            end: KeyBuf::INFINITE,
-        };
+        let declared = Span { start: KeyBuf::prefix_successor(&enc(cursor)), end: KeyBuf::INFINITE };
         let got = match consumer {
             Consumer::Plain => db.read(cursor, limit, &snap, &[]),
             Consumer::Protocol(mode, fixed) => {
-                let mut poll = Poll {
-                    db: &mut db,
-                    snap,
-                    cursor,
-                    limit,
-                    buffer: Vec::new(),
-                    declared,
-                    waits: 0,
-                };
-                let params = Params {
-                    mode,
-                    retries: 2,
-                    fixed_snapshot: fixed,
-                };
+                let mut poll = Poll { db: &mut db, snap, cursor, limit, buffer: Vec::new(), declared, waits: 0 };
+                let params = Params { mode, retries: 2, fixed_snapshot: fixed };
                 let mut report = Report::default();
                 let out = protocol::run(&mut poll, &declared, &params, &mut report);
                 totals.validations += report.validations;
@@ -369,12 +337,8 @@ pub fn run(
             cursor = k;
         }
     }
-    let committed: BTreeSet<u64> = db
-        .rows
-        .iter()
-        .filter(|(_, x)| db.status.get(x) == Some(&Status::Committed))
-        .map(|(&k, _)| k)
-        .collect();
+    let committed: BTreeSet<u64> =
+        db.rows.iter().filter(|(_, x)| db.status.get(x) == Some(&Status::Committed)).map(|(&k, _)| k).collect();
     let skipped: Vec<u64> = committed.difference(&delivered).copied().collect();
     (delivered.len(), committed.len(), skipped, totals)
 }
@@ -386,9 +350,7 @@ mod tests {
     #[test]
     fn plain_reads_skip_rows_committed_late() {
         // The test can fail: without the protocol, consumers do skip.
-        let skipped: usize = (0..20)
-            .map(|seed| run(seed * 7919 + 1, Consumer::Plain, 6, 4096, true).2.len())
-            .sum();
+        let skipped: usize = (0..20).map(|seed| run(seed * 7919 + 1, Consumer::Plain, 6, 4096, true).2.len()).sum();
         assert!(skipped > 0, "the simulation never produced a late commit");
     }
 
@@ -399,8 +361,7 @@ mod tests {
                 for fixed in [false, true] {
                     for early in [false, true] {
                         let consumer = Consumer::Protocol(mode, fixed);
-                        let (delivered, committed, skipped, _) =
-                            run(seed * 104_729 + 3, consumer, 6, 4096, early);
+                        let (delivered, committed, skipped, _) = run(seed * 104_729 + 3, consumer, 6, 4096, early);
                         assert!(
                             skipped.is_empty(),
                             "seed {seed} {consumer:?} early_xids={early}: skipped {skipped:?} of {committed}"
@@ -416,17 +377,9 @@ mod tests {
     fn protocol_survives_a_full_table_with_coalesced_tombstones() {
         // A tiny table forces coalescing while the reader pins the horizon.
         for seed in 0..10u64 {
-            let (_, committed, skipped, _) = run(
-                seed + 11,
-                Consumer::Protocol(ReadMode::Optimistic, false),
-                4,
-                48,
-                true,
-            );
-            assert!(
-                skipped.is_empty(),
-                "seed {seed}: skipped {skipped:?} of {committed}"
-            );
+            let (_, committed, skipped, _) =
+                run(seed + 11, Consumer::Protocol(ReadMode::Optimistic, false), 4, 48, true);
+            assert!(skipped.is_empty(), "seed {seed}: skipped {skipped:?} of {committed}");
         }
     }
 
@@ -434,22 +387,13 @@ mod tests {
     fn conflicts_happen_and_get_resolved() {
         let mut t = Report::default();
         for seed in 0..10u64 {
-            let (_, _, _, r) = run(
-                seed + 5,
-                Consumer::Protocol(ReadMode::Optimistic, false),
-                6,
-                4096,
-                true,
-            );
+            let (_, _, _, r) = run(seed + 5, Consumer::Protocol(ReadMode::Optimistic, false), 6, 4096, true);
             t.conflicts += r.conflicts;
             t.retries += r.retries;
             t.pulled_after += r.pulled_after;
         }
         // Both paths of the protocol ran: plain pull-ins and pulling in
         // writers that started after the snapshot.
-        assert!(
-            t.conflicts > 0 && t.retries > 0 && t.pulled_after > 0,
-            "{t:?}"
-        );
+        assert!(t.conflicts > 0 && t.retries > 0 && t.pulled_after > 0, "{t:?}");
     }
 }

@@ -24,15 +24,9 @@ pub struct KeyBuf {
 
 impl KeyBuf {
     /// The smallest key: the start of an unbounded-below span.
-    pub const EMPTY: KeyBuf = KeyBuf {
-        len: 0,
-        bytes: [0; KEY_MAX],
-    };
+    pub const EMPTY: KeyBuf = KeyBuf { len: 0, bytes: [0; KEY_MAX] };
     /// +∞: the end of an unbounded-above span.
-    pub const INFINITE: KeyBuf = KeyBuf {
-        len: INFINITE,
-        bytes: [0; KEY_MAX],
-    };
+    pub const INFINITE: KeyBuf = KeyBuf { len: INFINITE, bytes: [0; KEY_MAX] };
 
     pub fn is_infinite(&self) -> bool {
         self.len == INFINITE
@@ -130,18 +124,12 @@ pub struct Span {
 
 impl Span {
     /// Every key of a relation.
-    pub const ALL: Span = Span {
-        start: KeyBuf::EMPTY,
-        end: KeyBuf::INFINITE,
-    };
+    pub const ALL: Span = Span { start: KeyBuf::EMPTY, end: KeyBuf::INFINITE };
 
     /// `[start, end)` from raw bounds; `end = None` is +∞.  Over-long bounds
     /// widen the span, never narrow it.
     pub fn new(start: &[u8], end: Option<&[u8]>) -> Span {
-        Span {
-            start: KeyBuf::floor(start),
-            end: end.map_or(KeyBuf::INFINITE, KeyBuf::ceil),
-        }
+        Span { start: KeyBuf::floor(start), end: end.map_or(KeyBuf::INFINITE, KeyBuf::ceil) }
     }
 
     /// The span holding exactly one complete key.  Encoded keys are
@@ -155,19 +143,13 @@ impl Span {
         } else {
             KeyBuf::prefix_successor(key)
         };
-        Span {
-            start: KeyBuf::floor(key),
-            end,
-        }
+        Span { start: KeyBuf::floor(key), end }
     }
 
     /// Every key that starts with `prefix` (e.g. equality on the leading
     /// columns of a composite key).
     pub fn prefix(prefix: &[u8]) -> Span {
-        Span {
-            start: KeyBuf::floor(prefix),
-            end: KeyBuf::prefix_successor(prefix),
-        }
+        Span { start: KeyBuf::floor(prefix), end: KeyBuf::prefix_successor(prefix) }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -186,10 +168,7 @@ impl Span {
 
     /// The smallest span containing both.
     pub fn union(&self, other: &Span) -> Span {
-        Span {
-            start: self.start.min(other.start),
-            end: self.end.max(other.end),
-        }
+        Span { start: self.start.min(other.start), end: self.end.max(other.end) }
     }
 }
 
@@ -224,10 +203,7 @@ mod tests {
 
     #[test]
     fn prefix_successor_rolls_over_ff() {
-        assert_eq!(
-            KeyBuf::prefix_successor(b"\x01\xff\xff").as_bytes(),
-            b"\x02"
-        );
+        assert_eq!(KeyBuf::prefix_successor(b"\x01\xff\xff").as_bytes(), b"\x02");
         assert!(KeyBuf::prefix_successor(b"\xff\xff").is_infinite());
         assert!(KeyBuf::prefix_successor(b"").is_infinite());
     }

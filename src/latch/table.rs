@@ -8,8 +8,8 @@
 
 use super::locks::{Held, LockId, LockSet, Mode};
 use super::region::{
-    self, bump, BackendSlot, Config, Entry, EntryData, Layout, Parts, RangeBody, RangeMeta, RelId,
-    State, TableData, MAX_RANGES_PER_TABLE,
+    self, bump, BackendSlot, Config, Entry, EntryData, Layout, Parts, RangeBody, RangeMeta, RelId, State, TableData,
+    MAX_RANGES_PER_TABLE,
 };
 use super::span::Span;
 use super::stats::{Stat, NSTATS};
@@ -116,10 +116,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// nobody else uses during the call and that outlive `'r`.
     pub unsafe fn init(mem: *mut u8, cfg: &Config, locks: L) -> Self {
         // SAFETY: forwarded contract.
-        LatchTable {
-            p: unsafe { region::init(mem, cfg) },
-            locks,
-        }
+        LatchTable { p: unsafe { region::init(mem, cfg) }, locks }
     }
 
     /// Attaches to a table another process (or an earlier call) created.
@@ -128,10 +125,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// `mem` must hold a table written by [`Self::init`] and outlive `'r`.
     pub unsafe fn attach(mem: *mut u8, locks: L) -> Self {
         // SAFETY: forwarded contract.
-        LatchTable {
-            p: unsafe { region::attach(mem) },
-            locks,
-        }
+        LatchTable { p: unsafe { region::attach(mem) }, locks }
     }
 
     pub fn config(&self) -> Config {
@@ -238,9 +232,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     }
 
     pub(crate) fn nodes(&self) -> RangeNodes<'r> {
-        RangeNodes {
-            entries: self.p.entries,
-        }
+        RangeNodes { entries: self.p.entries }
     }
 
     pub(crate) fn backend(&self, slot: u32) -> &BackendSlot {
@@ -263,10 +255,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             }
             let next = self.entry(idx).free_next.load(Relaxed);
             let new = (((head >> 32) + 1) << 32) | u64::from(next);
-            match hdr
-                .free_head
-                .compare_exchange_weak(head, new, AcqRel, Acquire)
-            {
+            match hdr.free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
                 Ok(_) => {
                     hdr.free_count.fetch_sub(1, Relaxed);
                     return Some(idx);
@@ -291,10 +280,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         loop {
             e.free_next.store(head as u32, Relaxed);
             let new = (((head >> 32) + 1) << 32) | u64::from(i);
-            match hdr
-                .free_head
-                .compare_exchange_weak(head, new, AcqRel, Acquire)
-            {
+            match hdr.free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
                 Ok(_) => break,
                 Err(h) => head = h,
             }
@@ -329,12 +315,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// Allocates a range covering `[lo, hi)` of table `t`.  Exclusive
     /// Directory lock held.
-    pub(crate) fn new_range(
-        &self,
-        t: u32,
-        lo: super::span::KeyBuf,
-        hi: super::span::KeyBuf,
-    ) -> Option<u32> {
+    pub(crate) fn new_range(&self, t: u32, lo: super::span::KeyBuf, hi: super::span::KeyBuf) -> Option<u32> {
         // SAFETY: exclusive Directory lock held by the caller.
         let dir = unsafe { self.dir() };
         let r = dir.free_range;
@@ -345,13 +326,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let meta = unsafe { self.meta(r) };
         dir.free_range = meta.next_free;
         dir.ranges_used += 1;
-        *meta = RangeMeta {
-            in_use: true,
-            table: t,
-            lo,
-            hi,
-            next_free: NIL,
-        };
+        *meta = RangeMeta { in_use: true, table: t, lo, hi, next_free: NIL };
         let _g = self.lock(LockId::Range(r), Mode::Exclusive);
         // SAFETY: range lock held.
         unsafe { *self.body(r) = RangeBody::EMPTY };
@@ -368,13 +343,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let dir = unsafe { self.dir() };
         // SAFETY: as above.
         let meta = unsafe { self.meta(r) };
-        *meta = RangeMeta {
-            in_use: false,
-            table: NIL,
-            lo: meta.lo,
-            hi: meta.hi,
-            next_free: dir.free_range,
-        };
+        *meta = RangeMeta { in_use: false, table: NIL, lo: meta.lo, hi: meta.hi, next_free: dir.free_range };
         dir.free_range = r;
         dir.ranges_used -= 1;
         self.p.hdr.dir_version.fetch_add(1, Relaxed);
@@ -390,12 +359,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let t = (0..n)
             .map(|k| ((start + k) % n) as u32)
             // SAFETY: exclusive Directory lock held.
-            .find(|&t| {
-                matches!(
-                    unsafe { self.table_data(t) }.rel,
-                    RelId::EMPTY | RelId::DELETED
-                )
-            })
+            .find(|&t| matches!(unsafe { self.table_data(t) }.rel, RelId::EMPTY | RelId::DELETED))
             .ok_or(AcquireError::TooManyTables)?;
         let r = self
             .new_range(t, super::span::KeyBuf::EMPTY, super::span::KeyBuf::INFINITE)
@@ -420,9 +384,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let ranges = &td.ranges[..td.nranges as usize];
         // SAFETY: as above (range metas are directory-protected).
         let lo = |r: u32| unsafe { self.meta(r) }.lo;
-        let first = ranges
-            .partition_point(|&r| lo(r) <= span.start)
-            .saturating_sub(1);
+        let first = ranges.partition_point(|&r| lo(r) <= span.start).saturating_sub(1);
         for &r in &ranges[first..] {
             if lo(r) >= span.end {
                 break;
@@ -452,11 +414,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Registers (or refreshes) backend slot `slot` for a process.
     pub fn attach_backend(&self, slot: u32, pid: i32) {
         let b = self.backend(slot);
-        debug_assert_eq!(
-            b.chain.load(Relaxed),
-            NIL,
-            "a backend slot is reused with latches left"
-        );
+        debug_assert_eq!(b.chain.load(Relaxed), NIL, "a backend slot is reused with latches left");
         b.pid.store(pid, Relaxed);
         b.xid.store(0, Relaxed);
     }
@@ -471,13 +429,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// On error nothing already published is lost or leaked: earlier pieces
     /// of a multi-range span stay on the holder's chain and go with the rest
     /// at transaction end.
-    pub fn acquire(
-        &self,
-        slot: u32,
-        rel: RelId,
-        span: &Span,
-        h: &Holder,
-    ) -> Result<(), AcquireError> {
+    pub fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<(), AcquireError> {
         assert!(h.xid.is_valid(), "a latch holder must have an xid");
         if span.is_empty() {
             return Ok(());

@@ -23,12 +23,7 @@ pub(crate) fn table(cfg: Config) -> &'static LatchTable<'static, StdLocks> {
 }
 
 fn small() -> &'static LatchTable<'static, StdLocks> {
-    table(Config {
-        max_entries: 256,
-        max_ranges: 16,
-        max_tables: 8,
-        max_backends: 8,
-    })
+    table(Config { max_entries: 256, max_ranges: 16, max_tables: 8, max_backends: 8 })
 }
 
 const REL: RelId = RelId(0x0000_0001_0000_4000);
@@ -44,23 +39,13 @@ fn sp(a: u16, b: u16) -> Span {
     Span::new(&k(a), Some(&k(b)))
 }
 fn holder(x: u32) -> Holder {
-    Holder {
-        xid: Xid(x),
-        pid: x as i32,
-        now_us: 0,
-    }
+    Holder { xid: Xid(x), pid: x as i32, now_us: 0 }
 }
 
 /// Conflicting xids of `span` for a snapshot listing `xip` in progress.
-fn conflicts_of(
-    t: &LatchTable<'_, StdLocks>,
-    rel: RelId,
-    span: &Span,
-    xip: &[u32],
-    xmax: u32,
-) -> BTreeSet<u32> {
+fn conflicts_of(t: &LatchTable<'_, StdLocks>, rel: RelId, span: &Span, xip: &[u32], xmax: u32) -> BTreeSet<u32> {
     let mut xs: Vec<Xid> = xip.iter().map(|&x| Xid(x)).collect();
-    let snap = ReadSnapshot::new(Xid(3), Xid(xmax), &mut xs, Xid::INVALID);
+    let snap = ReadSnapshot::new(Xid(3), Xid(xmax), &mut xs, Xid(xmax), Xid::INVALID);
     let mut out = BTreeSet::new();
     t.check(rel, span, &snap, &|_| true, &mut |c: Conflict| {
         out.insert(c.xid.0);
@@ -99,15 +84,10 @@ fn overlap_cases_in_both_orders() {
             let other = Span::point(&k(50_000));
             let first = if reversed { (&other, 8) } else { (latch, 7) };
             let second = if reversed { (latch, 7) } else { (&other, 8) };
-            t.acquire(first.1 - 7, REL, first.0, &holder(first.1))
-                .unwrap();
-            t.acquire(second.1 - 7, REL, second.0, &holder(second.1))
-                .unwrap();
+            t.acquire(first.1 - 7, REL, first.0, &holder(first.1)).unwrap();
+            t.acquire(second.1 - 7, REL, second.0, &holder(second.1)).unwrap();
             let got = conflicts_of(t, REL, query, &[7, 8], 100).contains(&7);
-            assert_eq!(
-                got, *want,
-                "case {i} reversed={reversed}: {latch:?} vs {query:?}"
-            );
+            assert_eq!(got, *want, "case {i} reversed={reversed}: {latch:?} vs {query:?}");
         }
     }
 }
@@ -133,12 +113,22 @@ fn snapshot_rule_cases() {
     for (i, &(x, xip, xmax, want)) in cases.iter().enumerate() {
         let t = small();
         t.acquire(0, REL, &pt(1), &holder(x)).unwrap();
-        assert_eq!(
-            conflicts_of(t, REL, &pt(1), xip, xmax).contains(&x),
-            want,
-            "case {i}"
-        );
+        assert_eq!(conflicts_of(t, REL, &pt(1), xip, xmax).contains(&x), want, "case {i}");
     }
+}
+
+#[test]
+fn running_writers_at_or_above_xmax_conflict_until_the_snapshot_was_taken() {
+    // Postgres 14+: xmax is one past the latest completed xid, so a writer
+    // newer than every finished transaction is running yet not in xip.
+    let t = small();
+    t.acquire(0, REL, &pt(1), &holder(60)).unwrap(); // running when the snapshot was taken
+    t.acquire(1, REL, &pt(1), &holder(66)).unwrap(); // started afterwards
+    let mut xs: [Xid; 0] = [];
+    let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(65), Xid::INVALID);
+    let mut seen = Vec::new();
+    t.check(REL, &pt(1), &snap, &|_| true, &mut |c| seen.push(c.xid));
+    assert_eq!(seen, vec![Xid(60)]);
 }
 
 #[test]
@@ -146,7 +136,7 @@ fn own_latches_never_conflict() {
     let t = small();
     t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
     let mut xip = [Xid(50)];
-    let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xip, Xid(50));
+    let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xip, Xid(60), Xid(50));
     let mut n = 0;
     t.check(REL, &pt(1), &snap, &|_| true, &mut |_| n += 1);
     assert_eq!(n, 0);
@@ -167,7 +157,7 @@ fn released_after_snapshot_still_conflicts_then_reclaims() {
                 assert_eq!(got, set(&[50]));
                 let mut live = None;
                 let mut xs = [Xid(50)];
-                let snap = ReadSnapshot::new(Xid(3), Xid(60), &mut xs, Xid::INVALID);
+                let snap = ReadSnapshot::new(Xid(3), Xid(60), &mut xs, Xid(60), Xid::INVALID);
                 t.check(REL, &pt(5), &snap, &|_| true, &mut |c| live = Some(c.live));
                 assert_eq!(live, Some(false), "a tombstone needs no wait");
                 // ...until the horizon passes its holder: then it is reclaimed.
@@ -201,19 +191,11 @@ fn writers_reclaim_expired_tombstones_as_they_go() {
 
 #[test]
 fn capacity_exhaustion_and_recovery() {
-    let t = table(Config {
-        max_entries: 8,
-        max_ranges: 4,
-        max_tables: 4,
-        max_backends: 4,
-    });
+    let t = table(Config { max_entries: 8, max_ranges: 4, max_tables: 4, max_backends: 4 });
     for i in 0..8u16 {
         t.acquire(0, REL, &pt(i), &holder(100)).unwrap();
     }
-    assert_eq!(
-        t.acquire(1, REL, &pt(100), &holder(101)),
-        Err(AcquireError::Full)
-    );
+    assert_eq!(t.acquire(1, REL, &pt(100), &holder(101)), Err(AcquireError::Full));
     assert_eq!(t.stats()[super::stats::Stat::LatchTableFull as usize], 1);
     // The full transaction aborts; its holder's latches all go.
     assert_eq!(t.release_all(0, Outcome::Aborted), 8);
@@ -225,10 +207,7 @@ fn capacity_exhaustion_and_recovery() {
         t.acquire(2, REL, &pt(x as u16), &holder(200 + x)).unwrap();
         t.release_all(2, Outcome::Committed);
     }
-    assert_eq!(
-        t.acquire(3, REL, &pt(9), &holder(300)),
-        Err(AcquireError::Full)
-    );
+    assert_eq!(t.acquire(3, REL, &pt(9), &holder(300)), Err(AcquireError::Full));
     // ...until pressure relief coalesces them: space comes back, and a reader
     // whose snapshot saw one of them in flight still conflicts.
     assert!(t.relieve_pressure(3) > 0);
@@ -246,27 +225,18 @@ fn coalesced_summary_asks_whether_the_holder_committed() {
     t.release_all(0, Outcome::Committed);
     t.coalesce(0, t.ranges_of(REL)[0]);
     let mut xs = [Xid(50), Xid(52)];
-    let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid::INVALID);
+    let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
     let mut seen = Vec::new();
     // 52 lies in no tombstone's interval; 50 did not commit per the oracle.
-    t.check(REL, &pt(1), &snap, &|x| x == Xid(52), &mut |c| {
-        seen.push(c.xid)
-    });
+    t.check(REL, &pt(1), &snap, &|x| x == Xid(52), &mut |c| seen.push(c.xid));
     assert!(seen.is_empty());
-    t.check(REL, &pt(1), &snap, &|x| x == Xid(50), &mut |c| {
-        seen.push(c.xid)
-    });
+    t.check(REL, &pt(1), &snap, &|x| x == Xid(50), &mut |c| seen.push(c.xid));
     assert_eq!(seen, vec![Xid(50)]);
 }
 
 #[test]
 fn wide_latches_span_every_range_they_cross() {
-    let t = table(Config {
-        max_entries: 512,
-        max_ranges: 16,
-        max_tables: 4,
-        max_backends: 4,
-    });
+    let t = table(Config { max_entries: 512, max_ranges: 16, max_tables: 4, max_backends: 4 });
     for i in 0..200u16 {
         t.acquire(0, REL, &pt(i * 10), &holder(100)).unwrap();
     }
@@ -278,17 +248,8 @@ fn wide_latches_span_every_range_they_cross() {
     // A span across every range conflicts with a point in each of them.
     t.acquire(1, REL, &Span::ALL, &holder(101)).unwrap();
     for i in [0u16, 700, 1500, 1990] {
-        assert_eq!(
-            conflicts_of(t, REL, &pt(i), &[100, 101], 200),
-            set(&[100, 101]),
-            "key {i}"
-        );
-        assert_eq!(
-            conflicts_of(t, REL, &pt(i + 1), &[100, 101], 200),
-            set(&[101]),
-            "key {}",
-            i + 1
-        );
+        assert_eq!(conflicts_of(t, REL, &pt(i), &[100, 101], 200), set(&[100, 101]), "key {i}");
+        assert_eq!(conflicts_of(t, REL, &pt(i + 1), &[100, 101], 200), set(&[101]), "key {}", i + 1);
     }
     // Releasing works whatever range each piece ended up in.
     t.release_all(1, Outcome::Aborted);
@@ -298,25 +259,17 @@ fn wide_latches_span_every_range_they_cross() {
 
 #[test]
 fn split_and_merge_preserve_every_conflict() {
-    let t = table(Config {
-        max_entries: 1024,
-        max_ranges: 16,
-        max_tables: 4,
-        max_backends: 4,
-    });
+    let t = table(Config { max_entries: 1024, max_ranges: 16, max_tables: 4, max_backends: 4 });
     // Live latches, tombstones and a wide latch, from several holders.
     for i in 0..300u16 {
         let x = 100 + u32::from(i % 5);
-        t.acquire(i as u32 % 4, REL, &pt(i * 3), &holder(x))
-            .unwrap_or_else(|e| panic!("{e:?}"));
+        t.acquire(i as u32 % 4, REL, &pt(i * 3), &holder(x)).unwrap_or_else(|e| panic!("{e:?}"));
         if i % 7 == 0 {
             t.release_all(i as u32 % 4, Outcome::Committed);
         }
     }
     let snapshot_of = |t: &LatchTable<'_, StdLocks>| {
-        (0..900u16)
-            .map(|i| conflicts_of(t, REL, &pt(i), &[100, 101, 102, 103, 104], 200))
-            .collect::<Vec<_>>()
+        (0..900u16).map(|i| conflicts_of(t, REL, &pt(i), &[100, 101, 102, 103, 104], 200)).collect::<Vec<_>>()
     };
     let before = snapshot_of(t);
     let r = t.ranges_of(REL)[0];
@@ -352,18 +305,11 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     t.acquire(0, REL, &pt(10), &holder(70)).unwrap();
     t.acquire(1, REL, &pt(11), &holder(50)).unwrap();
     let mut xs = [Xid(50)];
-    let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid::INVALID);
+    let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
     let mut seen = Vec::new();
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
     assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(
-        seen,
-        vec![Conflict {
-            xid: Xid(50),
-            live: true,
-            after: false
-        }]
-    );
+    assert_eq!(seen, vec![Conflict { xid: Xid(50), live: true, after: false }]);
     // After waiting for 50 the reader may not show it alone: 70's key 10
     // came first and would stay hidden.  70 must be pulled in as well.
     t.release_all(1, Outcome::Committed);
@@ -372,20 +318,11 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     seen.clear();
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
     assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(
-        seen,
-        vec![Conflict {
-            xid: Xid(70),
-            live: true,
-            after: true
-        }]
-    );
+    assert_eq!(seen, vec![Conflict { xid: Xid(70), live: true, after: true }]);
     // With both pulled in, the span is clean.
     let pulled = [Xid(50), Xid(70)];
     snap.pulled = &pulled;
-    assert!(t
-        .check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {})
-        .clean());
+    assert!(t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {}).clean());
     // In the other order (50 first, then 70), 70 stays ordered after.
     let t = small();
     t.acquire(1, REL, &pt(10), &holder(50)).unwrap();
@@ -399,18 +336,10 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
 
 #[test]
 fn too_many_tables_is_reported() {
-    let t = table(Config {
-        max_entries: 64,
-        max_ranges: 16,
-        max_tables: 2,
-        max_backends: 2,
-    });
+    let t = table(Config { max_entries: 64, max_ranges: 16, max_tables: 2, max_backends: 2 });
     t.acquire(0, RelId::new(1, 1), &pt(1), &holder(10)).unwrap();
     t.acquire(0, RelId::new(1, 2), &pt(1), &holder(10)).unwrap();
-    assert_eq!(
-        t.acquire(0, RelId::new(1, 3), &pt(1), &holder(10)),
-        Err(AcquireError::TooManyTables)
-    );
+    assert_eq!(t.acquire(0, RelId::new(1, 3), &pt(1), &holder(10)), Err(AcquireError::TooManyTables));
 }
 
 mod model {
@@ -518,17 +447,9 @@ mod stress {
 
     #[test]
     fn readers_never_miss_an_in_flight_holder() {
-        let t = table(Config {
-            max_entries: 4096,
-            max_ranges: 64,
-            max_tables: 4,
-            max_backends: 16,
-        });
+        let t = table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 16 });
         t.set_range_max_latches(64);
-        let pa = Arc::new(Mutex::new(ProcArray {
-            next: 100,
-            ..Default::default()
-        }));
+        let pa = Arc::new(Mutex::new(ProcArray { next: 100, ..Default::default() }));
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::new();
         for w in 0..4u32 {
@@ -579,12 +500,7 @@ mod stress {
                 while !stop.load(Ordering::Relaxed) {
                     let h = {
                         let p = pa.lock().unwrap();
-                        p.running
-                            .iter()
-                            .copied()
-                            .chain(p.reader_xmin)
-                            .min()
-                            .unwrap_or(p.next)
+                        p.running.iter().copied().chain(p.reader_xmin).min().unwrap_or(p.next)
                     };
                     t.set_horizon(Xid(h));
                     t.reclaim_all(8);
@@ -614,21 +530,14 @@ mod stress {
             // before the check begins.
             let expected: Vec<(u32, u16)> = {
                 let p = pa.lock().unwrap();
-                p.published
-                    .iter()
-                    .copied()
-                    .filter(|(x, _)| xip.contains(x))
-                    .collect()
+                p.published.iter().copied().filter(|(x, _)| xip.contains(x)).collect()
             };
             for (x, key) in expected {
                 let got = conflicts_of(t, REL, &pt(key), &xip, xmax);
                 // Aborted holders may vanish from the table; everyone else
                 // must be found.
                 let aborted = pa.lock().unwrap().aborted.contains(&x);
-                assert!(
-                    got.contains(&x) || aborted,
-                    "missed holder {x} on key {key}"
-                );
+                assert!(got.contains(&x) || aborted, "missed holder {x} on key {key}");
                 checked += 1;
             }
             pa.lock().unwrap().reader_xmin = None;
@@ -637,10 +546,7 @@ mod stress {
         let txns: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
         assert!(checked > 100, "too few checks: {checked}");
         let st = t.stats();
-        assert!(
-            st[super::super::stats::Stat::RangeSplits as usize] > 0,
-            "no split raced the readers"
-        );
+        assert!(st[super::super::stats::Stat::RangeSplits as usize] > 0, "no split raced the readers");
         assert!(txns > 100, "too few transactions: {txns}");
         // Everything ended: only tombstones remain, and they all go once
         // the horizon passes.

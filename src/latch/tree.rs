@@ -131,12 +131,7 @@ pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
 
 /// Calls `f` for every node overlapping `q`, in start order, until `f`
 /// returns false.  Returns false when stopped early.
-pub fn for_each_overlap<S: NodeStore + ?Sized>(
-    s: &S,
-    root: u32,
-    q: &Span,
-    f: &mut dyn FnMut(u32) -> bool,
-) -> bool {
+pub fn for_each_overlap<S: NodeStore + ?Sized>(s: &S, root: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
     if q.is_empty() {
         return true;
     }
@@ -191,19 +186,8 @@ pub(crate) mod tests {
 
     impl VecStore {
         fn new(spans: Vec<Span>, prios: Vec<u32>) -> Self {
-            let links = RefCell::new(vec![
-                Node {
-                    l: NIL,
-                    r: NIL,
-                    m: NIL
-                };
-                spans.len()
-            ]);
-            VecStore {
-                links,
-                spans,
-                prios,
-            }
+            let links = RefCell::new(vec![Node { l: NIL, r: NIL, m: NIL }; spans.len()]);
+            VecStore { links, spans, prios }
         }
     }
 
@@ -308,11 +292,7 @@ pub(crate) mod tests {
                 got.push(n);
                 true
             });
-            let mut want: Vec<u32> = live
-                .iter()
-                .copied()
-                .filter(|&n| s.spans[n as usize].overlaps(&q))
-                .collect();
+            let mut want: Vec<u32> = live.iter().copied().filter(|&n| s.spans[n as usize].overlaps(&q)).collect();
             got.sort();
             want.sort();
             assert_eq!(got, want, "step {step} query {q:?}");

@@ -95,11 +95,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                     let live = d.state == State::Live;
                     if snap.in_flight(d.xid) {
                         out.conflicted = true;
-                        on_conflict(Conflict {
-                            xid: d.xid,
-                            live,
-                            after: false,
-                        });
+                        on_conflict(Conflict { xid: d.xid, live, after: false });
                     } else if snap.is_pulled(d.xid) {
                         pulled_seq = pulled_seq.max(d.seq);
                     } else if pulling && snap.is_after(d.xid) {
@@ -113,19 +109,11 @@ impl<L: LockSet> LatchTable<'_, L> {
                     for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
                         if committed(x) {
                             out.conflicted = true;
-                            on_conflict(Conflict {
-                                xid: x,
-                                live: false,
-                                after: false,
-                            });
+                            on_conflict(Conflict { xid: x, live: false, after: false });
                         }
                     }
                     if pulling {
-                        if snap
-                            .pulled
-                            .iter()
-                            .any(|&p| !p.precedes(s.xid_lo) && !s.xid_hi.precedes(p))
-                        {
+                        if snap.pulled.iter().any(|&p| !p.precedes(s.xid_lo) && !s.xid_hi.precedes(p)) {
                             pulled_seq = pulled_seq.max(s.seq_hi);
                         }
                         if s.xid_hi.follows_or_equals(snap.xmax) {
@@ -141,11 +129,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         for (xid, seq, live) in after {
             if seq < pulled_seq {
                 out.conflicted = true;
-                on_conflict(Conflict {
-                    xid,
-                    live,
-                    after: true,
-                });
+                on_conflict(Conflict { xid, live, after: true });
             }
         }
         for (lo, hi, seq_lo) in after_ranges {
@@ -161,11 +145,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                 let x = Xid(lo.0.wrapping_add(i));
                 if x.is_valid() && !snap.is_pulled(x) && x != snap.own && committed(x) {
                     out.conflicted = true;
-                    on_conflict(Conflict {
-                        xid: x,
-                        live: false,
-                        after: true,
-                    });
+                    on_conflict(Conflict { xid: x, live: false, after: true });
                 }
             }
         }

@@ -44,10 +44,8 @@ unsafe extern "C-unwind" {
     );
 }
 
-pub static SCAN_METHODS: Methods<pg_sys::CustomScanMethods> = Methods(pg_sys::CustomScanMethods {
-    CustomName: NAME.as_ptr(),
-    CreateCustomScanState: Some(create_state),
-});
+pub static SCAN_METHODS: Methods<pg_sys::CustomScanMethods> =
+    Methods(pg_sys::CustomScanMethods { CustomName: NAME.as_ptr(), CreateCustomScanState: Some(create_state) });
 
 static EXEC_METHODS: Methods<pg_sys::CustomExecMethods> = Methods(pg_sys::CustomExecMethods {
     CustomName: NAME.as_ptr(),
@@ -123,6 +121,8 @@ struct Runtime {
     next: usize,
     scan: pg_sys::IndexScanDesc,
     base: Option<Base>,
+    /// The next xid when this execution's executor started (see snapshot.rs).
+    after_at_start: Xid,
     want: Option<u64>,
     streamed: u64,
     phase: Phase,
@@ -207,11 +207,7 @@ unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut
 // ---- begin -----------------------------------------------------------------
 
 #[pg_guard]
-unsafe extern "C-unwind" fn begin(
-    node: *mut pg_sys::CustomScanState,
-    estate: *mut pg_sys::EState,
-    _eflags: i32,
-) {
+unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, _eflags: i32) {
     // SAFETY (whole body): executor-initialisation protocol; the plan is our
     // CustomScan, built by plan_custom_path, whose private list and exprs
     // have the layout documented there.
@@ -224,12 +220,7 @@ unsafe extern "C-unwind" fn begin(
 
         // PG15 gives custom scans a virtual slot; index fetches need the
         // table's own slot type, and quals/projection compiled for it.
-        pg_sys::ExecInitScanTupleSlot(
-            estate,
-            &raw mut (*node).ss,
-            (*heap).rd_att,
-            pg_sys::table_slot_callbacks(heap),
-        );
+        pg_sys::ExecInitScanTupleSlot(estate, &raw mut (*node).ss, (*heap).rd_att, pg_sys::table_slot_callbacks(heap));
         (*ps).qual = pg_sys::ExecInitQual((*cs).scan.plan.qual, ps);
         pg_sys::ExecAssignScanProjectionInfo(&raw mut (*node).ss);
 
@@ -241,10 +232,8 @@ unsafe extern "C-unwind" fn begin(
         let has_offset = int_at(private, private::HAS_OFFSET) != 0;
         let exprs = (*cs).custom_exprs;
         let indexqual = pg_sys::list_truncate(pg_sys::list_copy(exprs), nquals as i32);
-        let quals_orig = pg_sys::list_truncate(
-            pg_sys::list_delete_first_n(pg_sys::list_copy(exprs), nquals as i32),
-            nquals as i32,
-        );
+        let quals_orig =
+            pg_sys::list_truncate(pg_sys::list_delete_first_n(pg_sys::list_copy(exprs), nquals as i32), nquals as i32);
         let mut at = 2 * nquals;
         let mut next_expr = |present: bool| {
             if !present {
@@ -258,8 +247,7 @@ unsafe extern "C-unwind" fn begin(
         let offset = next_expr(has_offset);
 
         let scanrelid = (*cs).scan.scanrelid as usize;
-        let rte = pg_sys::list_nth((*estate).es_range_table, scanrelid as i32 - 1)
-            as *mut pg_sys::RangeTblEntry;
+        let rte = pg_sys::list_nth((*estate).es_range_table, scanrelid as i32 - 1) as *mut pg_sys::RangeTblEntry;
         let lockmode = (*rte).rellockmode;
         let index = pg_sys::index_open(index_oid, lockmode);
 
@@ -317,14 +305,15 @@ unsafe extern "C-unwind" fn begin(
             next: 0,
             scan: std::ptr::null_mut(),
             base: None,
+            after_at_start: snapshot::next_xid(),
             want: None,
             streamed: 0,
             phase: Phase::Start,
             totals: Totals::default(),
         });
         let rt = Box::into_raw(rt);
-        let cb = pg_sys::palloc0(std::mem::size_of::<pg_sys::MemoryContextCallback>())
-            as *mut pg_sys::MemoryContextCallback;
+        let cb =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::MemoryContextCallback>()) as *mut pg_sys::MemoryContextCallback;
         (*cb).func = Some(drop_runtime);
         (*cb).arg = rt as *mut std::ffi::c_void;
         pg_sys::MemoryContextRegisterResetCallback(cxt, cb);
@@ -378,10 +367,7 @@ unsafe fn project(
 }
 
 /// The next row from the index scan that passes the non-index quals.
-unsafe fn next_passing(
-    node: *mut pg_sys::CustomScanState,
-    rt: &mut Runtime,
-) -> Option<*mut pg_sys::TupleTableSlot> {
+unsafe fn next_passing(node: *mut pg_sys::CustomScanState, rt: &mut Runtime) -> Option<*mut pg_sys::TupleTableSlot> {
     // SAFETY: executor structures of our node; the scan was begun.
     unsafe {
         let slot = (*node).ss.ss_ScanTupleSlot;
@@ -428,10 +414,7 @@ impl Env for ScanEnv<'_> {
         unsafe { pg_sys::MemoryContextReset(rt.buffer_cxt) };
         let want = rt.want.expect("optimistic reads have a limit");
         if want == 0 {
-            return Span {
-                start: self.declared.start,
-                end: self.declared.start,
-            };
+            return Span { start: self.declared.start, end: self.declared.start };
         }
         let snap = {
             // The spliced snapshot lives as long as the buffered rows.
@@ -466,9 +449,7 @@ impl Env for ScanEnv<'_> {
 
     fn check(&mut self, span: &Span, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
         let view = self.rt.base.as_ref().expect("base snapshot").view(pulled);
-        table().check(self.rt.rel, span, &view, &snapshot::committed, &mut |c| {
-            out.push(c)
-        })
+        table().check(self.rt.rel, span, &view, &snapshot::committed, &mut |c| out.push(c))
     }
 
     fn wait(&mut self, xid: Xid) {
@@ -497,7 +478,7 @@ unsafe fn start(node: *mut pg_sys::CustomScanState, rt: &mut Runtime) {
         let keys = std::slice::from_raw_parts(rt.keys, rt.nkeys as usize);
         let declared = span::declared(&rt.latched.key, keys);
         let estate = (*node).ss.ps.state;
-        rt.base = Some(Base::of((*estate).es_snapshot));
+        rt.base = Some(Base::of((*estate).es_snapshot, snapshot::after_for_statement(rt.after_at_start)));
         rt.totals.executions += 1;
         rt.totals.declared = Some(declared);
 
@@ -509,22 +490,9 @@ unsafe fn start(node: *mut pg_sys::CustomScanState, rt: &mut Runtime) {
             rt.phase = Phase::Stream;
             return;
         }
-        let small = rt
-            .want
-            .is_some_and(|w| w <= guc::MAX_OPTIMISTIC_ROWS.get() as u64);
-        let read_mode = if mode == ScanMode::Optimistic && small {
-            ReadMode::Optimistic
-        } else {
-            ReadMode::Fenced
-        };
-        backend::count(
-            if read_mode == ReadMode::Optimistic {
-                Stat::ScansOptimistic
-            } else {
-                Stat::ScansFenced
-            },
-            1,
-        );
+        let small = rt.want.is_some_and(|w| w <= guc::MAX_OPTIMISTIC_ROWS.get() as u64);
+        let read_mode = if mode == ScanMode::Optimistic && small { ReadMode::Optimistic } else { ReadMode::Fenced };
+        backend::count(if read_mode == ReadMode::Optimistic { Stat::ScansOptimistic } else { Stat::ScansFenced }, 1);
         rt.totals.mode = Some(read_mode);
         let params = Params {
             mode: read_mode,
@@ -532,12 +500,7 @@ unsafe fn start(node: *mut pg_sys::CustomScanState, rt: &mut Runtime) {
             fixed_snapshot: pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32,
         };
         let mut report = Report::default();
-        let mut env = ScanEnv {
-            node,
-            rt: &mut *rt,
-            declared,
-            wait_us: 0,
-        };
+        let mut env = ScanEnv { node, rt: &mut *rt, declared, wait_us: 0 };
         let outcome = protocol::run(&mut env, &declared, &params, &mut report);
         let wait_us = env.wait_us;
         record(rt, &report, wait_us);
@@ -591,9 +554,7 @@ fn record(rt: &mut Runtime, r: &Report, wait_us: i64) {
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn exec(
-    node: *mut pg_sys::CustomScanState,
-) -> *mut pg_sys::TupleTableSlot {
+unsafe extern "C-unwind" fn exec(node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
     // SAFETY: our node; rt was set in begin().
     unsafe {
         let rt = &mut *(*(node as *mut NodeState)).rt;
@@ -608,18 +569,16 @@ unsafe extern "C-unwind" fn exec(
                 pg_sys::ExecForceStoreHeapTuple(tup, slot, false);
                 project(node, slot)
             }
-            Phase::Stream if rt.want.is_none_or(|w| rt.streamed < w) => {
-                match next_passing(node, rt) {
-                    Some(slot) => {
-                        rt.streamed += 1;
-                        project(node, slot)
-                    }
-                    None => {
-                        rt.phase = Phase::Done;
-                        std::ptr::null_mut()
-                    }
+            Phase::Stream if rt.want.is_none_or(|w| rt.streamed < w) => match next_passing(node, rt) {
+                Some(slot) => {
+                    rt.streamed += 1;
+                    project(node, slot)
                 }
-            }
+                None => {
+                    rt.phase = Phase::Done;
+                    std::ptr::null_mut()
+                }
+            },
             _ => {
                 rt.phase = Phase::Done;
                 std::ptr::null_mut()
@@ -706,10 +665,7 @@ unsafe extern "C-unwind" fn explain(
         let key = &rt.latched.key;
         let declared = match (rt.totals.declared, rt.nruntime) {
             (Some(d), _) => key.format_span(&d),
-            (None, 0) => key.format_span(&span::declared(
-                key,
-                std::slice::from_raw_parts(rt.keys, rt.nkeys as usize),
-            )),
+            (None, 0) => key.format_span(&span::declared(key, std::slice::from_raw_parts(rt.keys, rt.nkeys as usize))),
             (None, _) => "computed at run time from parameters".to_string(),
         };
         prop_text(es, c"Declared Span", &declared);
@@ -718,41 +674,24 @@ unsafe extern "C-unwind" fn explain(
         }
         let t = &rt.totals;
         if let Some(touched) = t.touched {
-            let label = if t.mode == Some(ReadMode::Fenced) || t.report.fell_back {
-                c"Checked Span"
-            } else {
-                c"Touched Span"
-            };
+            let label =
+                if t.mode == Some(ReadMode::Fenced) || t.report.fell_back { c"Checked Span" } else { c"Touched Span" };
             prop_text(es, label, &key.format_span(&touched));
         }
-        let outcome = if t.report.conflicts == 0 {
-            "clean"
-        } else {
-            "conflicts resolved"
-        };
+        let outcome = if t.report.conflicts == 0 { "clean" } else { "conflicts resolved" };
         prop_text(es, c"Validation", outcome);
         prop_int(es, c"Validations", i64::from(t.report.validations));
         prop_int(es, c"Conflicts", i64::from(t.report.conflicts));
         prop_int(es, c"Retries", i64::from(t.report.retries));
         if t.report.pulled_after > 0 {
-            prop_int(
-                es,
-                c"Pulled In After Snapshot",
-                i64::from(t.report.pulled_after),
-            );
+            prop_int(es, c"Pulled In After Snapshot", i64::from(t.report.pulled_after));
         }
         if t.report.fresh_snapshots > 0 {
             prop_int(es, c"Fresh Snapshots", i64::from(t.report.fresh_snapshots));
         }
         prop_int(es, c"Waits", i64::from(t.report.waits));
         if (*es).timing {
-            pg_sys::ExplainPropertyFloat(
-                c"Wait Time".as_ptr(),
-                c"ms".as_ptr(),
-                t.wait_us as f64 / 1000.0,
-                3,
-                es,
-            );
+            pg_sys::ExplainPropertyFloat(c"Wait Time".as_ptr(), c"ms".as_ptr(), t.wait_us as f64 / 1000.0, 3, es);
         }
     }
 }

@@ -15,5 +15,6 @@ pub mod span;
 /// Installs the planner hook and registers the node; called from `_PG_init`.
 pub fn init() {
     planner::init();
+    snapshot::init();
     exec::register();
 }

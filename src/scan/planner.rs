@@ -140,9 +140,8 @@ unsafe fn limit_scan_path(
         // No query pathkeys left means every ORDER BY column is fixed by an
         // equality: any order of the key index will do.
         let any_order = (*root).query_pathkeys.is_null();
-        let cheapest = list_iter::<pg_sys::Path>((*rel).pathlist)
-            .map(|p| (*p).total_cost)
-            .fold(f64::INFINITY, f64::min);
+        let cheapest =
+            list_iter::<pg_sys::Path>((*rel).pathlist).map(|p| (*p).total_cost).fold(f64::INFINITY, f64::min);
         let mut best = best_key_index_path((*rel).pathlist, root, latched.key.index, any_order);
         if best.is_null() {
             // add_path may have pruned the key index path as too expensive
@@ -161,13 +160,11 @@ unsafe fn limit_scan_path(
         }
         // We fetch heap tuples ourselves, so an index-only path becomes a
         // plain index scan (same quals, same order).
-        let child =
-            pg_sys::palloc(std::mem::size_of::<pg_sys::IndexPath>()) as *mut pg_sys::IndexPath;
+        let child = pg_sys::palloc(std::mem::size_of::<pg_sys::IndexPath>()) as *mut pg_sys::IndexPath;
         std::ptr::copy_nonoverlapping(best, child, 1);
         (*child).path.pathtype = pg_sys::NodeTag::T_IndexScan;
 
-        let cp =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
+        let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
         let path = &mut (*cp).path;
         path.type_ = pg_sys::NodeTag::T_CustomPath;
         path.pathtype = pg_sys::NodeTag::T_CustomScan;
@@ -210,8 +207,7 @@ unsafe fn best_key_index_path(
             let ip = p as *mut pg_sys::IndexPath;
             if (*(*ip).indexinfo).indexoid != index
                 || !(*p).param_info.is_null()
-                || !(any_order
-                    || pg_sys::pathkeys_contained_in((*root).query_pathkeys, (*p).pathkeys))
+                || !(any_order || pg_sys::pathkeys_contained_in((*root).query_pathkeys, (*p).pathkeys))
             {
                 continue;
             }
@@ -241,16 +237,9 @@ unsafe extern "C-unwind" fn plan_custom_path(
     // path, an IndexScan built by create_indexscan_plan; we copy what we
     // need from it into a CustomScan.
     unsafe {
-        let child = list_iter::<pg_sys::IndexScan>(custom_plans)
-            .next()
-            .expect("one child plan");
-        assert_eq!(
-            tag(child as *const Node),
-            pg_sys::NodeTag::T_IndexScan,
-            "PgkvxLimitScan wraps an index scan"
-        );
-        let cs =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
+        let child = list_iter::<pg_sys::IndexScan>(custom_plans).next().expect("one child plan");
+        assert_eq!(tag(child as *const Node), pg_sys::NodeTag::T_IndexScan, "PgkvxLimitScan wraps an index scan");
+        let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
         (*cs).scan.plan.targetlist = tlist;
         // The index scan's filter: quals the index does not enforce.
@@ -263,36 +252,22 @@ unsafe extern "C-unwind" fn plan_custom_path(
         // and OFFSET expressions of this query level.  setrefs fixes them
         // all up, and copyObject keeps them in the plan cache.
         let parse = (*root).parse;
-        let nquals = if (*child).indexqual.is_null() {
-            0
-        } else {
-            (*(*child).indexqual).length
-        };
+        let nquals = if (*child).indexqual.is_null() { 0 } else { (*(*child).indexqual).length };
         let mut exprs = pg_sys::list_concat_copy((*child).indexqual, (*child).indexqualorig);
         let has_count = !(*parse).limitCount.is_null();
         let has_offset = !(*parse).limitOffset.is_null();
         if has_count {
-            exprs = pg_sys::lappend(
-                exprs,
-                pg_sys::copyObjectImpl((*parse).limitCount as *const _),
-            );
+            exprs = pg_sys::lappend(exprs, pg_sys::copyObjectImpl((*parse).limitCount as *const _));
         }
         if has_offset {
-            exprs = pg_sys::lappend(
-                exprs,
-                pg_sys::copyObjectImpl((*parse).limitOffset as *const _),
-            );
+            exprs = pg_sys::lappend(exprs, pg_sys::copyObjectImpl((*parse).limitOffset as *const _));
         }
         (*cs).custom_exprs = exprs;
         let forward = (*child).indexorderdir != pg_sys::ScanDirection::BackwardScanDirection;
         let mut private = std::ptr::null_mut();
-        for v in [
-            (*child).indexid.to_u32() as i32,
-            i32::from(forward),
-            nquals,
-            i32::from(has_count),
-            i32::from(has_offset),
-        ] {
+        for v in
+            [(*child).indexid.to_u32() as i32, i32::from(forward), nquals, i32::from(has_count), i32::from(has_offset)]
+        {
             private = pg_sys::lappend(private, integer(v));
         }
         (*cs).custom_private = private;

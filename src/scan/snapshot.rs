@@ -1,13 +1,93 @@
 //! Snapshots for the scan: the base snapshot (the statement's, or a fresh
 //! one), the base with waited-for holders folded in, and the waits.
+//!
+//! A Postgres snapshot does not say which xids at or above its xmax were
+//! already running when it was taken (latch/snapshot.rs), so every base
+//! snapshot carries `after`: the next xid, read as soon after the snapshot
+//! as we can.  Statement snapshots are read at executor start, a few
+//! microseconds after the snapshot; the fixed snapshot of a REPEATABLE READ
+//! or SERIALIZABLE transaction is read right after its first statement's
+//! parse analysis, which runs just after that snapshot is taken.
 
 use crate::latch::{ReadSnapshot, Stat, Xid};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Snapshot};
+use pgrx::prelude::*;
+use std::cell::Cell;
+
+/// The next xid to be assigned.
+pub fn next_xid() -> Xid {
+    // SAFETY: reads the shared counter under its lock.
+    Xid(unsafe { pg_sys::ReadNextFullTransactionId() }.value as u32)
+}
+
+thread_local! {
+    /// (local transaction id, next xid) recorded for this transaction's
+    /// fixed snapshot.
+    static XACT_AFTER: Cell<Option<(u32, Xid)>> = const { Cell::new(None) };
+}
+
+static mut PREV_ANALYZE_HOOK: pg_sys::post_parse_analyze_hook_type = None;
+
+/// Installs the hook that records `after` for transaction snapshots.
+pub fn init() {
+    // SAFETY: _PG_init, single-threaded.
+    unsafe {
+        PREV_ANALYZE_HOOK = pg_sys::post_parse_analyze_hook;
+        pg_sys::post_parse_analyze_hook = Some(after_analyze);
+    }
+}
+
+fn local_xact() -> u32 {
+    // SAFETY: MyProc is set in every backend.
+    unsafe { (*pg_sys::MyProc).lxid }
+}
+
+fn fixed_snapshot() -> bool {
+    // SAFETY: plain read of a backend global.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn after_analyze(
+    pstate: *mut pg_sys::ParseState,
+    query: *mut pg_sys::Query,
+    jstate: *mut pg_sys::JumbleState,
+) {
+    // SAFETY: chaining the previous hook with the same arguments.
+    unsafe {
+        if let Some(prev) = PREV_ANALYZE_HOOK {
+            prev(pstate, query, jstate);
+        }
+    }
+    // SAFETY: plain read of a backend global.
+    if fixed_snapshot() && unsafe { pg_sys::FirstSnapshotSet } {
+        let lxid = local_xact();
+        if XACT_AFTER.with(|c| c.get()).is_none_or(|(l, _)| l != lxid) {
+            XACT_AFTER.with(|c| c.set(Some((lxid, next_xid()))));
+        }
+    }
+}
+
+/// `after` for the executor's snapshot: for a fixed transaction snapshot the
+/// value recorded when it was taken, otherwise `at_start` (read at executor
+/// start).  Either bound is conservative: it can only be later than exact.
+pub fn after_for_statement(at_start: Xid) -> Xid {
+    if fixed_snapshot() {
+        if let Some((lxid, after)) = XACT_AFTER.with(|c| c.get()) {
+            if lxid == local_xact() {
+                return after;
+            }
+        }
+    }
+    at_start
+}
 
 /// The snapshot a scan reads at, before pulling anyone in.
 pub struct Base {
     pub snap: Snapshot,
+    /// Xids at or above this were assigned after the snapshot.
+    after: Xid,
     /// A fresh snapshot we registered (and must unregister).
     registered: bool,
     /// Its in-progress xids, sorted (latch checks binary-search them).
@@ -18,20 +98,14 @@ impl Base {
     /// Views `snap` (owned by the executor).
     ///
     /// # Safety
-    /// `snap` is a valid MVCC snapshot that outlives this value.
-    pub unsafe fn of(snap: Snapshot) -> Base {
+    /// `snap` is a valid MVCC snapshot that outlives this value, and every
+    /// xid assigned before it was taken precedes `after`.
+    pub unsafe fn of(snap: Snapshot, after: Xid) -> Base {
         // SAFETY: per contract; xip has xcnt entries.
-        let mut xip: Vec<Xid> = unsafe {
-            (0..(*snap).xcnt as usize)
-                .map(|i| Xid((*(*snap).xip.add(i)).into_inner()))
-                .collect()
-        };
+        let mut xip: Vec<Xid> =
+            unsafe { (0..(*snap).xcnt as usize).map(|i| Xid((*(*snap).xip.add(i)).into_inner())).collect() };
         xip.sort_unstable_by_key(|x| x.0);
-        Base {
-            snap,
-            registered: false,
-            xip,
-        }
+        Base { snap, after, registered: false, xip }
     }
 
     /// A new snapshot of the latest committed state (READ COMMITTED only).
@@ -39,8 +113,9 @@ impl Base {
         // SAFETY: GetLatestSnapshot returns a static snapshot that
         // RegisterSnapshot copies into a registered one we own.
         let snap = unsafe { pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()) };
-        // SAFETY: registered until release().
-        let mut b = unsafe { Base::of(snap) };
+        let after = next_xid();
+        // SAFETY: registered until release(); `after` was read after it.
+        let mut b = unsafe { Base::of(snap, after) };
         b.registered = true;
         b
     }
@@ -62,6 +137,7 @@ impl Base {
             xmin: Xid(xmin.into_inner()),
             xmax: Xid(xmax.into_inner()),
             xip: &self.xip,
+            after: self.after,
             pulled,
             own: backend::my_xid_if_any(),
         }
@@ -79,25 +155,15 @@ impl Base {
         // of pulled-in holders (assigned after the base snapshot) resolve
         // to their now-visible parents instead of counting as "in progress
         // because too new".
-        // SAFETY: reads the next xid counter.
-        let next = Xid(unsafe { pg_sys::ReadNextFullTransactionId() }.value as u32);
-        let new_xmax = pulled
-            .iter()
-            .map(|p| Xid(p.0.wrapping_add(1)))
-            .chain([next])
-            .fold(base_xmax, |m, x| m.max(x));
+        let next = next_xid();
+        let new_xmax = pulled.iter().map(|p| Xid(p.0.wrapping_add(1))).chain([next]).fold(base_xmax, |m, x| m.max(x));
         let is_pulled = |x: Xid| pulled.binary_search_by_key(&x.0, |p| p.0).is_ok();
         // In progress for S*: the base's in-progress xids that were not
         // pulled, plus every xid the base did not know (at or above its
         // xmax) up to the new xmax, except those pulled in.  Subtransaction
         // xids in that list are harmless: with suboverflowed set, Postgres
         // maps a subxid to its top-level xid before searching the list.
-        let mut xip: Vec<u32> = self
-            .xip
-            .iter()
-            .filter(|&&x| !is_pulled(x))
-            .map(|x| x.0)
-            .collect();
+        let mut xip: Vec<u32> = self.xip.iter().filter(|&&x| !is_pulled(x)).map(|x| x.0).collect();
         let mut x = base_xmax;
         while x.precedes(new_xmax) {
             if x.is_valid() && !is_pulled(x) {
@@ -113,8 +179,7 @@ impl Base {
             let bytes = std::mem::size_of::<pg_sys::SnapshotData>() + 4 * xip.len().max(1);
             let s = pg_sys::palloc0(bytes) as *mut pg_sys::SnapshotData;
             std::ptr::copy_nonoverlapping(self.snap, s, 1);
-            let arr = (s as *mut u8).add(std::mem::size_of::<pg_sys::SnapshotData>())
-                as *mut pg_sys::TransactionId;
+            let arr = (s as *mut u8).add(std::mem::size_of::<pg_sys::SnapshotData>()) as *mut pg_sys::TransactionId;
             for (i, v) in xip.iter().enumerate() {
                 *arr.add(i) = pg_sys::TransactionId::from(*v);
             }

@@ -31,15 +31,7 @@ struct Column {
 fn encode_one(desc: &KeyDesc, i: usize, b: &Bound) -> KeyWriter {
     let mut w = KeyWriter::new();
     // SAFETY: the datum has type b.typid, checked compatible with column i.
-    unsafe {
-        encode_value(
-            desc.cols[i].kind,
-            desc.cols[i].desc,
-            b.typid,
-            b.datum,
-            &mut w,
-        )
-    };
+    unsafe { encode_value(desc.cols[i].kind, desc.cols[i].desc, b.typid, b.datum, &mut w) };
     w
 }
 
@@ -62,43 +54,23 @@ pub fn declared(desc: &KeyDesc, keys: &[pg_sys::ScanKeyData]) -> Span {
     let mut cols = vec![Column::default(); desc.cols.len()];
     for sk in keys {
         let flags = sk.sk_flags as u32;
-        if flags & pg_sys::SK_ISNULL != 0
-            && flags & (pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) == 0
-        {
+        if flags & pg_sys::SK_ISNULL != 0 && flags & (pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) == 0 {
             // `k op NULL` is never true: the scan returns nothing.
-            return Span {
-                start: KeyBuf::EMPTY,
-                end: KeyBuf::EMPTY,
-            };
+            return Span { start: KeyBuf::EMPTY, end: KeyBuf::EMPTY };
         }
-        if flags
-            & (pg_sys::SK_ROW_HEADER
-                | pg_sys::SK_SEARCHARRAY
-                | pg_sys::SK_SEARCHNULL
-                | pg_sys::SK_SEARCHNOTNULL)
+        if flags & (pg_sys::SK_ROW_HEADER | pg_sys::SK_SEARCHARRAY | pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL)
             != 0
         {
             continue;
         }
-        let Some(i) = (sk.sk_attno as usize)
-            .checked_sub(1)
-            .filter(|&i| i < desc.cols.len())
-        else {
+        let Some(i) = (sk.sk_attno as usize).checked_sub(1).filter(|&i| i < desc.cols.len()) else {
             continue;
         };
-        let typid = if sk.sk_subtype == pg_sys::InvalidOid {
-            desc.cols[i].typid
-        } else {
-            sk.sk_subtype
-        };
+        let typid = if sk.sk_subtype == pg_sys::InvalidOid { desc.cols[i].typid } else { sk.sk_subtype };
         if !desc.compatible(i, typid) {
             continue;
         }
-        let b = |inclusive| Bound {
-            datum: sk.sk_argument,
-            typid,
-            inclusive,
-        };
+        let b = |inclusive| Bound { datum: sk.sk_argument, typid, inclusive };
         // On a DESC column the encoding runs backwards: `>` bounds from above.
         let flip = desc.cols[i].desc;
         let c = &mut cols[i];
@@ -107,15 +79,13 @@ pub fn declared(desc: &KeyDesc, keys: &[pg_sys::ScanKeyData]) -> Span {
             (pg_sys::BTGreaterStrategyNumber, false) | (pg_sys::BTLessStrategyNumber, true) => {
                 c.lo = tighter(desc, i, c.lo, b(false), false)
             }
-            (pg_sys::BTGreaterEqualStrategyNumber, false)
-            | (pg_sys::BTLessEqualStrategyNumber, true) => {
+            (pg_sys::BTGreaterEqualStrategyNumber, false) | (pg_sys::BTLessEqualStrategyNumber, true) => {
                 c.lo = tighter(desc, i, c.lo, b(true), false)
             }
             (pg_sys::BTLessStrategyNumber, false) | (pg_sys::BTGreaterStrategyNumber, true) => {
                 c.hi = tighter(desc, i, c.hi, b(false), true)
             }
-            (pg_sys::BTLessEqualStrategyNumber, false)
-            | (pg_sys::BTGreaterEqualStrategyNumber, true) => {
+            (pg_sys::BTLessEqualStrategyNumber, false) | (pg_sys::BTGreaterEqualStrategyNumber, true) => {
                 c.hi = tighter(desc, i, c.hi, b(true), true)
             }
             _ => {}
@@ -130,15 +100,7 @@ fn assemble(desc: &KeyDesc, cols: &[Column]) -> Span {
     while j < cols.len() {
         let Some(eq) = cols[j].eq else { break };
         // SAFETY: bounds were checked compatible when collected.
-        unsafe {
-            encode_value(
-                desc.cols[j].kind,
-                desc.cols[j].desc,
-                eq.typid,
-                eq.datum,
-                &mut prefix,
-            )
-        };
+        unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, eq.typid, eq.datum, &mut prefix) };
         j += 1;
     }
     if j == cols.len() {
@@ -147,15 +109,7 @@ fn assemble(desc: &KeyDesc, cols: &[Column]) -> Span {
     let with = |b: &Bound| {
         let mut w = prefix;
         // SAFETY: as above.
-        unsafe {
-            encode_value(
-                desc.cols[j].kind,
-                desc.cols[j].desc,
-                b.typid,
-                b.datum,
-                &mut w,
-            )
-        };
+        unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, b.typid, b.datum, &mut w) };
         w
     };
     // A truncated encoding is a prefix of the exact one: starts round down,
@@ -194,15 +148,9 @@ pub fn touched(declared: &Span, last: Option<&KeyWriter>, forward: bool) -> Span
         Some(k) => {
             let p = Span::point(k.bytes());
             if forward {
-                Span {
-                    start: declared.start,
-                    end: p.end,
-                }
+                Span { start: declared.start, end: p.end }
             } else {
-                Span {
-                    start: p.start,
-                    end: declared.end,
-                }
+                Span { start: p.start, end: declared.end }
             }
         }
     }

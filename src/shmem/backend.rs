@@ -36,10 +36,7 @@ thread_local! {
 pub fn my_slot() -> u32 {
     // SAFETY: MyProc is set for every backend before any SQL runs.
     let n = unsafe { (*pg_sys::MyProc).pgprocno } as u32;
-    assert!(
-        n < table().config().max_backends,
-        "pgprocno {n} beyond the latch table's backend slots"
-    );
+    assert!(n < table().config().max_backends, "pgprocno {n} beyond the latch table's backend slots");
     n
 }
 
@@ -98,10 +95,7 @@ pub fn refresh_horizon(force: bool) {
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn xact_callback(
-    event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
+unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     let Some(t) = table_if_ready() else { return };
     let slot = my_slot();

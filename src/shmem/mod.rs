@@ -160,11 +160,7 @@ extern "C-unwind" fn startup_hook() {
             nranges: cfg.max_ranges,
             ntables: cfg.max_tables,
         };
-        let table = if found {
-            Table::attach(mem, locks)
-        } else {
-            Table::init(mem, &cfg, locks)
-        };
+        let table = if found { Table::attach(mem, locks) } else { Table::init(mem, &cfg, locks) };
         table.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
         *TABLE.0.get() = Some(table);
         pg_sys::LWLockRelease(init_lock);
