@@ -237,7 +237,13 @@ unsafe extern "C-unwind" fn plan_custom_path(
     // path, an IndexScan built by create_indexscan_plan; we copy what we
     // need from it into a CustomScan.
     unsafe {
-        let child = list_iter::<pg_sys::IndexScan>(custom_plans).next().expect("one child plan");
+        let mut child = list_iter::<pg_sys::IndexScan>(custom_plans).next().expect("one child plan");
+        // Pseudoconstant quals (`k = 1 AND k = 2`) put a gating Result over
+        // the index scan; our own plan gets the same gate from the planner,
+        // so look through it.
+        if tag(child as *const Node) == pg_sys::NodeTag::T_Result {
+            child = (*(child as *mut pg_sys::Result)).plan.lefttree as *mut pg_sys::IndexScan;
+        }
         assert_eq!(tag(child as *const Node), pg_sys::NodeTag::T_IndexScan, "PgkvxLimitScan wraps an index scan");
         let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
