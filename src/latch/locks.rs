@@ -134,3 +134,17 @@ pub mod std_locks {
         }
     }
 }
+
+/// A latch table on the heap with process-local locks: for tests and
+/// benchmarks outside Postgres.  The memory is leaked on purpose (a table
+/// lives as long as the process, as in Postgres).
+#[cfg(any(test, feature = "std-locks"))]
+pub fn heap_table(cfg: super::Config) -> &'static super::LatchTable<'static, std_locks::StdLocks> {
+    use super::LatchTable;
+    let size = LatchTable::<std_locks::StdLocks>::region_size(&cfg);
+    let mem: &'static mut [u64] = Box::leak(vec![0u64; size.div_ceil(8)].into_boxed_slice());
+    let locks = std_locks::StdLocks::new(cfg.max_ranges, cfg.max_tables);
+    // SAFETY: a fresh, leaked, 8-byte aligned buffer of the right size.
+    let t = unsafe { LatchTable::init(mem.as_mut_ptr() as *mut u8, &cfg, locks) };
+    Box::leak(Box::new(t))
+}

@@ -55,8 +55,13 @@ pub(crate) struct RangeNodes<'a> {
 }
 
 impl RangeNodes<'_> {
+    #[inline(always)]
     fn d(&self, n: u32) -> *mut EntryData {
-        self.entries[n as usize].data.get()
+        debug_assert!((n as usize) < self.entries.len());
+        // SAFETY: tree links only ever hold indices of entries of this
+        // region (they are written from alloc() results), so `n` is in
+        // bounds; skipping the check matters in the treap's inner loops.
+        unsafe { self.entries.get_unchecked(n as usize) }.data.get()
     }
 }
 
@@ -64,30 +69,39 @@ impl RangeNodes<'_> {
 // range; RangeNodes exists only while its lock is held, exclusively whenever
 // a setter can run, so no other process touches these fields concurrently.
 impl NodeStore for RangeNodes<'_> {
+    #[inline(always)]
     fn left(&self, n: u32) -> u32 {
         unsafe { (*self.d(n)).left }
     }
+    #[inline(always)]
     fn right(&self, n: u32) -> u32 {
         unsafe { (*self.d(n)).right }
     }
+    #[inline(always)]
     fn set_left(&self, n: u32, v: u32) {
         unsafe { (*self.d(n)).left = v }
     }
+    #[inline(always)]
     fn set_right(&self, n: u32, v: u32) {
         unsafe { (*self.d(n)).right = v }
     }
+    #[inline(always)]
     fn max_end(&self, n: u32) -> u32 {
         unsafe { (*self.d(n)).max_end }
     }
+    #[inline(always)]
     fn set_max_end(&self, n: u32, v: u32) {
         unsafe { (*self.d(n)).max_end = v }
     }
+    #[inline(always)]
     fn prio(&self, n: u32) -> u32 {
         unsafe { (*self.d(n)).prio }
     }
+    #[inline(always)]
     fn start(&self, n: u32) -> &super::span::KeyBuf {
         unsafe { &(*self.d(n)).span.start }
     }
+    #[inline(always)]
     fn end(&self, n: u32) -> &super::span::KeyBuf {
         unsafe { &(*self.d(n)).span.end }
     }
@@ -383,10 +397,10 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let td = unsafe { self.table_data(t) };
         let ranges = &td.ranges[..td.nranges as usize];
         // SAFETY: as above (range metas are directory-protected).
-        let lo = |r: u32| unsafe { self.meta(r) }.lo;
-        let first = ranges.partition_point(|&r| lo(r) <= span.start).saturating_sub(1);
+        let lo = |r: u32| -> &super::span::KeyBuf { &unsafe { self.meta(r) }.lo };
+        let first = ranges.partition_point(|&r| *lo(r) <= span.start).saturating_sub(1);
         for &r in &ranges[first..] {
-            if lo(r) >= span.end {
+            if *lo(r) >= span.end {
                 break;
             }
             if !f(r) {
@@ -434,22 +448,23 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         if span.is_empty() {
             return Ok(());
         }
-        let t = {
-            let _d = self.lock(LockId::Directory, Mode::Shared);
-            self.find_table(rel)
-        };
-        let t = match t {
-            Some(t) => t,
-            None => self.create_table(rel)?,
-        };
         let b = self.backend(slot);
         b.xid.store(h.xid.0, Relaxed);
         b.pid.store(h.pid, Relaxed);
         if b.chain.load(Relaxed) == NIL {
             b.since.store(h.now_us, Relaxed);
         }
-
-        let _d = self.lock(LockId::Directory, Mode::Shared);
+        // The common case takes the Directory lock once: the table exists.
+        let mut _d = self.lock(LockId::Directory, Mode::Shared);
+        let t = match self.find_table(rel) {
+            Some(t) => t,
+            None => {
+                drop(_d);
+                let t = self.create_table(rel)?;
+                _d = self.lock(LockId::Directory, Mode::Shared);
+                t
+            }
+        };
         let mut result = Ok(());
         self.for_each_range_of(t, span, &mut |r| {
             let Some(e) = self.alloc() else {

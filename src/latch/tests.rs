@@ -3,7 +3,7 @@
 //! stress test of the one invariant that matters.
 
 use super::locks::std_locks::StdLocks;
-use super::region::{Config, RelId, REGION_ALIGN};
+use super::region::{Config, RelId};
 use super::snapshot::ReadSnapshot;
 use super::span::Span;
 use super::table::{AcquireError, Holder, LatchTable, Outcome};
@@ -12,14 +12,7 @@ use super::xid::Xid;
 use std::collections::BTreeSet;
 
 pub(crate) fn table(cfg: Config) -> &'static LatchTable<'static, StdLocks> {
-    let size = LatchTable::<StdLocks>::region_size(&cfg);
-    let words = size.div_ceil(8);
-    let mem: &'static mut [u64] = Box::leak(vec![0u64; words].into_boxed_slice());
-    assert_eq!(mem.as_ptr() as usize % REGION_ALIGN, 0);
-    let locks = StdLocks::new(cfg.max_ranges, cfg.max_tables);
-    // SAFETY: a fresh, leaked, aligned buffer of the right size, used only here.
-    let t = unsafe { LatchTable::init(mem.as_mut_ptr() as *mut u8, &cfg, locks) };
-    Box::leak(Box::new(t))
+    super::locks::heap_table(cfg)
 }
 
 fn small() -> &'static LatchTable<'static, StdLocks> {

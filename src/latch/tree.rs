@@ -66,29 +66,100 @@ fn rotate_left<S: NodeStore + ?Sized>(s: &S, x: u32) -> u32 {
     y
 }
 
+/// Longest root-to-node path the iterative operations track; a treap of a
+/// range's few thousand latches is far shallower (deeper paths fall back to
+/// recursion).
+const MAX_PATH: usize = 48;
+
 /// Inserts node `n` (its links are overwritten) and returns the new root.
+///
+/// Iterative: descend to a leaf position updating each ancestor's greatest
+/// end on the way (n can only raise it), then rotate n up while its
+/// priority beats its parent's.
 pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
+    s.set_left(n, NIL);
+    s.set_right(n, NIL);
+    s.set_max_end(n, n);
+    if root == NIL {
+        return n;
+    }
+    let mut path = [NIL; MAX_PATH];
+    let mut depth = 0;
+    let mut cur = root;
+    loop {
+        if depth == MAX_PATH {
+            return insert_rec(s, root, n);
+        }
+        if s.end(n) > s.end(s.max_end(cur)) {
+            s.set_max_end(cur, n);
+        }
+        path[depth] = cur;
+        depth += 1;
+        let go_left = less(s, n, cur);
+        let next = if go_left { s.left(cur) } else { s.right(cur) };
+        if next == NIL {
+            if go_left {
+                s.set_left(cur, n);
+            } else {
+                s.set_right(cur, n);
+            }
+            break;
+        }
+        cur = next;
+    }
+    let mut root = root;
+    while depth > 0 {
+        let p = path[depth - 1];
+        if s.prio(n) <= s.prio(p) {
+            break;
+        }
+        if s.left(p) == n {
+            rotate_right(s, p);
+        } else {
+            rotate_left(s, p);
+        }
+        depth -= 1;
+        if depth == 0 {
+            root = n;
+        } else {
+            let g = path[depth - 1];
+            if s.left(g) == p {
+                s.set_left(g, n);
+            } else {
+                s.set_right(g, n);
+            }
+        }
+    }
+    root
+}
+
+/// The recursive form of [`insert`], for paths deeper than its stack.
+fn insert_rec<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
     if root == NIL {
         s.set_left(n, NIL);
         s.set_right(n, NIL);
         s.set_max_end(n, n);
         return n;
     }
-    let mut root = root;
+    // n joins root's subtree: only its end can raise the subtree's maximum,
+    // so one comparison keeps the augmentation right on the way down;
+    // rotations recompute the two nodes they move.
+    if s.end(n) > s.end(s.max_end(root)) {
+        s.set_max_end(root, n);
+    }
     if less(s, n, root) {
-        let l = insert(s, s.left(root), n);
+        let l = insert_rec(s, s.left(root), n);
         s.set_left(root, l);
         if s.prio(l) > s.prio(root) {
-            root = rotate_right(s, root);
+            return rotate_right(s, root);
         }
     } else {
-        let r = insert(s, s.right(root), n);
+        let r = insert_rec(s, s.right(root), n);
         s.set_right(root, r);
         if s.prio(r) > s.prio(root) {
-            root = rotate_left(s, root);
+            return rotate_left(s, root);
         }
     }
-    fix(s, root);
     root
 }
 
@@ -113,19 +184,59 @@ fn merge<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> u32 {
 }
 
 /// Removes node `n`, which must be in the tree, and returns the new root.
+///
+/// Iterative: find n's parent, replace n by the merge of its children, then
+/// recompute the greatest end of those ancestors whose greatest end was n
+/// (no other ancestor lost a node).
 pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
+    let mut path = [NIL; MAX_PATH];
+    let mut depth = 0;
+    let mut cur = root;
+    while cur != n {
+        assert!(cur != NIL, "latch tree: node {n} not found");
+        if depth == MAX_PATH {
+            return remove_rec(s, root, n);
+        }
+        path[depth] = cur;
+        depth += 1;
+        cur = if less(s, n, cur) { s.left(cur) } else { s.right(cur) };
+    }
+    let sub = merge(s, s.left(n), s.right(n));
+    if depth == 0 {
+        return sub;
+    }
+    let p = path[depth - 1];
+    if s.left(p) == n {
+        s.set_left(p, sub);
+    } else {
+        s.set_right(p, sub);
+    }
+    for &a in path[..depth].iter().rev() {
+        if s.max_end(a) == n {
+            fix(s, a);
+        }
+    }
+    root
+}
+
+/// The recursive form of [`remove`], for paths deeper than its stack.
+fn remove_rec<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
     assert!(root != NIL, "latch tree: node {n} not found");
     if root == n {
         return merge(s, s.left(n), s.right(n));
     }
     if less(s, n, root) {
-        let l = remove(s, s.left(root), n);
+        let l = remove_rec(s, s.left(root), n);
         s.set_left(root, l);
     } else {
-        let r = remove(s, s.right(root), n);
+        let r = remove_rec(s, s.right(root), n);
         s.set_right(root, r);
     }
-    fix(s, root);
+    // Only an ancestor whose greatest end was n's can see its maximum drop;
+    // the rest of the subtree kept its nodes.
+    if s.max_end(root) == n {
+        fix(s, root);
+    }
     root
 }
 
@@ -138,20 +249,27 @@ pub fn for_each_overlap<S: NodeStore + ?Sized>(s: &S, root: u32, q: &Span, f: &m
     visit(s, root, q, f)
 }
 
-fn visit<S: NodeStore + ?Sized>(s: &S, n: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
-    if n == NIL || *s.end(s.max_end(n)) <= q.start {
-        return true; // nothing below ends after the query starts
+/// In-order overlap search.  Descents that can only continue one way loop
+/// instead of recursing, so a query among point latches walks one path.
+fn visit<S: NodeStore + ?Sized>(s: &S, mut n: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
+    loop {
+        if n == NIL || *s.end(s.max_end(n)) <= q.start {
+            return true; // nothing below ends after the query starts
+        }
+        if *s.start(n) >= q.end {
+            // n and its right subtree start at or after the query's end.
+            n = s.left(n);
+            continue;
+        }
+        let l = s.left(n);
+        if l != NIL && *s.end(s.max_end(l)) > q.start && !visit(s, l, q, f) {
+            return false;
+        }
+        if *s.end(n) > q.start && !f(n) {
+            return false;
+        }
+        n = s.right(n);
     }
-    if !visit(s, s.left(n), q, f) {
-        return false;
-    }
-    if *s.start(n) >= q.end {
-        return true; // n and its right subtree start at or after the query's end
-    }
-    if *s.end(n) > q.start && !f(n) {
-        return false;
-    }
-    visit(s, s.right(n), q, f)
 }
 
 /// Calls `f` for every node in start order.
