@@ -6,6 +6,7 @@
 
 use pgrx::prelude::*;
 
+mod arrow;
 pub mod errors;
 
 pgrx::pg_module_magic!(name, version);
@@ -22,6 +23,7 @@ pub extern "C-unwind" fn _PG_init() {
             "Add pgkvx to shared_preload_libraries in postgresql.conf and restart the server.",
         );
     }
+    arrow::init();
 }
 
 /// The version of the loaded library (not of the SQL objects).
