@@ -23,6 +23,9 @@ pub struct BatchWriter {
     writer: StreamWriter<Vec<u8>>,
     rows: usize,
     batch_rows: usize,
+    /// Row count at which to look at the byte size again: summing every
+    /// column's size after every row would cost more than appending the row.
+    next_size_check: usize,
     row_cx: RowContext,
 }
 
@@ -38,6 +41,7 @@ impl BatchWriter {
             writer,
             rows: 0,
             batch_rows,
+            next_size_check: 1,
             row_cx: RowContext::new(),
         }
     }
@@ -79,8 +83,23 @@ impl BatchWriter {
         self.columns.iter().map(|c| c.encoder.bytes()).sum()
     }
 
-    pub fn full(&self) -> bool {
-        self.rows >= self.batch_rows || self.bytes() >= BATCH_BYTE_CAP
+    pub fn full(&mut self) -> bool {
+        if self.rows >= self.batch_rows {
+            return true;
+        }
+        if self.rows < self.next_size_check {
+            return false;
+        }
+        let bytes = self.bytes();
+        if bytes >= BATCH_BYTE_CAP {
+            return true;
+        }
+        // Look again after half the rows that would fill the cap at the
+        // average row size so far, and at least every 64 rows, so a run of
+        // rows much wider than the ones before overshoots by 64 rows at most.
+        let per_row = (bytes / self.rows.max(1)).max(1);
+        self.next_size_check = self.rows + ((BATCH_BYTE_CAP - bytes) / per_row / 2).clamp(1, 64);
+        false
     }
 
     /// Encodes the rows collected so far (if any) as one record batch, and
@@ -98,6 +117,7 @@ impl BatchWriter {
                 .unwrap_or_else(|e| ipc_error(e));
             self.writer.write(&batch).unwrap_or_else(|e| ipc_error(e));
             self.rows = 0;
+            self.next_size_check = 1;
         }
         if last {
             self.writer.finish().unwrap_or_else(|e| ipc_error(e));

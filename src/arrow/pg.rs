@@ -154,12 +154,12 @@ impl Rel {
         (oid != pg_sys::InvalidOid).then_some(oid)
     }
 
+    /// Drops the reference but keeps the lock to transaction end, as the
+    /// executor does, so the table cannot change under the transaction.
     pub fn close(self) {
         if in_live_transaction() {
-            // SAFETY: ptr was opened by `open` with the same lock mode.
-            unsafe {
-                pg_sys::relation_close(self.ptr, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
-            };
+            // SAFETY: ptr was opened by `open` and is closed once (by value).
+            unsafe { pg_sys::relation_close(self.ptr, pg_sys::NoLock as pg_sys::LOCKMODE) };
         }
     }
 }

@@ -165,10 +165,10 @@ impl QueryStream {
     /// Fetches until the batch is full; true when the query is exhausted.
     fn read_batch(&mut self) -> bool {
         loop {
-            let out = &self.dest.out;
-            if out.full() {
+            if self.dest.out.full() {
                 return false;
             }
+            let out = &self.dest.out;
             let rows_left = self.batch_rows - out.rows();
             // Size chunks so that the byte cap is overshot by little.
             let want = if out.rows() == 0 {

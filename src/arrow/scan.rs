@@ -213,6 +213,12 @@ impl TableStream {
         let index = key_index_for(&rel).map(|oid| {
             let ix = Rel::open(oid);
             let info = IndexInfo::of(&ix);
+            if !info.is_btree {
+                errors::raise(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!("the key index of \"{relname}\" is not a btree index"),
+                );
+            }
             (ix, info)
         });
         if index.is_none() && (req.lower.is_some() || req.upper.is_some()) {
