@@ -74,7 +74,7 @@ CASES = [
     ("int4", ["-2147483648", "2147483647", "0"], pa.int32(), "v", None),
     ("int8", ["-9223372036854775808", "9223372036854775807", "0"], pa.int64(), "v", None),
     ("float4", ["'NaN'", "'Infinity'", "'-Infinity'", "1.5", "'-0'", "'3.4028235e38'", "'1e-45'"],
-     pa.float32(), "v", "nan"),
+     pa.float32(), "v::float8", "nan"),
     ("float8", ["'NaN'", "'Infinity'", "'-Infinity'", "'1.7976931348623157e308'", "'5e-324'", "0.1"],
      pa.float64(), "v", "nan"),
     ("bool", ["true", "false"], pa.bool_(), "v", None),
@@ -107,9 +107,10 @@ CASES = [
     ("interval", ["'1 year 2 mons 3 days 04:05:06.789'", "'-178000000 years'", "'-1 day +02:00'", "'0'",
                   "'2562047 hours'"],
      pa.month_day_nano_interval(),
-     "ARRAY[(extract(year from v) * 12 + extract(month from v))::int8, extract(day from v)::int8,"
+     "CASE WHEN v IS NOT NULL THEN"
+     " ARRAY[(extract(year from v) * 12 + extract(month from v))::int8, extract(day from v)::int8,"
      " ((extract(hour from v) * 3600 + extract(minute from v) * 60) * 1000000000"
-     "  + extract(microseconds from v) * 1000)::int8]",
+     "  + extract(microseconds from v) * 1000)::int8] END",
      "interval"),
     ("uuid", ["'00000000-0000-0000-0000-000000000000'", "'ffffffff-ffff-ffff-ffff-ffffffffffff'",
               "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'"], pa.binary(16), "v::text", "uuid"),
@@ -119,8 +120,8 @@ CASES = [
     ("text[]", ["'{}'", "'{a,NULL,\"\",ü}'", "ARRAY[repeat('x', 5000)]"], pa.list_(pa.string()), "v", None),
     ("numeric(6,2)[]", ["'{1.5,NULL,-9999.99}'"], pa.list_(pa.decimal128(6, 2)), "v", None),
     ("date[]", ["'{2000-01-01,1970-01-01}'"], pa.list_(pa.date32()),
-     "ARRAY(SELECT x - '1970-01-01'::date FROM unnest(v) x)", "listint32"),
-    ("inet", ["'192.168.0.1/24'", "'::1'"], pa.string(), "v::text", None),
+     "CASE WHEN v IS NOT NULL THEN ARRAY(SELECT x - '1970-01-01'::date FROM unnest(v) x) END", "listint32"),
+    ("inet", ["'192.168.0.1/24'", "'::1'"], pa.string(), "CASE WHEN v IS NOT NULL THEN format('%s', v) END", None),
     ("timetz", ["'12:00+02'"], pa.string(), "v::text", None),
     ("mood", ["'sad'", "'happy'"], pa.string(), "v::text", None),
     ("pair", ["ROW(1, 'x y')::pair"], pa.string(), "v::text", None),
@@ -344,18 +345,25 @@ def test_infinite_datetimes_raise_instead_of_a_wrong_value(conn, pgtype, lit):
     with pytest.raises(psycopg.errors.DatetimeFieldOverflow, match='column "v"'):
         scan(conn, t, batch_rows=10)
     # the connection is fine afterwards, and filtering the value out works
-    assert query(conn, f"SELECT v FROM {t} WHERE isfinite(v)").num_rows == 100
+    assert query(conn, f"SELECT v FROM {t} WHERE k < 50000").num_rows == 100
     assert query(conn, f"SELECT v::text AS v FROM {t}").column("v").to_pylist()[-1] is not None
 
 
 @pytest.mark.parametrize("lit", ["'NaN'", "'Infinity'", "'-Infinity'"])
 def test_numeric_specials_in_decimal_columns_raise(conn, lit):
     t = "nan_" + uuid.uuid4().hex[:8]
+    # (Postgres itself refuses ±Infinity in a numeric with a typmod)
     conn.execute(f"CREATE TABLE {t} (k int PRIMARY KEY, v numeric(10,2), u numeric)")
-    conn.execute(f"INSERT INTO {t} VALUES (1, 1.5, {lit}), (2, {lit}, 1)")
+    conn.execute(f"INSERT INTO {t} VALUES (1, 1.5, {lit}), (2, 'NaN', 1)")
     assert scan(conn, t, columns=["u"]).column("u").to_pylist() == [lit.strip("'"), "1"]
     with pytest.raises(psycopg.errors.NumericValueOutOfRange, match='column "v"'):
         scan(conn, t, columns=["v"])
+    conn.execute("SET pgkvx.arrow_numeric = 'decimal128'")
+    try:
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange, match='column "u"'):
+            scan(conn, t, columns=["u"])
+    finally:
+        conn.execute("RESET pgkvx.arrow_numeric")
 
 
 def test_numeric_mode_settings_for_unconstrained_numeric(conn):

@@ -80,6 +80,7 @@ def test_memory_is_flat_in_table_size(tables, fn):
 
     small_kb, small_rows = streamed_growth_kb(tables, sql("small"))
     big_kb, big_rows = streamed_growth_kb(tables, sql("big"))
+    print(f"\n{fn}: peak growth small={small_kb} kB big={big_kb} kB")
     assert (small_rows, big_rows) == (SMALL, BIG)
     # 50x the rows; the same batch size, so (allowing for allocator noise)
     # the same peak.  A leak of even 10 bytes per row would add ~48 MB.

@@ -1,7 +1,7 @@
 -- pgkvx.arrow_scan / arrow_query refuse bad input with clear errors.
 -- Only counts and sizes are shown: the Arrow bytes themselves are tested
 -- end to end (tests/e2e/test_arrow.py).
-\set VERBOSITY default
+\set VERBOSITY terse
 CREATE TABLE ae (k int8 PRIMARY KEY, a int4, s text, d date);
 INSERT INTO ae SELECT g, g, 's' || g, '2000-01-01'::date + g FROM generate_series(1, 10) g;
 CREATE TABLE ae_nokey (a int);
@@ -50,6 +50,9 @@ SELECT pgkvx.arrow_query('SELEC 1');
 SELECT count(*) FROM ae;
 
 -- privileges
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS pgkvx_ae_reader;  -- left over by an interrupted run
+RESET client_min_messages;
 CREATE ROLE pgkvx_ae_reader;
 GRANT USAGE ON SCHEMA pgkvx TO pgkvx_ae_reader;
 GRANT SELECT (k, a) ON ae TO pgkvx_ae_reader;
