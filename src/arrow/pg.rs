@@ -53,7 +53,11 @@ impl RowContext {
             pg_sys::CurrentMemoryContext = self.0;
             let r = f();
             pg_sys::CurrentMemoryContext = old;
-            pg_sys::MemoryContextReset(self.0);
+            // Most rows allocate nothing: skip the call (each call into
+            // Postgres costs a setjmp) when the context is still empty.
+            if !(*self.0).isReset {
+                pg_sys::MemoryContextReset(self.0);
+            }
             r
         }
     }
@@ -471,5 +475,5 @@ pub fn typlenbyvalalign(typid: pg_sys::Oid) -> (i16, bool, i8) {
     let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
     // SAFETY: catalog lookup filling three out-parameters.
     unsafe { pg_sys::get_typlenbyvalalign(typid, &mut len, &mut byval, &mut align) };
-    (len, byval, align as i8)
+    (len, byval, align)
 }

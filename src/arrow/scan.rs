@@ -376,7 +376,7 @@ impl TableStream {
                 return true;
             }
             n = n.wrapping_add(1);
-            if n % 1024 == 0 {
+            if n.is_multiple_of(1024) {
                 pgrx::check_for_interrupts!();
             }
             if !src.next() {
