@@ -477,3 +477,83 @@ pub fn typlenbyvalalign(typid: pg_sys::Oid) -> (i16, bool, i8) {
     unsafe { pg_sys::get_typlenbyvalalign(typid, &mut len, &mut byval, &mut align) };
     (len, byval, align)
 }
+
+/// Watches the resource owner that holds a scan's pins, relcache references
+/// and snapshot.  If Postgres releases that owner on its own (transaction or
+/// subtransaction abort, a cursor failing inside a savepoint that is rolled
+/// back) the scan's resources are gone, and ending the scan later would
+/// release them a second time; `released()` says so.
+pub struct OwnerWatch {
+    owner: pg_sys::ResourceOwner,
+    released: std::cell::Cell<bool>,
+    registered: std::cell::Cell<bool>,
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn owner_released(
+    phase: pg_sys::ResourceReleasePhase::Type,
+    _is_commit: bool,
+    _is_top_level: bool,
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: `arg` is the boxed OwnerWatch registered by `OwnerWatch::new`,
+    // unregistered before it is freed.  Postgres makes the owner being
+    // released current while it runs these callbacks.
+    unsafe {
+        let w = &*(arg as *const OwnerWatch);
+        if phase == pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_BEFORE_LOCKS
+            && pg_sys::CurrentResourceOwner == w.owner
+        {
+            w.released.set(true);
+        }
+    }
+}
+
+impl OwnerWatch {
+    /// Watches the current resource owner.
+    pub fn new() -> Box<OwnerWatch> {
+        // SAFETY: reads a backend global.
+        let owner = unsafe { pg_sys::CurrentResourceOwner };
+        let w = Box::new(OwnerWatch {
+            owner,
+            released: std::cell::Cell::new(false),
+            registered: std::cell::Cell::new(true),
+        });
+        // SAFETY: the Box's address is stable until `unregister`, which
+        // Drop guarantees.
+        unsafe {
+            pg_sys::RegisterResourceReleaseCallback(
+                Some(owner_released),
+                &*w as *const OwnerWatch as *mut _,
+            )
+        };
+        w
+    }
+
+    pub fn owner(&self) -> pg_sys::ResourceOwner {
+        self.owner
+    }
+
+    pub fn released(&self) -> bool {
+        self.released.get()
+    }
+
+    pub fn unregister(&self) {
+        if self.registered.replace(false) {
+            // SAFETY: removes the entry added in `new`; only touches the
+            // callback list, valid in any transaction state.
+            unsafe {
+                pg_sys::UnregisterResourceReleaseCallback(
+                    Some(owner_released),
+                    self as *const OwnerWatch as *mut _,
+                )
+            };
+        }
+    }
+}
+
+impl Drop for OwnerWatch {
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}

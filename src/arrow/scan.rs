@@ -10,7 +10,7 @@
 use pgrx::{pg_sys, PgSqlErrorCode};
 
 use super::batch::BatchWriter;
-use super::pg::{self, in_live_transaction, IndexInfo, RegisteredSnapshot, Rel, Slot};
+use super::pg::{self, in_live_transaction, IndexInfo, OwnerWatch, RegisteredSnapshot, Rel, Slot};
 use super::types::{self, Settings};
 use super::{key_index_for, StreamArgs};
 use crate::errors;
@@ -58,7 +58,7 @@ struct Source {
     /// context that lives as long as the scan, as the executor's per-query
     /// context does.
     scan_cx: pg_sys::MemoryContext,
-    owner: pg_sys::ResourceOwner,
+    owner: Box<OwnerWatch>,
 }
 
 impl Source {
@@ -93,17 +93,20 @@ impl Source {
 
     /// Ends the scan and gives back pins, locks and the snapshot, under the
     /// resource owner that acquired them (the caller's may differ at
-    /// ExecutorEnd).  Skipped outside a live transaction: see module docs.
+    /// ExecutorEnd).  Skipped when Postgres has released them already: after
+    /// an ERROR (see module docs), or when that owner was released on its own.
     fn release(self) {
-        if !in_live_transaction() {
+        self.owner.unregister();
+        if !in_live_transaction() || self.owner.released() {
             return;
         }
         // SAFETY: the scan descriptors are live (each Source is released at
-        // most once, by value); `owner` is the portal's resource owner, alive
-        // for as long as the portal that runs this function.
+        // most once, by value) and their resources are still held by
+        // `owner`, which has not been released (checked above) and so still
+        // exists.
         unsafe {
             let saved = pg_sys::CurrentResourceOwner;
-            pg_sys::CurrentResourceOwner = self.owner;
+            pg_sys::CurrentResourceOwner = self.owner.owner();
             match self.cursor {
                 Cursor::Index { index, scan } => {
                     pg_sys::index_endscan(scan);
@@ -343,9 +346,9 @@ impl TableStream {
                 }
             }
         };
-        // SAFETY: plain reads of backend globals.
-        let (scan_cx, owner) =
-            unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+        // SAFETY: a plain read of a backend global.
+        let scan_cx = unsafe { pg_sys::CurrentMemoryContext };
+        let owner = OwnerWatch::new();
         TableStream {
             source: Some(Source {
                 rel,

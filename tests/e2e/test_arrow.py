@@ -608,3 +608,29 @@ def test_rls_forced_on_the_owner_is_refused(secured):
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row level security"):
             scan(c, "rls_own")
         assert query(c, "SELECT k FROM rls_own").column("k").to_pylist() == [1]
+
+
+@pytest.mark.parametrize("fn", ["arrow_scan('sp', batch_rows => 10)",
+                                "arrow_query('SELECT * FROM sp ORDER BY k', 10)"])
+@pytest.mark.parametrize("close", [True, False])
+def test_cursor_failing_inside_a_rolled_back_savepoint(conn, fn, close):
+    """The cursor's resources are released by the savepoint's abort; closing
+    the failed cursor later (or committing with it open) must not release
+    them again."""
+    conn.execute("CREATE TABLE IF NOT EXISTS sp (k int PRIMARY KEY, d date)")
+    conn.execute("TRUNCATE sp")
+    conn.execute("INSERT INTO sp SELECT g, '2020-01-01' FROM generate_series(1, 100) g")
+    conn.execute("INSERT INTO sp VALUES (1000, 'infinity')")
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    with conn.transaction():
+        conn.execute(f"DECLARE c CURSOR FOR SELECT pgkvx.{fn}")
+        conn.execute("FETCH 2 FROM c")
+        with pytest.raises(psycopg.errors.DatetimeFieldOverflow):
+            with conn.transaction():
+                conn.execute("FETCH ALL FROM c")
+        if close:
+            conn.execute("CLOSE c")
+        assert scan(conn, "sp", columns=["k"], max_rows=3).column("k").to_pylist() == [1, 2, 3]
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert not [n for n in notices if "leak" in n.lower() or "not closed" in n.lower()], notices
