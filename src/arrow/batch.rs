@@ -107,6 +107,10 @@ impl BatchWriter {
     /// handed out (the schema message included, the first time).
     pub fn flush(&mut self, last: bool) -> Vec<u8> {
         if self.rows > 0 {
+            // The message is the buffers plus padding and a small header:
+            // reserve it at once rather than growing (and copying) by doubling.
+            let estimate = self.bytes() + 64 * (self.columns.len() + 1) * 3 + 4096;
+            self.writer.get_mut().reserve(estimate);
             let arrays = self
                 .columns
                 .iter_mut()

@@ -58,8 +58,8 @@ impl VarBytes {
         self.values.len() + self.offsets.len() * 4
     }
     fn take(&mut self) -> (OffsetBuffer<i32>, Buffer, Option<arrow_buffer::NullBuffer>) {
-        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
-        let values = std::mem::take(&mut self.values);
+        let offsets = super::take_offsets(&mut self.offsets);
+        let values = super::take_sized(&mut self.values);
         // SAFETY-free: offsets start at 0 and never decrease (push_offset
         // appends the running length), which OffsetBuffer::new checks anyway.
         let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));

@@ -83,7 +83,7 @@ impl Encoder for DateEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         Arc::new(PrimitiveArray::<Date32Type>::new(
-            ScalarBuffer::from(std::mem::take(&mut self.values)),
+            ScalarBuffer::from(super::take_sized(&mut self.values)),
             self.nulls.finish(),
         ))
     }
@@ -128,7 +128,7 @@ impl Encoder for TimestampEncoder {
     fn finish(&mut self) -> ArrayRef {
         // The zone lives in the schema's field; the array must carry the same type.
         let a = PrimitiveArray::<TimestampMicrosecondType>::new(
-            ScalarBuffer::from(std::mem::take(&mut self.values)),
+            ScalarBuffer::from(super::take_sized(&mut self.values)),
             self.nulls.finish(),
         );
         Arc::new(match self.zone {
@@ -183,7 +183,7 @@ impl Encoder for IntervalEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         Arc::new(PrimitiveArray::<IntervalMonthDayNanoType>::new(
-            ScalarBuffer::from(std::mem::take(&mut self.values)),
+            ScalarBuffer::from(super::take_sized(&mut self.values)),
             self.nulls.finish(),
         ))
     }

@@ -91,10 +91,7 @@ impl Encoder for ListEncoder {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        let offsets = OffsetBuffer::new(ScalarBuffer::from(std::mem::replace(
-            &mut self.offsets,
-            vec![0],
-        )));
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(super::take_offsets(&mut self.offsets)));
         let values = self.inner.finish();
         Arc::new(ListArray::new(
             self.item.clone(),

@@ -36,6 +36,21 @@ pub trait Encoder {
     fn bytes(&self) -> usize;
 }
 
+/// Hands over a filled buffer and leaves an empty one sized like it: the
+/// next batch is usually as large, and growing by doubling would copy every
+/// buffer several times and briefly hold it twice.
+pub(crate) fn take_sized<T>(v: &mut Vec<T>) -> Vec<T> {
+    let cap = v.len();
+    std::mem::replace(v, Vec::with_capacity(cap))
+}
+
+/// Like [`take_sized`] for an offsets buffer, which starts with a 0.
+pub(crate) fn take_offsets(v: &mut Vec<i32>) -> Vec<i32> {
+    let mut fresh = Vec::with_capacity(v.len());
+    fresh.push(0);
+    std::mem::replace(v, fresh)
+}
+
 /// What every encoder needs to know about the session.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {

@@ -220,7 +220,7 @@ impl Encoder for DecimalEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         let a = PrimitiveArray::<Decimal128Type>::new(
-            ScalarBuffer::from(std::mem::take(&mut self.values)),
+            ScalarBuffer::from(super::take_sized(&mut self.values)),
             self.nulls.finish(),
         )
         .with_precision_and_scale(self.precision, self.scale)
@@ -264,7 +264,7 @@ impl Encoder for FloatEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         Arc::new(Float64Array::new(
-            ScalarBuffer::from(std::mem::take(&mut self.values)),
+            ScalarBuffer::from(super::take_sized(&mut self.values)),
             self.nulls.finish(),
         ))
     }

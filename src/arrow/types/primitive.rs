@@ -42,7 +42,7 @@ impl<T: ArrowPrimitiveType> Encoder for PrimitiveEncoder<T> {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        let values = ScalarBuffer::from(std::mem::take(&mut self.values));
+        let values = ScalarBuffer::from(super::take_sized(&mut self.values));
         let nulls = self.nulls.finish();
         Arc::new(PrimitiveArray::<T>::new(values, nulls))
     }

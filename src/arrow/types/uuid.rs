@@ -36,7 +36,7 @@ impl Encoder for UuidEncoder {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        let values = Buffer::from_vec(std::mem::take(&mut self.values));
+        let values = Buffer::from_vec(super::take_sized(&mut self.values));
         Arc::new(FixedSizeBinaryArray::new(16, values, self.nulls.finish()))
     }
     fn bytes(&self) -> usize {
