@@ -15,16 +15,16 @@ use crate::errors;
 
 /// Offsets, values and validity of a Utf8 or Binary array under construction.
 pub struct VarBytes {
-    offsets: Vec<i32>,
-    values: Vec<u8>,
+    offsets: super::SizedVec<i32>,
+    values: super::SizedVec<u8>,
     nulls: NullBufferBuilder,
 }
 
 impl Default for VarBytes {
     fn default() -> Self {
         VarBytes {
-            offsets: vec![0],
-            values: Vec::new(),
+            offsets: super::SizedVec::offsets(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -58,8 +58,8 @@ impl VarBytes {
         self.values.len() + self.offsets.len() * 4
     }
     fn take(&mut self) -> (OffsetBuffer<i32>, Buffer, Option<arrow_buffer::NullBuffer>) {
-        let offsets = super::take_offsets(&mut self.offsets);
-        let values = super::take_sized(&mut self.values);
+        let offsets = self.offsets.take();
+        let values = self.values.take();
         // SAFETY-free: offsets start at 0 and never decrease (push_offset
         // appends the running length), which OffsetBuffer::new checks anyway.
         let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));

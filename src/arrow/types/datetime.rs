@@ -34,7 +34,7 @@ fn infinite(column: &str, what: &str) -> ! {
 
 pub struct DateEncoder {
     column: String,
-    values: Vec<i32>,
+    values: super::SizedVec<i32>,
     nulls: NullBufferBuilder,
 }
 
@@ -42,7 +42,7 @@ impl DateEncoder {
     pub fn new(column: &str) -> Self {
         DateEncoder {
             column: column.into(),
-            values: Vec::new(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -83,7 +83,7 @@ impl Encoder for DateEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         Arc::new(PrimitiveArray::<Date32Type>::new(
-            ScalarBuffer::from(super::take_sized(&mut self.values)),
+            ScalarBuffer::from(self.values.take()),
             self.nulls.finish(),
         ))
     }
@@ -97,7 +97,7 @@ impl Encoder for DateEncoder {
 pub struct TimestampEncoder {
     column: String,
     zone: Option<&'static str>,
-    values: Vec<i64>,
+    values: super::SizedVec<i64>,
     nulls: NullBufferBuilder,
 }
 
@@ -106,7 +106,7 @@ impl TimestampEncoder {
         TimestampEncoder {
             column: column.into(),
             zone,
-            values: Vec::new(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -128,7 +128,7 @@ impl Encoder for TimestampEncoder {
     fn finish(&mut self) -> ArrayRef {
         // The zone lives in the schema's field; the array must carry the same type.
         let a = PrimitiveArray::<TimestampMicrosecondType>::new(
-            ScalarBuffer::from(super::take_sized(&mut self.values)),
+            ScalarBuffer::from(self.values.take()),
             self.nulls.finish(),
         );
         Arc::new(match self.zone {
@@ -146,7 +146,7 @@ impl Encoder for TimestampEncoder {
 /// and raises 22008).
 pub struct IntervalEncoder {
     column: String,
-    values: Vec<IntervalMonthDayNano>,
+    values: super::SizedVec<IntervalMonthDayNano>,
     nulls: NullBufferBuilder,
 }
 
@@ -154,7 +154,7 @@ impl IntervalEncoder {
     pub fn new(column: &str) -> Self {
         IntervalEncoder {
             column: column.into(),
-            values: Vec::new(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -183,7 +183,7 @@ impl Encoder for IntervalEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         Arc::new(PrimitiveArray::<IntervalMonthDayNanoType>::new(
-            ScalarBuffer::from(super::take_sized(&mut self.values)),
+            ScalarBuffer::from(self.values.take()),
             self.nulls.finish(),
         ))
     }

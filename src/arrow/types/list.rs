@@ -22,7 +22,7 @@ pub struct ListEncoder {
     elem_align: i8,
     item: FieldRef,
     inner: Box<dyn Encoder>,
-    offsets: Vec<i32>,
+    offsets: super::SizedVec<i32>,
     nulls: NullBufferBuilder,
 }
 
@@ -37,7 +37,7 @@ impl ListEncoder {
             elem_align,
             item,
             inner,
-            offsets: vec![0],
+            offsets: super::SizedVec::offsets(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -91,7 +91,7 @@ impl Encoder for ListEncoder {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        let offsets = OffsetBuffer::new(ScalarBuffer::from(super::take_offsets(&mut self.offsets)));
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(self.offsets.take()));
         let values = self.inner.finish();
         Arc::new(ListArray::new(
             self.item.clone(),

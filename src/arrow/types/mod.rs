@@ -36,19 +36,74 @@ pub trait Encoder {
     fn bytes(&self) -> usize;
 }
 
-/// Hands over a filled buffer and leaves an empty one sized like it: the
-/// next batch is usually as large, and growing by doubling would copy every
-/// buffer several times and briefly hold it twice.
-pub(crate) fn take_sized<T>(v: &mut Vec<T>) -> Vec<T> {
-    let cap = v.len();
-    std::mem::replace(v, Vec::with_capacity(cap))
+/// A growable Arrow buffer that, once handed over, reserves the size of the
+/// last batch when the next batch starts filling it: batches are usually
+/// alike, and growing by doubling would copy each buffer several times and
+/// briefly hold it twice.  Reserving lazily (not at hand-over) keeps the
+/// finished batch and the next one's buffers from being held at once.
+pub(crate) struct SizedVec<T> {
+    v: Vec<T>,
+    hint: usize,
+    /// Offsets buffers start every array with a 0.
+    leading_zero: bool,
 }
 
-/// Like [`take_sized`] for an offsets buffer, which starts with a 0.
-pub(crate) fn take_offsets(v: &mut Vec<i32>) -> Vec<i32> {
-    let mut fresh = Vec::with_capacity(v.len());
-    fresh.push(0);
-    std::mem::replace(v, fresh)
+impl<T: Default> SizedVec<T> {
+    pub fn new() -> Self {
+        SizedVec {
+            v: Vec::new(),
+            hint: 0,
+            leading_zero: false,
+        }
+    }
+
+    pub fn offsets() -> Self {
+        SizedVec {
+            v: vec![T::default()],
+            hint: 0,
+            leading_zero: true,
+        }
+    }
+
+    #[inline]
+    fn prepare(&mut self) {
+        if self.v.capacity() < self.hint {
+            self.v.reserve_exact(self.hint - self.v.len());
+        }
+    }
+
+    #[inline]
+    pub fn push(&mut self, x: T) {
+        self.prepare();
+        self.v.push(x);
+    }
+
+    pub fn len(&self) -> usize {
+        self.v.len()
+    }
+
+    pub fn last(&self) -> Option<&T> {
+        self.v.last()
+    }
+
+    /// Hands over the buffer and starts an empty one.
+    pub fn take(&mut self) -> Vec<T> {
+        self.hint = self.v.len();
+        let fresh = if self.leading_zero {
+            vec![T::default()]
+        } else {
+            Vec::new()
+        };
+        std::mem::replace(&mut self.v, fresh)
+    }
+}
+
+impl<T: Default + Copy> SizedVec<T> {
+    #[inline]
+    pub fn extend_from_slice(&mut self, xs: &[T]) {
+        self.prepare();
+        self.v.extend_from_slice(xs);
+    }
 }
 
 /// What every encoder needs to know about the session.

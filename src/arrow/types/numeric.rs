@@ -164,7 +164,7 @@ pub struct DecimalEncoder {
     column: String,
     precision: u8,
     scale: i8,
-    values: Vec<i128>,
+    values: super::SizedVec<i128>,
     nulls: NullBufferBuilder,
 }
 
@@ -174,7 +174,7 @@ impl DecimalEncoder {
             column: column.into(),
             precision,
             scale,
-            values: Vec::new(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -220,7 +220,7 @@ impl Encoder for DecimalEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         let a = PrimitiveArray::<Decimal128Type>::new(
-            ScalarBuffer::from(super::take_sized(&mut self.values)),
+            ScalarBuffer::from(self.values.take()),
             self.nulls.finish(),
         )
         .with_precision_and_scale(self.precision, self.scale)
@@ -235,14 +235,14 @@ impl Encoder for DecimalEncoder {
 /// Float64 through Postgres's own numeric → float8 conversion (correctly
 /// rounded; NaN and ±Infinity map to the IEEE values).
 pub struct FloatEncoder {
-    values: Vec<f64>,
+    values: super::SizedVec<f64>,
     nulls: NullBufferBuilder,
 }
 
 impl Default for FloatEncoder {
     fn default() -> Self {
         FloatEncoder {
-            values: Vec::new(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -264,7 +264,7 @@ impl Encoder for FloatEncoder {
     }
     fn finish(&mut self) -> ArrayRef {
         Arc::new(Float64Array::new(
-            ScalarBuffer::from(super::take_sized(&mut self.values)),
+            ScalarBuffer::from(self.values.take()),
             self.nulls.finish(),
         ))
     }

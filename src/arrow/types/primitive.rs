@@ -15,7 +15,7 @@ use super::Encoder;
 
 /// Values of `T` read from the datum by `read`.
 pub struct PrimitiveEncoder<T: ArrowPrimitiveType> {
-    values: Vec<T::Native>,
+    values: super::SizedVec<T::Native>,
     nulls: NullBufferBuilder,
     read: fn(pg_sys::Datum) -> T::Native,
 }
@@ -23,7 +23,7 @@ pub struct PrimitiveEncoder<T: ArrowPrimitiveType> {
 impl<T: ArrowPrimitiveType> PrimitiveEncoder<T> {
     pub fn new(read: fn(pg_sys::Datum) -> T::Native) -> Self {
         PrimitiveEncoder {
-            values: Vec::new(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
             read,
         }
@@ -42,7 +42,7 @@ impl<T: ArrowPrimitiveType> Encoder for PrimitiveEncoder<T> {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        let values = ScalarBuffer::from(super::take_sized(&mut self.values));
+        let values = ScalarBuffer::from(self.values.take());
         let nulls = self.nulls.finish();
         Arc::new(PrimitiveArray::<T>::new(values, nulls))
     }

@@ -10,14 +10,14 @@ use pgrx::pg_sys;
 use super::Encoder;
 
 pub struct UuidEncoder {
-    values: Vec<u8>,
+    values: super::SizedVec<u8>,
     nulls: NullBufferBuilder,
 }
 
 impl Default for UuidEncoder {
     fn default() -> Self {
         UuidEncoder {
-            values: Vec::new(),
+            values: super::SizedVec::new(),
             nulls: NullBufferBuilder::new(0),
         }
     }
@@ -36,7 +36,7 @@ impl Encoder for UuidEncoder {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        let values = Buffer::from_vec(super::take_sized(&mut self.values));
+        let values = Buffer::from_vec(self.values.take());
         Arc::new(FixedSizeBinaryArray::new(16, values, self.nulls.finish()))
     }
     fn bytes(&self) -> usize {
