@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 pub mod api;
+pub mod arrow;
 pub mod errors;
 pub mod guc;
 pub mod keys;
@@ -34,6 +35,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::backend::init();
     api::registry::init();
     scan::init();
+    arrow::init();
 }
 
 /// The version of the loaded library (not of the SQL objects).

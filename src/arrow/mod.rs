@@ -1,0 +1,142 @@
+//! Columnar projection to Arrow: `pgkvx.arrow_scan` and `pgkvx.arrow_query`
+//! return one Arrow IPC stream split over `bytea` rows (see README.md here).
+//!
+//! Both are value-per-call set-returning functions: each call reads one batch
+//! and returns it, so memory is bounded by one batch whatever the table size.
+//! `SELECT pgkvx.arrow_scan(...)` streams batches to the client as they are
+//! made; `SELECT * FROM pgkvx.arrow_scan(...)` makes Postgres collect them all
+//! in a tuplestore first.
+//!
+//! Neither function resolves a name through `search_path`: the table is a
+//! regclass, columns are matched against its attributes, types and functions
+//! are used by OID.  arrow_query's own query text is, by design, parsed under
+//! the caller's search_path, as if the caller had run it.
+
+use pgrx::prelude::*;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PgRelation, PgSqlErrorCode};
+
+mod batch;
+mod pg;
+mod query;
+mod scan;
+mod types;
+
+use crate::errors;
+use types::NumericMode;
+
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ArrowNumeric {
+    #[name = c"text"]
+    Text,
+    #[name = c"float64"]
+    Float64,
+    #[name = c"decimal128"]
+    Decimal128,
+}
+
+static ARROW_NUMERIC: GucSetting<ArrowNumeric> =
+    GucSetting::<ArrowNumeric>::new(ArrowNumeric::Text);
+static ARROW_NUMERIC_SCALE: GucSetting<i32> = GucSetting::<i32>::new(9);
+
+/// Registers the Arrow projection's settings; called from `_PG_init`.
+pub fn init() {
+    GucRegistry::define_enum_guc(
+        c"pgkvx.arrow_numeric",
+        c"How arrow_scan/arrow_query send numeric columns without a precision of at most 38.",
+        c"text (default): Utf8, lossless; float64: Float64; decimal128: Decimal128(38, pgkvx.arrow_numeric_scale), rounded like a cast.",
+        &ARROW_NUMERIC,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.arrow_numeric_scale",
+        c"Scale of Decimal128(38, s) when pgkvx.arrow_numeric = decimal128.",
+        c"",
+        &ARROW_NUMERIC_SCALE,
+        0,
+        38,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+}
+
+fn numeric_mode() -> NumericMode {
+    match ARROW_NUMERIC.get() {
+        ArrowNumeric::Text => NumericMode::Text,
+        ArrowNumeric::Float64 => NumericMode::Float64,
+        ArrowNumeric::Decimal128 => NumericMode::Decimal128 {
+            scale: ARROW_NUMERIC_SCALE.get() as i8,
+        },
+    }
+}
+
+/// The index whose order arrow_scan follows and whose first column the
+/// bounds apply to.  Today: the primary key.  (Once latching exists: the
+/// latched key index when the table is latched.)
+fn key_index_for(rel: &pg::Rel) -> Option<pg_sys::Oid> {
+    rel.primary_key_index()
+}
+
+/// Settings common to both functions.
+#[derive(Clone, Copy)]
+pub struct StreamArgs {
+    pub batch_rows: usize,
+}
+
+fn stream_args(batch_rows: i32) -> StreamArgs {
+    if batch_rows < 1 {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "batch_rows must be at least 1",
+        );
+    }
+    StreamArgs {
+        batch_rows: batch_rows as usize,
+    }
+}
+
+/// The requested columns of `rel`, in key order, for keys in
+/// `[lower, upper)`, at most `max_rows` rows, as one Arrow IPC stream over
+/// the returned values.
+#[pg_extern(volatile, parallel_unsafe)]
+fn arrow_scan(
+    rel: PgRelation,
+    columns: default!(Option<Vec<Option<String>>>, "NULL"),
+    lower: default!(Option<String>, "NULL"),
+    upper: default!(Option<String>, "NULL"),
+    max_rows: default!(Option<i64>, "NULL"),
+    batch_rows: default!(i32, 65536),
+) -> SetOfIterator<'static, Vec<u8>> {
+    let args = stream_args(batch_rows);
+    let columns = columns.map(|cols| {
+        cols.into_iter()
+            .map(|c| {
+                c.unwrap_or_else(|| {
+                    errors::raise(
+                        PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                        "columns must not contain NULL",
+                    )
+                })
+            })
+            .collect()
+    });
+    let oid = rel.oid();
+    // PgRelation holds its own lock and reference; the scan keeps its own.
+    drop(rel);
+    let req = scan::ScanRequest {
+        rel: oid,
+        columns,
+        lower,
+        upper,
+        max_rows,
+    };
+    SetOfIterator::new(scan::TableStream::open(req, args))
+}
+
+/// The result of a read-only query as one Arrow IPC stream over the returned
+/// values, fetched batch by batch through a cursor.
+#[pg_extern(volatile, parallel_unsafe)]
+fn arrow_query(query: &str, batch_rows: default!(i32, 65536)) -> SetOfIterator<'static, Vec<u8>> {
+    let args = stream_args(batch_rows);
+    SetOfIterator::new(query::QueryStream::open(query, args))
+}
