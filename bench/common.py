@@ -101,7 +101,7 @@ def machine(conn):
                           'shared_preload_libraries')
               OR name LIKE 'pgkvx.%' ORDER BY name""").fetchall())
     return {
-        "nproc": os.cpu_count(),
+        "nproc": len(os.sched_getaffinity(0)),
         "ram_gib": round(mem_kb / 1024 / 1024, 1),
         "kernel": platform.release(),
         "cpu": cpu,

@@ -84,34 +84,65 @@ def _log(msg):
     print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
 
 
-def run_kv(result, modes, kvcfg, caps, conn, bindir, logdir):
+def _reconnect(conn):
+    """A working connection again: after a server crash-restart (which a bug
+    in the extension can cause) the old one is dead, and recovery takes a
+    moment."""
+    if not conn.broken:
+        return conn
+    conn.close()
+    for _ in range(60):
+        try:
+            return connect()
+        except psycopg.OperationalError:
+            time.sleep(1)
+    return connect()
+
+
+def run_kv(result, modes, kvcfg, caps, bindir, logdir):
+    with connect() as conn:
+        _log(f"loading kv_seed with {kvcfg.keys:,} random keys")
+        kvbench.prepare_seed(conn, kvcfg.keys, os.path.join(bindir, "psql"))
     runnable = [m for m in modes if not m["missing"]]
     total = len(result["workloads"]) * kvcfg.reps * len(runnable)
     n = 0
-    for wl in result["workloads"]:
-        for rep in range(kvcfg.reps):
-            for m in runnable:
-                mode = m["mode"]
-                scan_mode = kvbench.session_scan_mode(mode, caps)
-                n += 1
-                tag = f"[{n}/{total}] {wl} rep {rep + 1}/{kvcfg.reps} {mode.label}"
-                run = {"workload": wl, "mode": mode.name, "rep": rep}
-                try:
-                    kvbench.reset_kv(conn, mode)
-                    if rep == 0:
-                        result["plans"].setdefault(wl, {})[mode.name] = \
-                            kvbench.scan_node(conn, wl, scan_mode)
-                except psycopg.Error as e:
-                    run.update(tps=None, errors=[f"setup: {str(e).strip()}"])
+    conn = connect()
+    try:
+        for wl in result["workloads"]:
+            for rep in range(kvcfg.reps):
+                for m in runnable:
+                    n += 1
+                    tag = f"[{n}/{total}] {wl} rep {rep + 1}/{kvcfg.reps} {m['label']}"
+                    run = {"workload": wl, "mode": m["name"], "rep": rep}
+                    try:
+                        _kv_run(run, result, m["mode"], kvcfg, caps, conn, bindir, logdir)
+                    except psycopg.Error as e:
+                        run.update(tps=None, errors=[f"{run.pop('step')}: {str(e).strip()}"])
+                        _log(f"{tag}: failed: {run['errors'][0]}")
+                        conn = _reconnect(conn)
+                    else:
+                        _log(f"{tag}: {report.fmt_tps(run['tps'])} tps, "
+                             f"p50 {report.fmt(run['p50_ms'])} ms, "
+                             f"p99 {report.fmt(run['p99_ms'])} ms"
+                             + (f", rc {run['rc']}: {run['errors'][:1]}" if run["rc"] else ""))
                     result["kv"].append(run)
-                    _log(f"{tag}: setup failed: {e}")
-                    continue
-                run.update(kvbench.run_pgbench(os.path.join(bindir, "pgbench"), wl, scan_mode,
-                                               kvcfg, logdir, conn, caps))
-                result["kv"].append(run)
-                _log(f"{tag}: {report._tps(run['tps'])} tps, p50 {report._fmt(run['p50_ms'])} ms, "
-                     f"p99 {report._fmt(run['p99_ms'])} ms"
-                     + (f", rc {run['rc']}: {run['errors'][:1]}" if run["rc"] else ""))
+    finally:
+        conn.close()
+
+
+def _kv_run(run, result, mode, kvcfg, caps, conn, bindir, logdir):
+    """Reset kv for the mode, note its scan node once, run pgbench; run["step"]
+    says which part an error came from."""
+    scan_mode = kvbench.session_scan_mode(mode, caps)
+    run["step"] = "setup"
+    kvbench.reset_kv(conn, mode)
+    if run["rep"] == 0:
+        result["plans"].setdefault(run["workload"], {})[mode.name] = \
+            kvbench.scan_node(conn, run["workload"], scan_mode)
+    run["step"] = "run"
+    run.update(kvbench.run_pgbench(os.path.join(bindir, "pgbench"), run["workload"], scan_mode,
+                                   kvcfg, logdir, conn, caps))
+    del run["step"]
 
 
 def run_tail(result, modes, tcfg, reps, caps):
@@ -134,9 +165,9 @@ def run_tail(result, modes, tcfg, reps, caps):
                     continue
                 result["tail"].append(run)
                 _log(f"{tag}: {run['commits_per_s']:.0f} commits/s, "
-                     f"{report._tps(run['delivered_per_s'])} rows/s/consumer, "
-                     f"lag p50 {report._fmt(run['lag_p50_ms'])} ms "
-                     f"p99 {report._fmt(run['lag_p99_ms'])} ms, skipped {run['skipped']}")
+                     f"{report.fmt_tps(run['delivered_per_s'])} rows/s/consumer, "
+                     f"lag p50 {report.fmt(run['lag_p50_ms'])} ms "
+                     f"p99 {report.fmt(run['lag_p99_ms'])} ms, skipped {run['skipped']}")
 
 
 def main(argv):
@@ -148,10 +179,12 @@ def main(argv):
     t_start = time.monotonic()
 
     recreate_database()
-    conn = connect()
-    caps = detect(conn)
+    with connect() as conn:
+        caps = detect(conn)
+        mach = machine(conn)
     kvcfg = KvConfig(args.clients, args.jobs, args.duration, args.reps, args.keys)
-    tcfg = tail.TailConfig(duration=args.tail_duration)
+    tcfg = tail.TailConfig(duration=args.tail_duration,
+                           drain_timeout=10.0 if args.quick else 20.0)
     kv_modes = _modes(kvbench.KV_MODES, args.modes, caps)
     tail_modes = _modes(tail.TAIL_MODES, args.modes, caps)
     workloads = [w for w in args.workloads if w != "tail"]
@@ -160,7 +193,7 @@ def main(argv):
         "started": started.strftime("%Y-%m-%d %H:%M:%S"),
         "config": {"quick": args.quick, "kv": asdict(kvcfg),
                    "tail": {**asdict(tcfg), "reps": args.tail_reps}},
-        "machine": machine(conn),
+        "machine": mach,
         "capabilities": caps.as_dict(),
         "workloads": workloads,
         "kv_modes": [{k: v for k, v in m.items() if k != "mode"} for m in kv_modes],
@@ -181,17 +214,14 @@ def main(argv):
 
     try:
         if workloads:
-            _log(f"loading kv_seed with {args.keys:,} random keys")
-            kvbench.prepare_seed(conn, args.keys, os.path.join(pg_bindir(), "psql"))
             with tempfile.TemporaryDirectory(prefix="pgkvx-bench-") as logdir:
-                run_kv(result, kv_modes, kvcfg, caps, conn, pg_bindir(), logdir)
+                run_kv(result, kv_modes, kvcfg, caps, pg_bindir(), logdir)
         if do_tail:
             run_tail(result, tail_modes, tcfg, args.tail_reps, caps)
     except KeyboardInterrupt:
         result["interrupted"] = True
         _log("interrupted: writing what has finished")
     finally:
-        conn.close()
         result["elapsed_s"] = time.monotonic() - t_start
         with open(base + ".json", "w") as f:
             json.dump(result, f, indent=1)

@@ -89,7 +89,7 @@ def scan_node(conn, workload, scan_mode):
     """Whether the read query of the workload gets pgkvx's LIMIT scan node."""
     stmt = read_statement(workload)
     if stmt is None:
-        return "-"
+        return "–"
     with conn.transaction():
         if scan_mode:
             conn.execute(f"SET LOCAL pgkvx.scan_mode = {scan_mode}")

@@ -45,16 +45,16 @@ def _available(modes):
     return [m["name"] for m in modes if not m["missing"]]
 
 
-def _fmt(v, spec="{:.2f}", none="–"):
+def fmt(v, spec="{:.2f}", none="–"):
     return none if v is None else spec.format(v)
 
 
-def _tps(v):
-    return _fmt(v, "{:,.0f}")
+def fmt_tps(v):
+    return fmt(v, "{:,.0f}")
 
 
-def _ratio(v):
-    return _fmt(v, "{:.2f}×")
+def fmt_ratio(v):
+    return fmt(v, "{:.2f}×")
 
 
 def kv_cells(result):
@@ -144,7 +144,7 @@ def markdown(result):
         "",
     ]
     kv = cfg["kv"]
-    if result["kv"] or any(m["missing"] for m in result["kv_modes"]):
+    if result["workloads"]:
         out += [
             "## kv workloads (pgbench)", "",
             f"`pgbench -n -M prepared -c {kv['clients']} -j {kv['jobs']} -T {kv['duration']}`, "
@@ -161,13 +161,13 @@ def markdown(result):
                 out.append(f"| {c['workload']} | {c['label']} | "
                            f"{NA.format(', '.join(c['missing']))} | | | | | | | |")
                 continue
-            spread = (f"{_tps(c['tps_min'])}–{_tps(c['tps_max'])}"
+            spread = (f"{fmt_tps(c['tps_min'])}–{fmt_tps(c['tps_max'])}"
                       if c["tps_min"] is not None else "–")
-            out.append(f"| {c['workload']} | {c['label']} | {_tps(c['tps'])} | {spread} | "
-                       f"{_fmt(c['p50'])} | {_fmt(c['p99'])} | {_ratio(c['x_plain'])} | "
-                       f"{_ratio(c['x_fenced'])} | {c['plan'] or '–'} | {c['failed']} |")
+            out.append(f"| {c['workload']} | {c['label']} | {fmt_tps(c['tps'])} | {spread} | "
+                       f"{fmt(c['p50'])} | {fmt(c['p99'])} | {fmt_ratio(c['x_plain'])} | "
+                       f"{fmt_ratio(c['x_fenced'])} | {c['plan'] or '–'} | {c['failed']} |")
         out.append("")
-    if result["tail"] or any(m["missing"] for m in result["tail_modes"]):
+    if result["scenarios"]:
         t = cfg["tail"]
         out += [
             "## tail consumers", "",
@@ -191,9 +191,9 @@ def markdown(result):
                 f"({100.0 * c['skipped'] / max(1, c['delivered_of']):.1f}%)")
             if c["timed_out"]:
                 skipped += " (drain timed out)"
-            out.append(f"| {c['scenario']} | {c['label']} | {_tps(c['commits_per_s'])} | "
-                       f"{_tps(c['delivered_per_s'])} | {_fmt(c['lag_p50'])} | "
-                       f"{_fmt(c['lag_p99'])} | {skipped} | {len(c['errors'])} |")
+            out.append(f"| {c['scenario']} | {c['label']} | {fmt_tps(c['commits_per_s'])} | "
+                       f"{fmt_tps(c['delivered_per_s'])} | {fmt(c['lag_p50'])} | "
+                       f"{fmt(c['lag_p99'])} | {skipped} | {len(c['errors'])} |")
         out.append("")
     counters = [(f"{c.get('workload', c.get('scenario'))}", c["label"], c["stats"])
                 for c in kv_cells(result) + tail_cells(result) if c["stats"]]
@@ -238,16 +238,20 @@ def chart(result, path):
     axes = list(axes[:, 0])
     title = f"pgkvx benchmark {result['started']}" + (" (quick)" if result["config"]["quick"]
                                                       else "")
-    fig.suptitle(title)
+    missing = sorted({f"{m['label']} ({', '.join(m['missing'])})"
+                      for m in result["kv_modes"] + result["tail_modes"] if m["missing"]})
+    if missing:
+        title += "\nn/a, not built yet: " + "; ".join(missing)
+    fig.suptitle(title, fontsize=10)
     if result["kv"]:
         wls = result["workloads"]
         plain_tps = {c["workload"]: c["tps"] for c in kv if c["mode"] == "plain"}
         ax = axes.pop(0)
         _grouped_bars(ax, wls, kv_modes,
                       {(c["workload"], c["label"]): c["x_plain"] for c in kv},
-                      {(c["workload"], c["label"]): _fmt(c["tps"], "{:,.0f}") for c in kv})
+                      {(c["workload"], c["label"]): fmt(c["tps"], "{:,.0f}") for c in kv})
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xticklabels([f"{w}\n(plain {_tps(plain_tps.get(w))} tps)" for w in wls],
+        ax.set_xticklabels([f"{w}\n(plain {fmt_tps(plain_tps.get(w))} tps)" for w in wls],
                            fontsize=8)
         ax.set_ylabel("tps ÷ plain PG (same round)")
         ax.set_title("kv workloads: throughput relative to plain PostgreSQL (labels: tps)")

@@ -12,8 +12,8 @@ Measured: rows/s delivered per consumer, lag from the producer's COMMIT
 returning to the row's delivery, and rows committed but never delivered
 (checked at the end against the table).
 
-Standalone (recreates the database pgkvx_bench):
-    bench/run's environment, then: python bench/tail.py --mode plain --duration 10
+Standalone, one mode (recreates the database pgkvx_bench; libpq settings from
+`scripts/cluster env`): python bench/tail.py --mode plain --duration 10
 """
 import argparse
 import collections
@@ -211,7 +211,12 @@ def run_tail(mode, scenario, cfg, caps):
         stats_before = stats_snapshot(conn, caps)
     # Setting an unknown pgkvx.* parameter may be refused: only once it exists.
     scan_mode = mode.scan_mode if caps.scan_mode else None
-    ctx = multiprocessing.get_context("spawn")   # no libpq socket inherited by a fork
+    # fork, not spawn: spawn would re-import the harness (matplotlib and all)
+    # in every worker.  Workers inherit the parent's open libpq sockets but
+    # never touch them, and multiprocessing ends a forked worker with
+    # os._exit, so no inherited connection is closed or used behind the
+    # parent's back.
+    ctx = multiprocessing.get_context("fork")
     ready = ctx.Barrier(cfg.producers + cfg.consumers + 1)
     go, done = ctx.Event(), ctx.Event()
     t0 = ctx.Value("d", 0.0)
