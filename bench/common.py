@@ -34,6 +34,19 @@ def connect(dbname=DBNAME, scan_mode=None, autocommit=True):
 def recreate_database():
     """A fresh benchmark database with the currently installed pgkvx SQL."""
     with connect("postgres") as c:
+        exists = c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DBNAME,)).fetchone()
+    if exists:
+        # DROP DATABASE fires no sql_drop event trigger, so pgkvx would keep
+        # the shared-memory slots and tombstones of the tables registered in
+        # it until the server restarts; dropping the tables first frees them.
+        try:
+            with connect() as c:
+                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                c.execute("DROP SCHEMA public CASCADE")
+        except psycopg.Error:
+            pass  # the database goes anyway; at worst the slots stay until restart
+    with connect("postgres") as c:
         c.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
         c.execute(f"CREATE DATABASE {DBNAME}")
     with connect() as c:
@@ -80,9 +93,28 @@ def stats_snapshot(conn, caps):
     return {s: v for s, v in conn.execute("SELECT stat, value FROM pgkvx.stats()")}
 
 
+def is_gauge(stat):
+    """pgkvx.stats() mixes counters with gauges of capacity in use (named
+    *_used); a gauge's delta means nothing, its value at the end does."""
+    return stat.endswith("_used")
+
+
 def stats_delta(before, after):
-    """Counters that moved between two snapshots (gauges may go down)."""
-    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    """What a run did to pgkvx's counters: deltas of the counters that moved,
+    end values of the gauges that are not zero."""
+    return {k: v if is_gauge(k) else v - before.get(k, 0) for k, v in after.items()
+            if (v if is_gauge(k) else v - before.get(k, 0))}
+
+
+def scan_node(conn, query, scan_mode):
+    """Whether `query` gets pgkvx's LIMIT scan node under `scan_mode`:
+    'PgkvxLimitScan' or 'plain'.  A fenced or optimistic mode that gets a
+    plain plan is not measuring pgkvx's scans."""
+    with conn.transaction():
+        if scan_mode:
+            conn.execute(f"SET LOCAL pgkvx.scan_mode = {scan_mode}")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + query))
+    return "PgkvxLimitScan" if "PgkvxLimitScan" in plan else "plain"
 
 
 def machine(conn):
@@ -109,6 +141,9 @@ def machine(conn):
         "settings": settings,
         "pgkvx_library": library_info(),
         "harness_commit": git_head(),
+        "loadavg": os.getloadavg()[0],
+        "pgkvx_gauges": {k: v for k, v in stats_snapshot(conn, detect(conn)).items()
+                         if is_gauge(k)},
     }
 
 

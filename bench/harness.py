@@ -138,7 +138,7 @@ def _kv_run(run, result, mode, kvcfg, caps, conn, bindir, logdir):
     kvbench.reset_kv(conn, mode)
     if run["rep"] == 0:
         result["plans"].setdefault(run["workload"], {})[mode.name] = \
-            kvbench.scan_node(conn, run["workload"], scan_mode)
+            kvbench.read_scan_node(conn, run["workload"], scan_mode)
     run["step"] = "run"
     run.update(kvbench.run_pgbench(os.path.join(bindir, "pgbench"), run["workload"], scan_mode,
                                    kvcfg, logdir, conn, caps))
@@ -223,6 +223,7 @@ def main(argv):
         _log("interrupted: writing what has finished")
     finally:
         result["elapsed_s"] = time.monotonic() - t_start
+        result["loadavg_end"] = os.getloadavg()[0]
         with open(base + ".json", "w") as f:
             json.dump(result, f, indent=1)
         md, png = report.render(base + ".json")

@@ -10,7 +10,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from common import BENCH, DBNAME, percentile, stats_delta, stats_snapshot
+from common import BENCH, DBNAME, percentile, scan_node, stats_delta, stats_snapshot
 
 PGBENCH_DIR = os.path.join(BENCH, "pgbench")
 
@@ -85,16 +85,10 @@ def read_statement(workload):
     return None
 
 
-def scan_node(conn, workload, scan_mode):
-    """Whether the read query of the workload gets pgkvx's LIMIT scan node."""
+def read_scan_node(conn, workload, scan_mode):
+    """Whether the workload's read query gets pgkvx's LIMIT scan node."""
     stmt = read_statement(workload)
-    if stmt is None:
-        return "–"
-    with conn.transaction():
-        if scan_mode:
-            conn.execute(f"SET LOCAL pgkvx.scan_mode = {scan_mode}")
-        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + stmt))
-    return "PgkvxLimitScan" if "PgkvxLimitScan" in plan else "plain"
+    return "–" if stmt is None else scan_node(conn, stmt, scan_mode)
 
 
 def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):

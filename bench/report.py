@@ -53,6 +53,11 @@ def fmt_tps(v):
     return fmt(v, "{:,.0f}")
 
 
+def fmt_k(v):
+    """Compact tps for chart labels: 15.4k."""
+    return None if v is None else (f"{v / 1000:.1f}k" if v >= 1000 else f"{v:.0f}")
+
+
 def fmt_ratio(v):
     return fmt(v, "{:.2f}×")
 
@@ -106,6 +111,7 @@ def tail_cells(result):
                 "delivered_of": sum(r["committed"] * result["config"]["tail"]["consumers"]
                                     for r in ok),
                 "timed_out": any(r["drain_timed_out"] for r in ok),
+                "plan": next((r["scan_node"] for r in ok), None),
                 "errors": sorted({e for r in mine for e in r.get("errors", [])}
                                  | {r["error"] for r in mine if "error" in r}),
                 "stats": _mean_stats(ok),
@@ -139,8 +145,13 @@ def markdown(result):
         f"- {mach['postgres'].split(' on ')[0]}; settings: "
         + ", ".join(f"{k}={v}" for k, v in mach["settings"].items()),
         f"- pgkvx {caps['version']}: {mach['pgkvx_library']}; features: {features}",
+        *([f"- pgkvx shared memory in use at the start: "
+            + ", ".join(f"{k}={v:,}" for k, v in mach["pgkvx_gauges"].items())]
+          if mach.get("pgkvx_gauges") else []),
         f"- harness commit {mach['harness_commit']}; run took "
-        f"{result['elapsed_s'] / 60:.1f} min",
+        f"{result['elapsed_s'] / 60:.1f} min; load average (1 min) "
+        f"{mach['loadavg']:.1f} at the start, {result['loadavg_end']:.1f} at the end "
+        "(other work on the machine adds noise)",
         "",
     ]
     kv = cfg["kv"]
@@ -178,13 +189,13 @@ def markdown(result):
             "Lag: producer's COMMIT returned → row delivered. Skipped: committed rows a "
             "consumer never delivered, summed over consumers and repetitions.", "",
             "| scenario | mode | commits/s | rows/s delivered (per consumer) | lag p50 ms "
-            "| lag p99 ms | skipped rows | errors |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+            "| lag p99 ms | skipped rows | scan node | errors |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
         ]
         for c in tail_cells(result):
             if c["missing"]:
                 out.append(f"| {c['scenario']} | {c['label']} | "
-                           f"{NA.format(', '.join(c['missing']))} | | | | | |")
+                           f"{NA.format(', '.join(c['missing']))} | | | | | | |")
                 continue
             skipped = "–" if c["skipped"] is None else (
                 f"{c['skipped']:,} of {c['delivered_of']:,} "
@@ -193,12 +204,22 @@ def markdown(result):
                 skipped += " (drain timed out)"
             out.append(f"| {c['scenario']} | {c['label']} | {fmt_tps(c['commits_per_s'])} | "
                        f"{fmt_tps(c['delivered_per_s'])} | {fmt(c['lag_p50'])} | "
-                       f"{fmt(c['lag_p99'])} | {skipped} | {len(c['errors'])} |")
+                       f"{fmt(c['lag_p99'])} | {skipped} | {c['plan'] or '–'} | "
+                       f"{len(c['errors'])} |")
         out.append("")
+    unscanned = sorted({c["label"] for c in kv_cells(result) + tail_cells(result)
+                        if c["mode"] in ("fenced", "optimistic") and c["plan"] == "plain"})
+    if unscanned:
+        out += [f"**Note**: {' and '.join(unscanned)} got plain plans (no `PgkvxLimitScan`): "
+                "the installed pgkvx does not give these queries its LIMIT scan (not built "
+                "yet?), so those rows measure a latched table read by plain scans, not "
+                "pgkvx's scan modes.", ""]
     counters = [(f"{c.get('workload', c.get('scenario'))}", c["label"], c["stats"])
                 for c in kv_cells(result) + tail_cells(result) if c["stats"]]
     if counters:
-        out += ["## pgkvx counters (pgkvx.stats() deltas, mean per run)", "",
+        out += ["## pgkvx counters (mean per run)", "",
+                "pgkvx.stats(): how much each counter moved during the run; for the gauges "
+                "of capacity in use (`*_used`), the value at the end of the run.", "",
                 "| workload | mode | counters |", "| --- | --- | --- |"]
         out += [f"| {w} | {m} | {_stats_text(s)} |" for w, m, s in counters]
         out.append("")
@@ -249,7 +270,7 @@ def chart(result, path):
         ax = axes.pop(0)
         _grouped_bars(ax, wls, kv_modes,
                       {(c["workload"], c["label"]): c["x_plain"] for c in kv},
-                      {(c["workload"], c["label"]): fmt(c["tps"], "{:,.0f}") for c in kv})
+                      {(c["workload"], c["label"]): fmt_k(c["tps"]) for c in kv})
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticklabels([f"{w}\n(plain {fmt_tps(plain_tps.get(w))} tps)" for w in wls],
                            fontsize=8)

@@ -19,13 +19,15 @@ import argparse
 import collections
 import json
 import multiprocessing
+import queue
 import random
 import time
 from dataclasses import dataclass
 
 import psycopg
 
-from common import connect, detect, percentile, recreate_database, stats_delta, stats_snapshot
+from common import (connect, detect, percentile, recreate_database, scan_node, stats_delta,
+                    stats_snapshot)
 
 
 @dataclass(frozen=True)
@@ -206,11 +208,12 @@ def consumer(idx, cfg, mode, scan_mode, ready, go, t0, done, final_count, final_
 def run_tail(mode, scenario, cfg, caps):
     """One run of the tail workload; returns its measurements.  Raises only
     on setup failure or interruption; worker failures are in the result."""
-    with connect() as conn:
-        setup_events(conn, mode, caps)
-        stats_before = stats_snapshot(conn, caps)
     # Setting an unknown pgkvx.* parameter may be refused: only once it exists.
     scan_mode = mode.scan_mode if caps.scan_mode else None
+    with connect() as conn:
+        setup_events(conn, mode, caps)
+        node = scan_node(conn, _explainable(mode, cfg), scan_mode)
+        stats_before = stats_snapshot(conn, caps)
     # fork, not spawn: spawn would re-import the harness (matplotlib and all)
     # in every worker.  Workers inherit the parent's open libpq sockets but
     # never touch them, and multiprocessing ends a forked worker with
@@ -265,7 +268,14 @@ def run_tail(mode, scenario, cfg, caps):
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return summarize(cfg, results, committed, stats, t0.value)
+    return {"scan_node": node, **summarize(cfg, results, committed, stats, t0.value)}
+
+
+def _explainable(mode, cfg):
+    """The consumer's query with constants in place of its parameters."""
+    if mode.horizon:
+        return HORIZON_QUERY % ("'0'", 0, cfg.limit)
+    return PLAIN_QUERY % (0, cfg.limit)
 
 
 def _collect(out, results, role, count, timeout):
@@ -273,7 +283,11 @@ def _collect(out, results, role, count, timeout):
     arrive meanwhile (a consumer failing early) are kept too."""
     deadline = time.monotonic() + timeout
     while len(results[role]) < count:
-        r, idx, payload = out.get(timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            r, idx, payload = out.get(timeout=max(1.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise RuntimeError(f"{count - len(results[role])} {role}(s) did not report "
+                               f"within {timeout:g}s") from None
         results[r][idx] = payload
 
 
