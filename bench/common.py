@@ -148,15 +148,21 @@ def machine(conn):
 
 
 def library_info():
-    """The installed pgkvx library file and when it was installed."""
+    """The installed pgkvx library: when it was installed, and whether it
+    carries debug info (`cargo pgrx test` installs an unoptimised debug
+    build, which makes every latched mode look slow)."""
     pkglibdir = subprocess.run([PG_CONFIG, "--pkglibdir"], capture_output=True,
                                text=True).stdout.strip()
     path = os.path.join(pkglibdir, "pgkvx.so")
     try:
+        with open(path, "rb") as f:
+            data = f.read()
         mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path))
-        return f"{path} (installed {mtime:%Y-%m-%d %H:%M})"
     except OSError:
         return f"{path} (missing)"
+    debug = (", **has debug info: a debug build? those are much slower than the release "
+             "build of scripts/install**" if b".debug_info" in data else "")
+    return f"{path} ({len(data) / 2**20:.1f} MiB{debug}, installed {mtime:%Y-%m-%d %H:%M})"
 
 
 def git_head():
