@@ -164,7 +164,7 @@ def markdown(result):
             "tps and latencies: median over repetitions; ratios: median of per-round ratios "
             "(see bench/README.md).", "",
             "| workload | mode | tps | tps min–max | p50 ms | p99 ms | × plain PG | × fenced "
-            "| scan node | failed |",
+            "| scan node | failed tx / errors |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
         ]
         for c in kv_cells(result):
@@ -176,7 +176,8 @@ def markdown(result):
                       if c["tps_min"] is not None else "–")
             out.append(f"| {c['workload']} | {c['label']} | {fmt_tps(c['tps'])} | {spread} | "
                        f"{fmt(c['p50'])} | {fmt(c['p99'])} | {fmt_ratio(c['x_plain'])} | "
-                       f"{fmt_ratio(c['x_fenced'])} | {c['plan'] or '–'} | {c['failed']} |")
+                       f"{fmt_ratio(c['x_fenced'])} | {c['plan'] or '–'} | "
+                       f"{c['failed']} / {len(c['errors'])} |")
         out.append("")
     if result["scenarios"]:
         t = cfg["tail"]

@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import queue
 import random
+import threading
 import time
 from dataclasses import dataclass
 
@@ -243,8 +244,8 @@ def run_tail(mode, scenario, cfg, caps):
             idle.execute("SELECT pg_current_xact_id()")
         try:
             ready.wait(timeout=60)
-        except Exception:
-            raise RuntimeError("tail workers did not start: " + _fatal_messages(out))
+        except threading.BrokenBarrierError:
+            raise RuntimeError("tail workers did not start: " + _fatal_messages(out)) from None
         t0.value = time.monotonic() + 0.2
         go.set()
         _collect(out, results, "producer", cfg.producers, cfg.duration + 60)
@@ -254,11 +255,11 @@ def run_tail(mode, scenario, cfg, caps):
             idle = None
         with connect() as conn:
             committed = {r[0] for r in conn.execute("SELECT id FROM events")}
+            final_count.value = len(committed)
+            final_max.value = max(committed, default=0)
+            done.set()
+            _collect(out, results, "consumer", cfg.consumers, cfg.drain_timeout + 60)
             stats = stats_delta(stats_before, stats_snapshot(conn, caps))
-        final_count.value = len(committed)
-        final_max.value = max(committed, default=0)
-        done.set()
-        _collect(out, results, "consumer", cfg.consumers, cfg.drain_timeout + 60)
         for p in procs:
             p.join(timeout=10)
     finally:
