@@ -86,9 +86,12 @@ def read_statement(workload):
 
 
 def read_scan_node(conn, workload, scan_mode):
-    """Whether the workload's read query gets pgkvx's LIMIT scan node."""
+    """Whether the workload's read query gets pgkvx's LIMIT scan node; only
+    LIMIT queries can."""
     stmt = read_statement(workload)
-    return "–" if stmt is None else scan_node(conn, stmt, scan_mode)
+    if stmt is None or "LIMIT" not in stmt:
+        return "– (no LIMIT read)"
+    return scan_node(conn, stmt, scan_mode)
 
 
 def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):
