@@ -311,6 +311,7 @@ def summarize(cfg, results, committed, stats, start):
         errors.update(r["errors"])
     end = start + cfg.duration
     lags, delivered_in_window, skipped, duplicates, timed_out = [], [], 0, 0, False
+    skipped_sample = set()   # a few skipped keys, in the JSON only, for whoever debugs
     for r in results["consumer"].values():
         if "fatal" in r:
             errors["consumer: " + r["fatal"]] += 1
@@ -323,7 +324,9 @@ def summarize(cfg, results, committed, stats, start):
                  if i in commit_time]
         delivered_in_window.append(sum(1 for t in r["times"] if t <= end))
         seen = set(r["ids"])
-        skipped += len(committed - seen)
+        missed = committed - seen
+        skipped += len(missed)
+        skipped_sample.update(sorted(missed)[:10])
         duplicates += len(r["ids"]) - len(seen)
     consumers = len(delivered_in_window)
     return {
@@ -338,6 +341,7 @@ def summarize(cfg, results, committed, stats, start):
         "skipped": skipped if consumers else None,
         "skipped_pct": (100.0 * skipped / (len(committed) * consumers)
                         if consumers and committed else None),
+        "skipped_sample": sorted(skipped_sample)[:10],
         "duplicates": duplicates,
         "drain_timed_out": timed_out,
         "errors": [f"{n}x {msg}" for msg, n in errors.most_common(5)],
