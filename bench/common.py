@@ -1,0 +1,176 @@
+"""What every part of the benchmark harness shares: connections to the scratch
+cluster, what the installed pgkvx can do, and a description of the machine.
+
+Connection parameters come from libpq's environment (PGHOST, PGPORT, PGUSER),
+which bench/run sets from scripts/env.sh.
+"""
+import datetime
+import os
+import platform
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+
+import numpy
+import psycopg
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+PG_CONFIG = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
+DBNAME = "pgkvx_bench"
+
+
+def pg_bindir():
+    return subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def connect(dbname=DBNAME, scan_mode=None, autocommit=True):
+    """A connection; scan_mode, when given, is set for the whole session."""
+    options = f"-c pgkvx.scan_mode={scan_mode}" if scan_mode else ""
+    return psycopg.connect(dbname=dbname, autocommit=autocommit, options=options)
+
+
+def recreate_database():
+    """A fresh benchmark database with the currently installed pgkvx SQL."""
+    with connect("postgres") as c:
+        exists = c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DBNAME,)).fetchone()
+    if exists:
+        # DROP DATABASE fires no sql_drop event trigger, so pgkvx would keep
+        # the shared-memory slots and tombstones of the tables registered in
+        # it until the server restarts; dropping the tables first frees them.
+        try:
+            with connect() as c:
+                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                c.execute("DROP SCHEMA public CASCADE")
+        except psycopg.Error:
+            pass  # the database goes anyway; at worst the slots stay until restart
+    with connect("postgres") as c:
+        c.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {DBNAME}")
+    with connect() as c:
+        c.execute("CREATE EXTENSION pgkvx")
+
+
+@dataclass
+class Capabilities:
+    """The parts of pgkvx's SQL surface the harness uses, as installed now."""
+    version: str
+    enable: bool        # pgkvx.enable/disable: latched tables
+    gapless_arg: bool   # pgkvx.enable(..., gapless => true) sets the key DEFAULT
+    next_key: bool      # pgkvx.next_key: gapless key allocation
+    scan_mode: bool     # the pgkvx.scan_mode GUC: fenced/optimistic LIMIT scans
+    stats: bool         # pgkvx.stats() counters
+
+    def missing(self, needs):
+        """Names of the needed features that are not built yet."""
+        return [n for n in needs if not getattr(self, n)]
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def detect(conn):
+    one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+    return Capabilities(
+        version=one("SELECT pgkvx.version()"),
+        enable=one("SELECT to_regproc('pgkvx.enable') IS NOT NULL"),
+        gapless_arg=one("""SELECT count(*) > 0 FROM pg_proc p
+                           JOIN pg_namespace n ON n.oid = p.pronamespace
+                           WHERE n.nspname = 'pgkvx' AND p.proname = 'enable'
+                             AND 'gapless' = ANY (p.proargnames)"""),
+        next_key=one("SELECT to_regproc('pgkvx.next_key') IS NOT NULL"),
+        scan_mode=one("SELECT count(*) > 0 FROM pg_settings WHERE name = 'pgkvx.scan_mode'"),
+        stats=one("SELECT to_regproc('pgkvx.stats') IS NOT NULL"),
+    )
+
+
+def stats_snapshot(conn, caps):
+    """pgkvx's counters now, or {} when pgkvx.stats() does not exist yet."""
+    if not caps.stats:
+        return {}
+    return {s: v for s, v in conn.execute("SELECT stat, value FROM pgkvx.stats()")}
+
+
+def is_gauge(stat):
+    """pgkvx.stats() mixes counters with gauges of capacity in use (named
+    *_used); a gauge's delta means nothing, its value at the end does."""
+    return stat.endswith("_used")
+
+
+def stats_delta(before, after):
+    """What a run did to pgkvx's counters: deltas of the counters that moved,
+    end values of the gauges that are not zero."""
+    return {k: v if is_gauge(k) else v - before.get(k, 0) for k, v in after.items()
+            if (v if is_gauge(k) else v - before.get(k, 0))}
+
+
+def scan_node(conn, query, scan_mode):
+    """Whether `query` gets pgkvx's LIMIT scan node under `scan_mode`:
+    'PgkvxLimitScan' or 'plain'.  A fenced or optimistic mode that gets a
+    plain plan is not measuring pgkvx's scans."""
+    with conn.transaction():
+        if scan_mode:
+            conn.execute(f"SET LOCAL pgkvx.scan_mode = {scan_mode}")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + query))
+    return "PgkvxLimitScan" if "PgkvxLimitScan" in plan else "plain"
+
+
+def machine(conn):
+    """Where and how the numbers were taken, for the report's header."""
+    with open("/proc/meminfo") as f:
+        mem_kb = int(re.search(r"MemTotal:\s+(\d+)", f.read()).group(1))
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        m = re.search(r"model name\s*:\s*(.+)", f.read())
+        if m:
+            cpu = m.group(1).strip()
+    settings = dict(conn.execute(
+        """SELECT name, current_setting(name) FROM pg_settings
+           WHERE name IN ('shared_buffers', 'max_connections', 'fsync',
+                          'synchronous_commit', 'full_page_writes', 'max_wal_size',
+                          'shared_preload_libraries')
+              OR name LIKE 'pgkvx.%' ORDER BY name""").fetchall())
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "ram_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "cpu": cpu,
+        "postgres": conn.execute("SELECT version()").fetchone()[0],
+        "settings": settings,
+        "pgkvx_library": library_info(),
+        "harness_commit": git_head(),
+        "loadavg": os.getloadavg()[0],
+        "pgkvx_gauges": {k: v for k, v in stats_snapshot(conn, detect(conn)).items()
+                         if is_gauge(k)},
+    }
+
+
+def library_info():
+    """The installed pgkvx library: when it was installed, and whether it
+    carries debug info (`cargo pgrx test` installs an unoptimised debug
+    build, which makes every latched mode look slow)."""
+    pkglibdir = subprocess.run([PG_CONFIG, "--pkglibdir"], capture_output=True,
+                               text=True).stdout.strip()
+    path = os.path.join(pkglibdir, "pgkvx.so")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path))
+    except OSError:
+        return f"{path} (missing)"
+    debug = (", **has debug info: a debug build? those are much slower than the release "
+             "build of scripts/install**" if b".debug_info" in data else "")
+    return f"{path} ({len(data) / 2**20:.1f} MiB{debug}, installed {mtime:%Y-%m-%d %H:%M})"
+
+
+def git_head():
+    r = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() or "?"
+
+
+def percentile(values, q):
+    """The q-th percentile (0-100) of a non-empty sequence, else None."""
+    return float(numpy.percentile(values, q)) if len(values) else None
