@@ -35,6 +35,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::backend::init();
     api::registry::init();
     scan::init();
+    queue::worker::register();
     arrow::init();
 }
 

@@ -272,6 +272,47 @@ impl<L: LockSet> LatchTable<'_, L> {
         true
     }
 
+    /// Frees the slots of tables that hold nothing (no latch, no tombstone)
+    /// and took no latch since the previous call: tables no longer written,
+    /// or of a dropped database (DROP DATABASE fires no event trigger).  A
+    /// table written again simply gets a fresh slot.  Returns how many.
+    pub fn gc_idle_tables(&self) -> u32 {
+        let _d = self.lock(LockId::Directory, Mode::Exclusive);
+        let mut freed = 0;
+        for t in 0..self.config().max_tables {
+            // SAFETY: exclusive Directory lock held.
+            let td = unsafe { self.table_data(t) };
+            if td.rel == RelId::EMPTY || td.rel == RelId::DELETED {
+                continue;
+            }
+            let ranges = td.ranges;
+            let ranges = &ranges[..td.nranges as usize];
+            let acquires: u64 = ranges.iter().map(|&r| self.p.ranges[r as usize].acquires.load(Relaxed)).sum();
+            let idle = acquires == td.seen_acquires;
+            td.seen_acquires = acquires;
+            let empty = ranges.iter().all(|&r| {
+                let _g = self.lock(LockId::Range(r), Mode::Shared);
+                // SAFETY: range lock held.
+                let b = unsafe { self.body(r) };
+                b.live == 0 && b.tombstones == 0 && b.summary.is_empty()
+            });
+            // A key draw in progress holds the table lock: leave it alone.
+            if !idle || !empty || !self.locks.try_acquire(LockId::Table(t), Mode::Exclusive) {
+                continue;
+            }
+            for &r in ranges {
+                self.free_range(r);
+            }
+            td.rel = RelId::DELETED;
+            td.nranges = 0;
+            // SAFETY: exclusive Directory lock held.
+            unsafe { self.dir() }.tables_used -= 1;
+            self.locks.release(LockId::Table(t));
+            freed += 1;
+        }
+        freed
+    }
+
     /// The ranges of `rel` in key order (empty when it was never latched).
     pub fn ranges_of(&self, rel: RelId) -> Vec<u32> {
         let _d = self.lock(LockId::Directory, Mode::Shared);
@@ -292,4 +333,37 @@ fn max_node<S: NodeStore>(s: &S, mut n: u32) -> u32 {
         n = s.right(n);
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::latch::locks::heap_table;
+    use crate::latch::{Config, Holder, Outcome, RelId, Span, Xid};
+
+    #[test]
+    fn idle_empty_tables_are_freed_and_come_back_on_demand() {
+        let t = heap_table(Config { max_entries: 64, max_ranges: 8, max_tables: 4, max_backends: 2 });
+        let (a, b) = (RelId::new(1, 10), RelId::new(2, 10));
+        let h = |x| Holder { xid: Xid(x), pid: 1, now_us: 0 };
+        t.acquire(0, a, &Span::point(b"x"), &h(50)).unwrap();
+        t.acquire(0, b, &Span::point(b"y"), &h(50)).unwrap();
+        assert_eq!(t.gc_idle_tables(), 0, "live latches: nothing to free");
+        t.release_all(0, Outcome::Committed);
+        t.set_horizon(Xid(51));
+        t.reclaim_all(0);
+        // b is written again; a stays idle (and empty) since the last look
+        t.acquire(0, b, &Span::point(b"y2"), &h(52)).unwrap();
+        t.release_all(0, Outcome::Aborted);
+        {
+            let _draws = t.lock_draws(a).unwrap(); // a key draw in progress protects a
+            assert_eq!(t.gc_idle_tables(), 0, "a is being drawn from; b was written");
+        }
+        assert_eq!(t.gc_idle_tables(), 2, "both idle and empty now");
+        assert_eq!(t.usage().tables_used, 0);
+        assert_eq!(t.usage().ranges_used, 0);
+        // Writing again recreates the table.
+        t.acquire(0, b, &Span::point(b"z"), &h(60)).unwrap();
+        assert_eq!(t.usage().tables_used, 1);
+        t.release_all(0, Outcome::Aborted);
+    }
 }

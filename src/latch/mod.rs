@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod locks;
 pub mod maint;
 pub mod protocol;
+pub mod queue;
 pub mod region;
 pub mod snapshot;
 pub mod span;

@@ -74,6 +74,8 @@ pub(crate) struct Header {
     pub range_max_latches: AtomicU32,
     /// Bumped on every directory change (split, merge, new or purged table).
     pub dir_version: AtomicU64,
+    /// Ranges in state QUEUED: idle workers look here before scanning.
+    pub queued: AtomicU32,
     pub dir: UnsafeCell<DirHeader>,
 }
 
@@ -94,6 +96,8 @@ pub(crate) struct TableData {
     /// Range ids ordered by their low bound; the first starts at the empty
     /// key, each range ends where the next starts, the last at +∞.
     pub ranges: [u32; MAX_RANGES_PER_TABLE],
+    /// Acquisitions counted at the last idle check (maint.rs).
+    pub seen_acquires: u64,
 }
 
 #[repr(C)]
@@ -106,6 +110,9 @@ pub(crate) struct RangeSlot {
     pub contended: AtomicU64,
     /// Maintenance-queue state bits (see queue.rs).
     pub queue: AtomicU32,
+    /// `contended` when a worker last looked: contention since then is what
+    /// counts.
+    pub contended_seen: AtomicU64,
 }
 
 #[derive(Clone, Copy)]
@@ -309,6 +316,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 horizon: AtomicU32::new(0),
                 range_max_latches: AtomicU32::new(1024),
                 dir_version: AtomicU64::new(1),
+                queued: AtomicU32::new(0),
                 dir: UnsafeCell::new(DirHeader { free_range: 0, ranges_used: 0, tables_used: 0 }),
             },
         );
@@ -321,6 +329,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                         rel: RelId::EMPTY,
                         nranges: 0,
                         ranges: [NIL; MAX_RANGES_PER_TABLE],
+                        seen_acquires: 0,
                     }),
                 },
             );
@@ -342,6 +351,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                     acquires: AtomicU64::new(0),
                     contended: AtomicU64::new(0),
                     queue: AtomicU32::new(0),
+                    contended_seen: AtomicU64::new(0),
                 },
             );
         }

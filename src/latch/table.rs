@@ -348,11 +348,13 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         slot.acquires.store(0, Relaxed);
         slot.contended.store(0, Relaxed);
         slot.queue.store(0, Relaxed);
+        slot.contended_seen.store(0, Relaxed);
         Some(r)
     }
 
     /// Returns an empty range to the free list.  Exclusive Directory lock held.
     pub(crate) fn free_range(&self, r: u32) {
+        self.dequeue_freed(r);
         // SAFETY: exclusive Directory lock held by the caller.
         let dir = unsafe { self.dir() };
         // SAFETY: as above.
@@ -383,6 +385,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         td.rel = rel;
         td.nranges = 1;
         td.ranges = [NIL; MAX_RANGES_PER_TABLE];
+        td.seen_acquires = 0;
         td.ranges[0] = r;
         // SAFETY: as above.
         unsafe { self.dir() }.tables_used += 1;
@@ -412,15 +415,23 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Takes table `rel`'s key-drawing lock (creating its slot if needed):
     /// draws and latch publications inside it are totally ordered.
     pub fn lock_draws(&self, rel: RelId) -> Result<Held<'_, L>, AcquireError> {
-        let t = {
+        loop {
+            let t = {
+                let _d = self.lock(LockId::Directory, Mode::Shared);
+                self.find_table(rel)
+            };
+            let t = match t {
+                Some(t) => t,
+                None => self.create_table(rel)?,
+            };
+            let held = Held::new(&self.locks, LockId::Table(t), Mode::Exclusive);
+            // An idle table's slot may have been freed (and reused) between
+            // the lookup and the lock: the lock must be this table's.
             let _d = self.lock(LockId::Directory, Mode::Shared);
-            self.find_table(rel)
-        };
-        let t = match t {
-            Some(t) => t,
-            None => self.create_table(rel)?,
-        };
-        Ok(Held::new(&self.locks, LockId::Table(t), Mode::Exclusive))
+            if self.find_table(rel) == Some(t) {
+                return Ok(held);
+            }
+        }
     }
 
     // ---- acquire / release ------------------------------------------------
@@ -443,10 +454,14 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// On error nothing already published is lost or leaked: earlier pieces
     /// of a multi-range span stay on the holder's chain and go with the rest
     /// at transaction end.
-    pub fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<(), AcquireError> {
+    ///
+    /// Returns the load (latches and tombstones) of the most crowded range
+    /// the latch went into; ranges over `range_max_latches` are queued for
+    /// the maintenance workers.
+    pub fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
         assert!(h.xid.is_valid(), "a latch holder must have an xid");
         if span.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let b = self.backend(slot);
         b.xid.store(h.xid.0, Relaxed);
@@ -466,6 +481,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             }
         };
         let mut result = Ok(());
+        let mut max_load = 0;
+        let limit = self.range_max_latches();
         self.for_each_range_of(t, span, &mut |r| {
             let Some(e) = self.alloc() else {
                 result = Err(AcquireError::Full);
@@ -497,6 +514,11 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             body.live += 1;
             self.entry(e).range.store(r, Release);
             self.reclaim_locked(slot, r, 2);
+            let load = body.live + body.tombstones;
+            max_load = max_load.max(load);
+            if load > limit {
+                self.enqueue(r);
+            }
             // Only this backend touches its chain.
             let ent = self.entry(e);
             ent.holder_next.store(b.chain.load(Relaxed), Relaxed);
@@ -508,7 +530,20 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         if result.is_err() {
             self.count(slot, Stat::LatchTableFull, 1);
         }
-        result
+        result.map(|()| max_load)
+    }
+
+    /// The load of the most crowded range overlapping `span` (for writers
+    /// backing off from a range far over its limit).
+    pub fn max_load(&self, rel: RelId, span: &Span) -> u32 {
+        let _d = self.lock(LockId::Directory, Mode::Shared);
+        let Some(t) = self.find_table(rel) else { return 0 };
+        let mut max = 0;
+        self.for_each_range_of(t, span, &mut |r| {
+            max = max.max(self.load(r));
+            true
+        });
+        max
     }
 
     /// Releases every latch of the transaction in `slot`: tombstones at

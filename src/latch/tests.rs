@@ -464,7 +464,7 @@ mod stress {
                     for j in 0..(1 + rnd % 3) {
                         let key = ((rnd >> 8) as u16).wrapping_add(j as u16 * 7) % 2000;
                         match t.acquire(w, REL, &pt(key), &holder(x)) {
-                            Ok(()) => pa.lock().unwrap().published.push((x, key)),
+                            Ok(_) => pa.lock().unwrap().published.push((x, key)),
                             Err(_) => {
                                 t.relieve_pressure(w);
                             }

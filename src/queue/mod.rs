@@ -1,20 +1,23 @@
-//! The maintenance queue's per-range state, as shown in `pgkvx.ranges`.
+//! The maintenance workers: background processes that keep the latch table
+//! partitioned into small, uncontended ranges and free of expired
+//! tombstones (the queue and the policy are pure Rust in latch/queue.rs).
+//!
+//! `pgkvx.maintenance_concurrency` workers start with the server (none when
+//! it is 0), without a database connection: they only touch shared memory.
+//! Each wakes every few milliseconds (or when a writer enqueues a range),
+//! refreshes the xmin horizon, queues what needs attention, and processes
+//! queued ranges one at a time, highest priority first.
 
-/// Not queued.
-pub const IDLE: u32 = 0;
-/// Waiting for a worker.
-pub const QUEUED: u32 = 1;
-/// A worker is on it.
-pub const PROCESSING: u32 = 2;
-/// Re-enqueued while being processed: re-evaluated when the worker is done.
-pub const REQUEUED: u32 = PROCESSING | 4;
+pub mod worker;
+
+use crate::latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
 
 pub fn state_name(state: u32) -> &'static str {
     match state {
         IDLE => "idle",
         QUEUED => "queued",
         PROCESSING => "processing",
-        REQUEUED => "processing, requeued",
+        s if s == PROCESSING | REQUEUED => "processing, requeued",
         _ => "unknown",
     }
 }

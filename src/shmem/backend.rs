@@ -150,6 +150,41 @@ pub fn my_xid_if_any() -> Xid {
     Xid(unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner())
 }
 
+/// How far over `pgkvx.range_max_latches` a range may grow before writers
+/// wait for the maintenance workers to split it.
+const BACK_PRESSURE_FACTOR: u32 = 4;
+/// The longest a writer waits for a split, in 1 ms steps.
+const BACK_PRESSURE_MAX_MS: u32 = 50;
+
+/// Back-pressure: a writer that just latched into a range far over its
+/// limit gives the maintenance workers a few milliseconds to split it
+/// (sleeping on its latch, so interrupts and shutdown are honoured), and
+/// goes on regardless after that.  Without workers there is nobody to wait
+/// for.
+fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
+    let t = table();
+    let limit = t.range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR);
+    if load <= limit || crate::guc::MAINTENANCE_CONCURRENCY.get() == 0 {
+        return;
+    }
+    for _ in 0..BACK_PRESSURE_MAX_MS {
+        // SAFETY: waiting on our own latch with a timeout, like pg_sleep.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                1,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pg_sys::check_for_interrupts!();
+        if t.max_load(rel, span) <= limit {
+            return;
+        }
+    }
+}
+
 /// Publishes a write latch on `span` of `relid` for this transaction.  A
 /// full table first reclaims and coalesces tombstones; only if that frees
 /// nothing does the writer get SQLSTATE 53400.
@@ -171,7 +206,7 @@ pub fn latch(relid: pg_sys::Oid, span: &Span) {
         result = t.acquire(slot, rel, span, &h);
     }
     match result {
-        Ok(()) => {}
+        Ok(load) => back_off_if_crowded(rel, span, load),
         Err(AcquireError::Full) => errors::raise_hint(
             PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             format!("pgkvx latch table is full (pgkvx.max_latches = {})", t.config().max_entries),

@@ -1,0 +1,347 @@
+//! The maintenance queue: which latch ranges need a worker, and the rule
+//! that no range is processed twice at once.
+//!
+//! Each range carries a small state word:
+//!
+//!     IDLE ──enqueue──► QUEUED ──claim──► PROCESSING ──finish──► IDLE
+//!                                            │  ▲
+//!                                    enqueue │  │ finish: re-evaluate
+//!                                            ▼  │ (back to QUEUED)
+//!                                         PROCESSING|REQUEUED
+//!
+//! A range enqueued while a worker processes it is marked and, when that
+//! worker finishes, queued again to be re-evaluated with fresh priority —
+//! never processed by a second worker at the same time.  Workers pick the
+//! queued range of highest priority; there are `pgkvx.maintenance_concurrency`
+//! workers, each processing one range at a time, so at most that many ranges
+//! are processed at once.
+
+use super::locks::{LockId, LockSet, Mode};
+use super::table::LatchTable;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+pub const IDLE: u32 = 0;
+pub const QUEUED: u32 = 1;
+pub const PROCESSING: u32 = 2;
+pub const REQUEUED: u32 = 4;
+
+/// Asks for a worker; true when this call queued an idle range.
+pub fn enqueue(state: &AtomicU32) -> bool {
+    let mut s = state.load(Acquire);
+    loop {
+        let next = match s {
+            IDLE => QUEUED,
+            PROCESSING => PROCESSING | REQUEUED,
+            _ => return false, // already queued or already marked
+        };
+        match state.compare_exchange_weak(s, next, AcqRel, Acquire) {
+            Ok(_) => return next == QUEUED,
+            Err(now) => s = now,
+        }
+    }
+}
+
+/// Takes a queued range for processing; false when someone else did.
+pub fn claim(state: &AtomicU32) -> bool {
+    state.compare_exchange(QUEUED, PROCESSING, AcqRel, Acquire).is_ok()
+}
+
+/// Ends processing; true when the range was enqueued meanwhile and is
+/// queued again.
+pub fn finish(state: &AtomicU32) -> bool {
+    let mut s = state.load(Acquire);
+    loop {
+        debug_assert!(s & PROCESSING != 0, "finish without claim");
+        let next = if s & REQUEUED != 0 { QUEUED } else { IDLE };
+        match state.compare_exchange_weak(s, next, AcqRel, Acquire) {
+            Ok(_) => return next == QUEUED,
+            Err(now) => s = now,
+        }
+    }
+}
+
+/// What processing did to a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Nothing,
+    Split,
+    Merged,
+    Coalesced,
+}
+
+/// How crowded or busy a range is; higher goes first.
+fn priority(load: u32, limit: u32, contended: u64) -> u64 {
+    u64::from(load.saturating_sub(limit / 2)) + contended.min(1 << 20) * 4
+}
+
+/// A range is contended enough to split when this many acquisitions found
+/// its lock busy since the last look.
+const CONTENTION_SPLIT: u64 = 256;
+/// Fewer latches than limit / MERGE_DIVISOR in two neighbours: merge them.
+const MERGE_DIVISOR: u32 = 8;
+
+impl<L: LockSet> LatchTable<'_, L> {
+    pub(crate) fn queue_state(&self, r: u32) -> &AtomicU32 {
+        &self.p.ranges[r as usize].queue
+    }
+
+    fn contended_since(&self, r: u32) -> (u64, &AtomicU64) {
+        let s = &self.p.ranges[r as usize];
+        (s.contended.load(Relaxed).saturating_sub(s.contended_seen.load(Relaxed)), &s.contended_seen)
+    }
+
+    /// Queues range `r` for a worker.
+    pub fn enqueue(&self, r: u32) -> bool {
+        let queued = enqueue(self.queue_state(r));
+        if queued {
+            self.p.hdr.queued.fetch_add(1, Relaxed);
+        }
+        queued
+    }
+
+    /// Ranges waiting for a worker.
+    pub fn queued(&self) -> u32 {
+        self.p.hdr.queued.load(Relaxed)
+    }
+
+    fn claim_counted(&self, r: u32) -> bool {
+        let ok = claim(self.queue_state(r));
+        if ok {
+            self.p.hdr.queued.fetch_sub(1, Relaxed);
+        }
+        ok
+    }
+
+    fn take_counted(&self, r: u32) -> bool {
+        let state = self.queue_state(r);
+        state.compare_exchange(IDLE, PROCESSING, AcqRel, Acquire).is_ok() || self.claim_counted(r)
+    }
+
+    fn finish_counted(&self, r: u32) -> bool {
+        let again = finish(self.queue_state(r));
+        if again {
+            self.p.hdr.queued.fetch_add(1, Relaxed);
+        }
+        again
+    }
+
+    /// Forgets the queue state of a range being freed.
+    pub(crate) fn dequeue_freed(&self, r: u32) {
+        if self.queue_state(r).swap(IDLE, AcqRel) == QUEUED {
+            self.p.hdr.queued.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Latches plus tombstones in range `r`.
+    pub fn load(&self, r: u32) -> u32 {
+        let _g = self.lock(LockId::Range(r), Mode::Shared);
+        // SAFETY: range lock held.
+        let b = unsafe { self.body(r) };
+        b.live + b.tombstones
+    }
+
+    /// The queued range a worker should take next, claimed for it.
+    pub fn claim_next(&self) -> Option<u32> {
+        loop {
+            if self.queued() == 0 {
+                return None;
+            }
+            let limit = self.range_max_latches();
+            let mut best: Option<(u64, u32)> = None;
+            {
+                let _d = self.lock(LockId::Directory, Mode::Shared);
+                for r in 0..self.config().max_ranges {
+                    // SAFETY: Directory lock held.
+                    if !unsafe { self.meta(r) }.in_use || self.queue_state(r).load(Relaxed) != QUEUED {
+                        continue;
+                    }
+                    let p = priority(self.load(r), limit, self.contended_since(r).0);
+                    if best.is_none_or(|(bp, _)| p > bp) {
+                        best = Some((p, r));
+                    }
+                }
+            }
+            let (_, r) = best?;
+            if self.claim_counted(r) {
+                return Some(r);
+            }
+        }
+    }
+
+    /// Queues every range that needs attention: crowded, contended, holding
+    /// tombstones the horizon has passed, or small enough to merge.
+    pub fn sweep(&self) -> u32 {
+        let limit = self.range_max_latches();
+        let mut queued = 0;
+        let _d = self.lock(LockId::Directory, Mode::Shared);
+        for r in 0..self.config().max_ranges {
+            // SAFETY: Directory lock held.
+            let meta = *unsafe { self.meta(r) };
+            if !meta.in_use {
+                continue;
+            }
+            let (tombstones, load) = {
+                let _g = self.lock(LockId::Range(r), Mode::Shared);
+                // SAFETY: range lock held.
+                let b = unsafe { self.body(r) };
+                (b.tombstones + b.summary.count, b.live + b.tombstones)
+            };
+            let small =
+                load < limit / MERGE_DIVISOR && !(meta.lo == super::span::KeyBuf::EMPTY && meta.hi.is_infinite());
+            if load > limit || tombstones > 0 || self.contended_since(r).0 >= CONTENTION_SPLIT || small {
+                queued += u32::from(self.enqueue(r));
+            }
+        }
+        queued
+    }
+
+    /// Processes one claimed range: reclaim, then split, merge or coalesce
+    /// as its state asks.  Finishes the claim; returns what it did and
+    /// whether the range must be looked at again.
+    pub fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
+        let limit = self.range_max_latches();
+        {
+            let _g = self.lock(LockId::Range(r), Mode::Exclusive);
+            self.reclaim_locked(slot, r, u32::MAX);
+        }
+        let (contended, seen) = self.contended_since(r);
+        seen.fetch_add(contended, Relaxed);
+        let load = self.load(r);
+        let action = if load > limit || (contended >= CONTENTION_SPLIT && load >= 32) {
+            if self.split(slot, r).is_some() {
+                Action::Split
+            } else if load > limit {
+                // Cannot split (a wide latch spans it, or no free range):
+                // keep its size in check by folding tombstones.
+                self.coalesce(slot, r);
+                Action::Coalesced
+            } else {
+                Action::Nothing
+            }
+        } else if load < limit / MERGE_DIVISOR {
+            // The neighbour must not be in another worker's hands: take it
+            // (idle or queued) for the merge, which frees it.
+            match self.right_neighbour(r) {
+                Some(n) if self.load(n) < limit / MERGE_DIVISOR && self.take_counted(n) => {
+                    if self.merge(slot, r, n) {
+                        Action::Merged
+                    } else {
+                        self.finish_counted(n);
+                        Action::Nothing
+                    }
+                }
+                _ => Action::Nothing,
+            }
+        } else {
+            Action::Nothing
+        };
+        let again = self.finish_counted(r);
+        (action, again)
+    }
+
+    /// The range right of `r` in the same table, if any.
+    fn right_neighbour(&self, r: u32) -> Option<u32> {
+        let _d = self.lock(LockId::Directory, Mode::Shared);
+        // SAFETY: Directory lock held.
+        let meta = *unsafe { self.meta(r) };
+        if !meta.in_use || meta.hi.is_infinite() {
+            return None;
+        }
+        // SAFETY: as above.
+        let td = unsafe { self.table_data(meta.table) };
+        let ranges = &td.ranges[..td.nranges as usize];
+        let pos = ranges.iter().position(|&x| x == r)?;
+        ranges.get(pos + 1).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::latch::locks::heap_table;
+    use crate::latch::{Config, Holder, Outcome, RelId, Span, Xid};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    #[test]
+    fn state_machine_transitions() {
+        let s = AtomicU32::new(IDLE);
+        assert!(enqueue(&s), "idle -> queued");
+        assert!(!enqueue(&s), "queued twice is one entry");
+        assert!(claim(&s));
+        assert!(!claim(&s), "nobody claims a range being processed");
+        assert!(!enqueue(&s), "re-enqueued while processing: marked");
+        assert_eq!(s.load(Relaxed), PROCESSING | REQUEUED);
+        assert!(finish(&s), "marked: queued again for re-evaluation");
+        assert_eq!(s.load(Relaxed), QUEUED);
+        assert!(claim(&s));
+        assert!(!finish(&s), "unmarked: idle");
+        assert_eq!(s.load(Relaxed), IDLE);
+    }
+
+    #[test]
+    fn concurrent_workers_never_share_a_range() {
+        let states: Arc<Vec<AtomicU32>> = Arc::new((0..8).map(|_| AtomicU32::new(IDLE)).collect());
+        let busy: Arc<Vec<AtomicBool>> = Arc::new((0..8).map(|_| AtomicBool::new(false)).collect());
+        let mut handles = Vec::new();
+        for w in 0..4u64 {
+            let (states, busy) = (states.clone(), busy.clone());
+            handles.push(std::thread::spawn(move || {
+                let mut processed = 0u64;
+                let mut x = w + 1;
+                for _ in 0..20_000 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let r = (x >> 33) as usize % 8;
+                    if x & 1 == 0 {
+                        enqueue(&states[r]);
+                    } else if claim(&states[r]) {
+                        assert!(!busy[r].swap(true, Relaxed), "range {r} processed twice at once");
+                        std::hint::spin_loop();
+                        busy[r].store(false, Relaxed);
+                        finish(&states[r]);
+                        processed += 1;
+                    }
+                }
+                processed
+            }));
+        }
+        let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(total > 1000);
+    }
+
+    const REL: RelId = RelId(0x0000_0001_0000_7000);
+
+    #[test]
+    fn workers_split_crowded_ranges_and_merge_cold_ones() {
+        let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
+        t.set_range_max_latches(64);
+        for i in 0..500u64 {
+            let h = Holder { xid: Xid(100), pid: 1, now_us: 0 };
+            t.acquire(0, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
+        }
+        let mut actions = Vec::new();
+        for _ in 0..50 {
+            t.sweep();
+            while let Some(r) = t.claim_next() {
+                actions.push(t.maintain(3, r).0);
+            }
+        }
+        let split = t.ranges_of(REL).len();
+        assert!(split >= 8, "500 latches over a limit of 64 need several ranges, got {split}");
+        assert!(t.ranges_of(REL).iter().all(|&r| t.load(r) <= 64));
+        // The writer commits; once the horizon passes, tombstones go and
+        // cold neighbours merge back.
+        t.release_all(0, Outcome::Committed);
+        t.set_horizon(Xid(200));
+        for _ in 0..50 {
+            t.sweep();
+            while let Some(r) = t.claim_next() {
+                actions.push(t.maintain(3, r).0);
+            }
+        }
+        assert!(actions.contains(&Action::Split) && actions.contains(&Action::Merged), "{actions:?}");
+        assert_eq!(t.ranges_of(REL).len(), 1, "empty ranges merge back into one");
+        assert_eq!(t.usage().entries_used, 0);
+    }
+}

@@ -1,0 +1,74 @@
+//! The maintenance worker processes.
+
+use crate::guc;
+use crate::shmem::{backend, table};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::time::{Duration, Instant};
+
+/// How often an idle worker looks for work: the first one (which also
+/// refreshes the horizon and queues work) often, the others less.
+const TICK: Duration = Duration::from_millis(5);
+const TICK_OTHERS: Duration = Duration::from_millis(20);
+/// How often the first worker queues every range that needs attention.
+const SWEEP: Duration = Duration::from_millis(50);
+/// How long a table must stay idle and empty before its slot is freed.
+const IDLE_TABLE: Duration = Duration::from_secs(10);
+
+/// Registers the workers; called from `_PG_init` in the postmaster.
+pub fn register() {
+    let n = guc::MAINTENANCE_CONCURRENCY.get();
+    for i in 0..n {
+        BackgroundWorkerBuilder::new(&format!("pgkvx maintenance {i}"))
+            .set_type("pgkvx maintenance")
+            .set_library("pgkvx")
+            .set_function("pgkvx_maintenance_main")
+            .set_argument(Some(pg_sys::Datum::from(i)))
+            .enable_shmem_access(None)
+            .set_restart_time(Some(Duration::from_secs(1)))
+            .load();
+    }
+}
+
+/// Entry point of each worker.
+///
+/// # Safety
+/// Called by the postmaster as a background worker main function.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
+    let index = arg.value() as i32;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let t = table();
+    let slot = backend::my_slot();
+    let mut last_sweep = Instant::now() - SWEEP;
+    let mut last_gc = Instant::now();
+    while BackgroundWorker::wait_latch(Some(if index == 0 { TICK } else { TICK_OTHERS })) {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: reloading the configuration file in our own process.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        t.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
+        if index == 0 {
+            // One horizon for everyone: tombstones of holders before it go.
+            backend::refresh_horizon(true);
+        }
+        if index == 0 && last_sweep.elapsed() >= SWEEP {
+            t.sweep();
+            last_sweep = Instant::now();
+        }
+        if index == 0 && last_gc.elapsed() >= IDLE_TABLE {
+            t.gc_idle_tables();
+            last_gc = Instant::now();
+        }
+        while let Some(r) = t.claim_next() {
+            let (_, again) = t.maintain(slot, r);
+            let _ = again; // re-queued ranges are claimed again by this loop
+            pg_sys::check_for_interrupts!();
+            if BackgroundWorker::sigterm_received() {
+                return;
+            }
+        }
+    }
+}
