@@ -124,3 +124,39 @@ fn load(relid: Oid) -> Option<Rc<Latched>> {
     let key = KeyDesc::resolve(relid, row.0);
     Some(Rc::new(Latched { key, gapless }))
 }
+
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn enable_makes_a_table_latched_and_disable_undoes_it() {
+        Spi::run("CREATE TABLE rt (k int PRIMARY KEY)").unwrap();
+        let oid = Spi::get_one::<pg_sys::Oid>("SELECT 'rt'::regclass::oid").unwrap().unwrap();
+        assert!(super::lookup(oid).is_none());
+        Spi::run("SELECT pgkvx.enable('rt')").unwrap();
+        // The relcache invalidation is processed at the next command.
+        unsafe { pg_sys::CommandCounterIncrement() };
+        let l = super::lookup(oid).expect("latched after enable");
+        assert_eq!(l.key.cols.len(), 1);
+        assert_eq!(l.key.cols[0].name, "k");
+        Spi::run("SELECT pgkvx.disable('rt')").unwrap();
+        unsafe { pg_sys::CommandCounterIncrement() };
+        assert!(super::lookup(oid).is_none());
+    }
+
+    #[pg_test]
+    fn writes_publish_latches_visible_in_the_view() {
+        Spi::run("CREATE TABLE rw (k int PRIMARY KEY); SELECT pgkvx.enable('rw')").unwrap();
+        Spi::run("INSERT INTO rw VALUES (7), (8); UPDATE rw SET k = 9 WHERE k = 8").unwrap();
+        let spans = Spi::get_one::<String>(
+            "SELECT string_agg(span, ' ' ORDER BY span) FROM pgkvx.latches WHERE relid = 'rw'::regclass",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(spans, "[7] [8] [9]");
+        let plan = Spi::explain("SELECT k FROM rw WHERE k > 1 ORDER BY k LIMIT 1").unwrap();
+        assert!(format!("{plan:?}").contains("PgkvxLimitScan"), "{plan:?}");
+    }
+}

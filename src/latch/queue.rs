@@ -3,11 +3,13 @@
 //!
 //! Each range carries a small state word:
 //!
-//!     IDLE ──enqueue──► QUEUED ──claim──► PROCESSING ──finish──► IDLE
-//!                                            │  ▲
-//!                                    enqueue │  │ finish: re-evaluate
-//!                                            ▼  │ (back to QUEUED)
-//!                                         PROCESSING|REQUEUED
+//! ```text
+//! IDLE ──enqueue──► QUEUED ──claim──► PROCESSING ──finish──► IDLE
+//!                                        │  ▲
+//!                                enqueue │  │ finish: re-evaluate
+//!                                        ▼  │ (back to QUEUED)
+//!                                     PROCESSING|REQUEUED
+//! ```
 //!
 //! A range enqueued while a worker processes it is marked and, when that
 //! worker finishes, queued again to be re-evaluated with fresh priority —

@@ -155,3 +155,96 @@ pub fn touched(declared: &Span, last: Option<&KeyWriter>, forward: bool) -> Span
         }
     }
 }
+
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    fn key(tbl: &str) -> KeyDesc {
+        let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{tbl}'::regclass::oid")).unwrap().unwrap();
+        KeyDesc::resolve(oid, None)
+    }
+
+    fn sk(attno: i16, strategy: u32, datum: pg_sys::Datum, subtype: pg_sys::Oid) -> pg_sys::ScanKeyData {
+        pg_sys::ScanKeyData {
+            sk_attno: attno,
+            sk_strategy: strategy as u16,
+            sk_subtype: subtype,
+            sk_argument: datum,
+            ..Default::default()
+        }
+    }
+
+    fn enc(desc: &KeyDesc, text: &str) -> Vec<u8> {
+        desc.parse_bound(text, "test").0.bytes().to_vec()
+    }
+
+    #[pg_test]
+    fn declared_span_follows_the_quals() {
+        Spi::run("CREATE TABLE ds (k bigint PRIMARY KEY)").unwrap();
+        let d = key("ds");
+        let five = pg_sys::Datum::from(5i64);
+        let ten4 = pg_sys::Datum::from(10i32);
+        let (gt, ge, lt, le, eq) = (
+            pg_sys::BTGreaterStrategyNumber,
+            pg_sys::BTGreaterEqualStrategyNumber,
+            pg_sys::BTLessStrategyNumber,
+            pg_sys::BTLessEqualStrategyNumber,
+            pg_sys::BTEqualStrategyNumber,
+        );
+        let i8 = pg_sys::INT8OID;
+        // k > 5: starts just past 5, open above
+        let s = declared(&d, &[sk(1, gt, five, i8)]);
+        assert_eq!(s.start.as_bytes(), enc(&d, "6").as_slice());
+        assert!(s.end.is_infinite());
+        // k >= 5 AND k < 10::int4 (a cross-type qual encodes the same)
+        let s = declared(&d, &[sk(1, ge, five, i8), sk(1, lt, ten4, pg_sys::INT4OID)]);
+        assert_eq!((s.start.as_bytes(), s.end.as_bytes()), (enc(&d, "5").as_slice(), enc(&d, "10").as_slice()));
+        // k <= 10 is [.., 11)
+        let s = declared(&d, &[sk(1, le, ten4, pg_sys::INT4OID)]);
+        assert_eq!(s.end.as_bytes(), enc(&d, "11").as_slice());
+        // k = 5 is one key; two lower bounds keep the tighter
+        assert_eq!(declared(&d, &[sk(1, eq, five, i8)]), Span::point(&enc(&d, "5")));
+        let s = declared(&d, &[sk(1, gt, five, i8), sk(1, ge, ten4, pg_sys::INT4OID)]);
+        assert_eq!(s.start.as_bytes(), enc(&d, "10").as_slice());
+        // no quals: the whole table
+        assert_eq!(declared(&d, &[]), Span::ALL);
+    }
+
+    #[pg_test]
+    fn declared_span_of_a_composite_prefix() {
+        Spi::run("CREATE TABLE dc (a int, b text COLLATE \"C\", PRIMARY KEY (a, b))").unwrap();
+        let d = key("dc");
+        let one = pg_sys::Datum::from(1i32);
+        let x = pgrx::varlena::rust_str_to_text_p("x").into_pg();
+        let s = declared(
+            &d,
+            &[
+                sk(1, pg_sys::BTEqualStrategyNumber, one, pg_sys::INT4OID),
+                sk(2, pg_sys::BTGreaterStrategyNumber, pg_sys::Datum::from(x), pg_sys::TEXTOID),
+            ],
+        );
+        // (1, > 'x'): past every key starting with (1,'x'), up to the end of prefix (1)
+        assert_eq!(s.start, KeyBuf::prefix_successor(&enc(&d, "(1,x)")));
+        assert_eq!(s.end, KeyBuf::prefix_successor(&enc(&d, "(1)")));
+        assert_eq!(d.format_span(&s), "((1,x), (2)…)");
+        // a qual on the second column alone cannot narrow the span
+        let s = declared(&d, &[sk(2, pg_sys::BTEqualStrategyNumber, pg_sys::Datum::from(x), pg_sys::TEXTOID)]);
+        assert_eq!(s, Span::ALL);
+    }
+
+    #[pg_test]
+    fn declared_span_of_a_desc_column_flips_bounds() {
+        Spi::run("CREATE TABLE dd (k int NOT NULL); CREATE UNIQUE INDEX dd_k ON dd (k DESC)").unwrap();
+        let oid = Spi::get_one::<pg_sys::Oid>("SELECT 'dd'::regclass::oid").unwrap().unwrap();
+        let idx = Spi::get_one::<pg_sys::Oid>("SELECT 'dd_k'::regclass::oid").unwrap().unwrap();
+        let d = KeyDesc::resolve(oid, Some(idx));
+        // k > 5 on a DESC index: everything before 5 in index order
+        let s = declared(&d, &[sk(1, pg_sys::BTGreaterStrategyNumber, pg_sys::Datum::from(5i32), pg_sys::INT4OID)]);
+        assert!(s.start.as_bytes().is_empty());
+        assert_eq!(s.end.as_bytes(), enc(&d, "5").as_slice());
+        assert!(Span::point(&enc(&d, "6")).overlaps(&s) && !Span::point(&enc(&d, "5")).overlaps(&s));
+    }
+}
