@@ -69,13 +69,17 @@ impl<L: LockSet> LatchTable<'_, L> {
                 tree::for_each(&self.nodes(), body.root, &mut |e| {
                     // SAFETY: as above.
                     let d = unsafe { self.data(e) };
+                    let state = self.state(e);
+                    if state == State::Dead {
+                        return;
+                    }
                     f(&LatchInfo {
                         rel,
                         range: r,
                         span: d.span,
                         xid: d.xid,
                         pid: d.pid,
-                        state: d.state,
+                        state,
                         seq: d.seq,
                         acquired_at: d.acquired_at,
                     });

@@ -7,7 +7,7 @@
 //! at a time: no lock-order deadlock is possible.
 
 use super::locks::{LockId, LockSet, Mode};
-use super::region::{RangeBody, RelId, State, MAX_RANGES_PER_TABLE};
+use super::region::{RangeBody, RelId, MAX_RANGES_PER_TABLE};
 use super::span::{KeyBuf, Span};
 use super::stats::Stat;
 use super::table::LatchTable;
@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering::{Relaxed, Release};
 impl<L: LockSet> LatchTable<'_, L> {
     /// Reclaims every expired tombstone in every range.  Returns how many.
     pub fn reclaim_all(&self, slot: u32) -> u32 {
+        self.drain_released(slot);
         let _d = self.lock(LockId::Directory, Mode::Shared);
         let mut n = 0;
         for r in 0..self.config().max_ranges {
@@ -33,6 +34,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Folds all tombstones of range `r` into its summary, freeing their
     /// entries.  Readers then see more conflicts, never fewer.
     pub fn coalesce(&self, slot: u32, r: u32) -> u32 {
+        self.drain_released(slot);
         let _g = self.lock(LockId::Range(r), Mode::Exclusive);
         // SAFETY: exclusive range lock held.
         let body = unsafe { self.body(r) };
@@ -109,8 +111,10 @@ impl<L: LockSet> LatchTable<'_, L> {
             b1.root = tree::remove(&nodes, b1.root, m);
             b2.root = tree::insert(&nodes, b2.root, m);
             self.entry(m).range.store(r2, Release);
-            // SAFETY: `m` is now in r2, whose lock we hold.
-            if unsafe { self.data(m) }.state == State::Live {
+            // SAFETY: `m` is now in r2, whose lock we hold.  Drained
+            // tombstones are counted (and listed) as tombstones; everything
+            // else, released-but-undrained included, as live.
+            if !unsafe { self.data(m) }.in_fifo {
                 b1.live -= 1;
                 b2.live += 1;
             }
@@ -234,6 +238,8 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Forgets a table (disabled or dropped): frees its ranges and
     /// tombstones.  Refuses (false) while any latch on it is still live.
     pub fn purge_table(&self, rel: RelId) -> bool {
+        // Latches released but not drained still count as live.
+        self.drain_released(u32::MAX);
         let _d = self.lock(LockId::Directory, Mode::Exclusive);
         let Some(t) = self.find_table(rel) else {
             return true;
@@ -354,6 +360,7 @@ mod tests {
         // b is written again; a stays idle (and empty) since the last look
         t.acquire(0, b, &Span::point(b"y2"), &h(52)).unwrap();
         t.release_all(0, Outcome::Aborted);
+        t.drain_released(0);
         {
             let _draws = t.lock_draws(a).unwrap(); // a key draw in progress protects a
             assert_eq!(t.gc_idle_tables(), 0, "a is being drawn from; b was written");

@@ -174,6 +174,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Queues every range that needs attention: crowded, contended, holding
     /// tombstones the horizon has passed, or small enough to merge.
     pub fn sweep(&self) -> u32 {
+        self.drain_released(u32::MAX);
         let limit = self.range_max_latches();
         let mut queued = 0;
         let _d = self.lock(LockId::Directory, Mode::Shared);

@@ -19,7 +19,7 @@ use super::tree::NIL;
 use super::xid::Xid;
 use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 pub const MAGIC: u64 = 0x706b_7678_6c74_0002; // "pkvxlt" v2
 
@@ -76,6 +76,10 @@ pub(crate) struct Header {
     pub dir_version: AtomicU64,
     /// Ranges in state QUEUED: idle workers look here before scanning.
     pub queued: AtomicU32,
+    /// Latches released (committed or aborted) but not yet moved to their
+    /// range's tombstone list or freed: a lock-free stack (see table.rs).
+    pub released: AtomicU32,
+    pub released_count: AtomicU32,
     pub dir: UnsafeCell<DirHeader>,
 }
 
@@ -203,6 +207,19 @@ pub enum State {
     /// Released at commit; kept while a snapshot may still see the holder as
     /// in progress.
     Tombstone = 2,
+    /// Released at abort: conflicts with nobody, removed when drained.
+    Dead = 3,
+}
+
+impl State {
+    pub fn from_u8(v: u8) -> State {
+        match v {
+            1 => State::Live,
+            2 => State::Tombstone,
+            3 => State::Dead,
+            _ => State::Free,
+        }
+    }
 }
 
 #[repr(C)]
@@ -210,14 +227,17 @@ pub(crate) struct Entry {
     pub data: UnsafeCell<EntryData>,
     pub range: AtomicU32,
     pub holder_next: AtomicU32,
+    /// Free-list link while free; released-list link once released.
     pub free_next: AtomicU32,
+    /// A State, atomic so that releasing needs no lock: readers holding
+    /// the range lock see Live, Tombstone or Dead, all of them safe.
+    pub state: AtomicU8,
 }
 
 #[derive(Clone, Copy)]
 pub(crate) struct EntryData {
     pub span: Span,
     pub xid: Xid,
-    pub state: State,
     pub seq: u64,
     pub pid: i32,
     /// Microseconds since the Unix epoch, for the latches view's age.
@@ -227,6 +247,8 @@ pub(crate) struct EntryData {
     pub max_end: u32,
     pub prio: u32,
     pub fifo_next: u32,
+    /// On its range's tombstone list (drained), not pending release.
+    pub in_fifo: bool,
 }
 
 #[repr(C)]
@@ -317,6 +339,8 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 range_max_latches: AtomicU32::new(1024),
                 dir_version: AtomicU64::new(1),
                 queued: AtomicU32::new(0),
+                released: AtomicU32::new(NIL),
+                released_count: AtomicU32::new(0),
                 dir: UnsafeCell::new(DirHeader { free_range: 0, ranges_used: 0, tables_used: 0 }),
             },
         );
@@ -365,6 +389,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                     range: AtomicU32::new(NIL),
                     holder_next: AtomicU32::new(NIL),
                     free_next: AtomicU32::new(next),
+                    state: AtomicU8::new(State::Free as u8),
                 },
             );
         }
@@ -421,7 +446,6 @@ impl EntryData {
     pub const FREE: EntryData = EntryData {
         span: Span { start: KeyBuf::EMPTY, end: KeyBuf::EMPTY },
         xid: Xid::INVALID,
-        state: State::Free,
         seq: 0,
         pid: 0,
         acquired_at: 0,
@@ -430,6 +454,7 @@ impl EntryData {
         max_end: NIL,
         prio: 0,
         fifo_next: NIL,
+        in_fifo: false,
     };
 }
 

@@ -17,6 +17,10 @@ use super::tree::{self, NodeStore, NIL};
 use super::xid::Xid;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
+/// Released latches pending before a releasing backend drains them itself
+/// (normally the maintenance workers drain long before).
+const DRAIN_AT: u32 = 4096;
+
 /// Who holds a latch.
 #[derive(Clone, Copy, Debug)]
 pub struct Holder {
@@ -288,6 +292,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         // SAFETY: the caller owns the entry.
         unsafe { *self.data(i) = EntryData::FREE };
         let e = self.entry(i);
+        e.state.store(State::Free as u8, Release);
         e.range.store(NIL, Release);
         let hdr = self.p.hdr;
         let mut head = hdr.free_head.load(Acquire);
@@ -494,13 +499,13 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             *d = EntryData {
                 span: *span,
                 xid: h.xid,
-                state: State::Live,
                 seq,
                 pid: h.pid,
                 acquired_at: h.now_us,
                 prio: prio_for(e, seq),
                 ..EntryData::FREE
             };
+            self.entry(e).state.store(State::Live as u8, Release);
             let (_g, waited) = Held::new_counting(&self.locks, LockId::Range(r), Mode::Exclusive);
             let rs = &self.p.ranges[r as usize];
             bump(&rs.acquires, 1);
@@ -555,12 +560,16 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         while e != NIL {
             let next = self.entry(e).holder_next.load(Relaxed);
             self.entry(e).holder_next.store(NIL, Relaxed);
-            self.release_one(slot, e, outcome);
+            self.release_one(e, outcome);
             n += 1;
             e = next;
         }
         b.count.store(0, Relaxed);
         b.xid.store(0, Relaxed);
+        // Without maintenance workers nobody else drains: keep it bounded.
+        if self.released_pending() > DRAIN_AT {
+            self.drain_released(slot);
+        }
         let stat = match outcome {
             Outcome::Committed => Stat::LatchesReleasedCommit,
             Outcome::Aborted => Stat::LatchesReleasedAbort,
@@ -569,36 +578,80 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         n
     }
 
-    fn release_one(&self, slot: u32, e: u32, outcome: Outcome) {
+    /// Marks `e` released and pushes it on the released stack: no lock, so
+    /// commit and abort never wait on a range lock.  Readers keep finding a
+    /// committed latch (now a tombstone) and skip an aborted one (dead).
+    fn release_one(&self, e: u32, outcome: Outcome) {
+        let state = match outcome {
+            Outcome::Committed => State::Tombstone,
+            Outcome::Aborted => State::Dead,
+        };
+        let ent = self.entry(e);
+        ent.state.store(state as u8, Release);
+        let hdr = self.p.hdr;
+        let mut head = hdr.released.load(Acquire);
         loop {
-            let r = self.entry(e).range.load(Acquire);
-            let _g = self.lock(LockId::Range(r), Mode::Exclusive);
-            if self.entry(e).range.load(Acquire) != r {
-                continue; // moved by a split or merge while we waited
+            ent.free_next.store(head, Relaxed);
+            // Pushes only ever race with pushes and whole-stack takes, so
+            // a plain CAS on the head is ABA-free.
+            match hdr.released.compare_exchange_weak(head, e, AcqRel, Acquire) {
+                Ok(_) => break,
+                Err(h) => head = h,
             }
-            // SAFETY: exclusive lock of the range `e` is in.
-            let (body, d) = unsafe { (self.body(r), self.data(e)) };
-            body.live -= 1;
-            match outcome {
-                Outcome::Committed => {
-                    d.state = State::Tombstone;
+        }
+        hdr.released_count.fetch_add(1, Relaxed);
+    }
+
+    /// Released latches not yet drained.
+    pub fn released_pending(&self) -> u32 {
+        self.p.hdr.released_count.load(Relaxed)
+    }
+
+    /// Moves released latches to their ranges: tombstones onto the range's
+    /// tombstone list (to wait for the horizon), dead ones out of the tree
+    /// and back to the free list.  Returns how many.
+    pub fn drain_released(&self, slot: u32) -> u32 {
+        let hdr = self.p.hdr;
+        let mut e = hdr.released.swap(NIL, AcqRel);
+        let mut n = 0;
+        while e != NIL {
+            let next = self.entry(e).free_next.load(Relaxed);
+            loop {
+                let r = self.entry(e).range.load(Acquire);
+                let _g = self.lock(LockId::Range(r), Mode::Exclusive);
+                if self.entry(e).range.load(Acquire) != r {
+                    continue; // moved by a split or merge while we waited
+                }
+                // SAFETY: exclusive lock of the range `e` is in.
+                let body = unsafe { self.body(r) };
+                body.live -= 1;
+                if self.state(e) == State::Dead {
+                    body.root = tree::remove(&self.nodes(), body.root, e);
+                    // SAFETY: out of the tree, the chain and the stack.
+                    unsafe { self.free(e) };
+                } else {
                     body.tombstones += 1;
                     self.fifo_push(body, e);
                 }
-                Outcome::Aborted => {
-                    body.root = tree::remove(&self.nodes(), body.root, e);
-                    // SAFETY: out of the tree and the chain: nobody reaches it.
-                    unsafe { self.free(e) };
-                }
+                self.reclaim_locked(slot, r, 4);
+                break;
             }
-            self.reclaim_locked(slot, r, 4);
-            return;
+            hdr.released_count.fetch_sub(1, Relaxed);
+            n += 1;
+            e = next;
         }
+        n
+    }
+
+    pub(crate) fn state(&self, e: u32) -> State {
+        State::from_u8(self.entry(e).state.load(Acquire))
     }
 
     pub(crate) fn fifo_push(&self, body: &mut RangeBody, e: u32) {
         // SAFETY: the caller holds the exclusive lock of the range `e` is in.
-        unsafe { self.data(e) }.fifo_next = NIL;
+        let d = unsafe { self.data(e) };
+        d.fifo_next = NIL;
+        d.in_fifo = true;
         if body.fifo_tail == NIL {
             body.fifo_head = e;
         } else {

@@ -143,6 +143,7 @@ fn released_after_snapshot_still_conflicts_then_reclaims() {
         // Reader's snapshot saw 50 in progress; 50 then ends.
         let before = t.free_entries();
         t.release_all(1, outcome);
+        t.drain_released(1);
         let got = conflicts_of(t, REL, &pt(5), &[50], 60);
         match outcome {
             // A committed prerequisite released after the snapshot still conflicts...
@@ -171,12 +172,15 @@ fn released_after_snapshot_still_conflicts_then_reclaims() {
 }
 
 #[test]
-fn writers_reclaim_expired_tombstones_as_they_go() {
+fn released_latches_drain_and_reclaim_as_the_horizon_passes() {
+    // Releasing takes no lock; draining (the workers' job) moves tombstones
+    // to their range, where expired ones are reclaimed on the way.
     let t = small();
     for x in 10..60u32 {
         t.acquire(0, REL, &pt(x as u16), &holder(x)).unwrap();
         t.release_all(0, Outcome::Committed);
         t.set_horizon(Xid(x)); // everything before x is gone from all snapshots
+        t.drain_released(1);
     }
     let used = t.usage().entries_used;
     assert!(used < 10, "tombstones piled up: {used}");
@@ -192,6 +196,7 @@ fn capacity_exhaustion_and_recovery() {
     assert_eq!(t.stats()[super::stats::Stat::LatchTableFull as usize], 1);
     // The full transaction aborts; its holder's latches all go.
     assert_eq!(t.release_all(0, Outcome::Aborted), 8);
+    t.drain_released(0);
     assert_eq!(t.free_entries(), 8);
     t.acquire(1, REL, &pt(100), &holder(101)).unwrap();
     // Committed tombstones pinned by an old snapshot fill the table...
@@ -216,7 +221,7 @@ fn coalesced_summary_asks_whether_the_holder_committed() {
     let t = small();
     t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
     t.release_all(0, Outcome::Committed);
-    t.coalesce(0, t.ranges_of(REL)[0]);
+    t.coalesce(0, t.ranges_of(REL)[0]); // drains first
     let mut xs = [Xid(50), Xid(52)];
     let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
     let mut seen = Vec::new();
@@ -247,6 +252,7 @@ fn wide_latches_span_every_range_they_cross() {
     // Releasing works whatever range each piece ended up in.
     t.release_all(1, Outcome::Aborted);
     t.release_all(0, Outcome::Aborted);
+    t.drain_released(0);
     assert_eq!(t.free_entries(), 512);
 }
 
@@ -490,17 +496,26 @@ mod stress {
         {
             let (pa, stop) = (pa.clone(), stop.clone());
             handles.push(std::thread::spawn(move || {
+                let mut round = 0u32;
                 while !stop.load(Ordering::Relaxed) {
                     let h = {
                         let p = pa.lock().unwrap();
                         p.running.iter().copied().chain(p.reader_xmin).min().unwrap_or(p.next)
                     };
                     t.set_horizon(Xid(h));
+                    // Drain, reclaim, split and merge while readers check:
+                    // alternate rounds split every range that can be split
+                    // and merge neighbours back.
                     t.reclaim_all(8);
-                    for r in t.ranges_of(REL) {
-                        let body_len = t.usage().entries_used;
-                        if body_len > 64 {
+                    round += 1;
+                    let ranges = t.ranges_of(REL);
+                    if !round.is_multiple_of(4) {
+                        for r in ranges {
                             t.split(8, r);
+                        }
+                    } else {
+                        for pair in ranges.windows(2).step_by(2) {
+                            t.merge(8, pair[0], pair[1]);
                         }
                     }
                     std::thread::sleep(std::time::Duration::from_micros(200));
@@ -540,6 +555,7 @@ mod stress {
         assert!(checked > 100, "too few checks: {checked}");
         let st = t.stats();
         assert!(st[super::super::stats::Stat::RangeSplits as usize] > 0, "no split raced the readers");
+        assert!(st[super::super::stats::Stat::RangeMerges as usize] > 0, "no merge raced the readers");
         assert!(txns > 100, "too few transactions: {txns}");
         // Everything ended: only tombstones remain, and they all go once
         // the horizon passes.

@@ -92,7 +92,11 @@ impl<L: LockSet> LatchTable<'_, L> {
                     // SAFETY: `e` is in range `r`, whose lock we hold.
                     let d = unsafe { self.data(e) };
                     out.examined += 1;
-                    let live = d.state == State::Live;
+                    let state = self.state(e);
+                    if state == State::Dead {
+                        return true; // aborted: its rows never existed
+                    }
+                    let live = state == State::Live;
                     if snap.in_flight(d.xid) {
                         out.conflicted = true;
                         on_conflict(Conflict { xid: d.xid, live, after: false });
@@ -166,7 +170,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
                 // SAFETY: as above.
                 let d = unsafe { self.data(e) };
-                if d.state == State::Live {
+                if self.state(e) == State::Live {
                     f(d.xid, d.pid);
                 }
                 true

@@ -50,6 +50,9 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         t.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
+        // Committed and aborted latches were released without locks; move
+        // them to their ranges (tombstones) or free them (aborted).
+        t.drain_released(slot);
         if index == 0 {
             // One horizon for everyone: tombstones of holders before it go.
             backend::refresh_horizon(true);
