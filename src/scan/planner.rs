@@ -111,6 +111,9 @@ unsafe fn limit_applies_to_scan(root: *mut pg_sys::PlannerInfo) -> bool {
             && !q.hasTargetSRFs
             && q.setOperations.is_null()
             && q.havingQual.is_null()
+            // we evaluate LIMIT/OFFSET ourselves too: both must agree
+            && !pg_sys::contain_volatile_functions(q.limitCount)
+            && !pg_sys::contain_volatile_functions(q.limitOffset)
             // ORDER BY present (its pathkeys may all be redundant, as in
             // `WHERE k = 5 ORDER BY k`)
             && !q.sortClause.is_null()
