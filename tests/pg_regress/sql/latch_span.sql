@@ -24,6 +24,20 @@ TRUNCATE kv;
 SELECT span FROM pgkvx.latches;
 ROLLBACK;
 
+-- latches show only to roles that may SELECT the table (or pg_monitor);
+-- the role is created inside the transaction so no run can leave it behind
+BEGIN;
+CREATE ROLE pgkvx_nosy;
+INSERT INTO kv VALUES (500, 'secret');
+SET LOCAL ROLE pgkvx_nosy;
+SELECT count(*) AS seen_without_select FROM pgkvx.latches;
+RESET ROLE;
+GRANT pg_monitor TO pgkvx_nosy;
+SET LOCAL ROLE pgkvx_nosy;
+SELECT count(*) AS seen_with_pg_monitor FROM pgkvx.latches;
+RESET ROLE;
+ROLLBACK;
+
 -- argument errors
 SELECT pgkvx.latch_span('kv', 'twenty', NULL);
 SELECT pgkvx.latch_span('kv', '20', '10');
