@@ -31,19 +31,9 @@ pub struct BatchWriter {
 
 impl BatchWriter {
     pub fn new(columns: Vec<Column>, batch_rows: usize) -> Self {
-        let schema = Arc::new(Schema::new(
-            columns.iter().map(|c| c.field.clone()).collect::<Vec<_>>(),
-        ));
+        let schema = Arc::new(Schema::new(columns.iter().map(|c| c.field.clone()).collect::<Vec<_>>()));
         let writer = StreamWriter::try_new(Vec::new(), &schema).unwrap_or_else(|e| ipc_error(e));
-        BatchWriter {
-            schema,
-            columns,
-            writer,
-            rows: 0,
-            batch_rows,
-            next_size_check: 1,
-            row_cx: RowContext::new(),
-        }
+        BatchWriter { schema, columns, writer, rows: 0, batch_rows, next_size_check: 1, row_cx: RowContext::new() }
     }
 
     /// Appends one row.  `attrs[i]` is the 0-based position in `values` and
@@ -53,12 +43,7 @@ impl BatchWriter {
     /// `values`/`nulls` must hold valid datums (of the column types) at every
     /// position named in `attrs`.
     #[inline]
-    pub unsafe fn push_row(
-        &mut self,
-        values: *const pg_sys::Datum,
-        nulls: *const bool,
-        attrs: &[usize],
-    ) {
+    pub unsafe fn push_row(&mut self, values: *const pg_sys::Datum, nulls: *const bool, attrs: &[usize]) {
         let columns = &mut self.columns;
         self.row_cx.run(|| {
             for (col, &a) in columns.iter_mut().zip(attrs) {
@@ -111,11 +96,7 @@ impl BatchWriter {
             // reserve it at once rather than growing (and copying) by doubling.
             let estimate = self.bytes() + 64 * (self.columns.len() + 1) * 3 + 4096;
             self.writer.get_mut().reserve(estimate);
-            let arrays = self
-                .columns
-                .iter_mut()
-                .map(|c| c.encoder.finish())
-                .collect();
+            let arrays = self.columns.iter_mut().map(|c| c.encoder.finish()).collect();
             let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
             let batch = RecordBatch::try_new_with_options(self.schema.clone(), arrays, &options)
                 .unwrap_or_else(|e| ipc_error(e));
@@ -130,10 +111,7 @@ impl BatchWriter {
         if out.len() > 0x3fff_ffff - 4 {
             errors::raise_hint(
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                format!(
-                    "one Arrow batch grew to {} bytes, more than a bytea can hold",
-                    out.len()
-                ),
+                format!("one Arrow batch grew to {} bytes, more than a bytea can hold", out.len()),
                 "Use a smaller batch_rows.",
             );
         }
@@ -142,8 +120,5 @@ impl BatchWriter {
 }
 
 fn ipc_error(e: arrow_schema::ArrowError) -> ! {
-    errors::raise(
-        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-        format!("Arrow IPC encoding failed: {e}"),
-    )
+    errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("Arrow IPC encoding failed: {e}"))
 }

@@ -34,8 +34,7 @@ pub enum ArrowNumeric {
     Decimal128,
 }
 
-static ARROW_NUMERIC: GucSetting<ArrowNumeric> =
-    GucSetting::<ArrowNumeric>::new(ArrowNumeric::Text);
+static ARROW_NUMERIC: GucSetting<ArrowNumeric> = GucSetting::<ArrowNumeric>::new(ArrowNumeric::Text);
 static ARROW_NUMERIC_SCALE: GucSetting<i32> = GucSetting::<i32>::new(9);
 
 /// Registers the Arrow projection's settings; called from `_PG_init`.
@@ -64,9 +63,7 @@ fn numeric_mode() -> NumericMode {
     match ARROW_NUMERIC.get() {
         ArrowNumeric::Text => NumericMode::Text,
         ArrowNumeric::Float64 => NumericMode::Float64,
-        ArrowNumeric::Decimal128 => NumericMode::Decimal128 {
-            scale: ARROW_NUMERIC_SCALE.get() as i8,
-        },
+        ArrowNumeric::Decimal128 => NumericMode::Decimal128 { scale: ARROW_NUMERIC_SCALE.get() as i8 },
     }
 }
 
@@ -85,14 +82,9 @@ pub struct StreamArgs {
 
 fn stream_args(batch_rows: i32) -> StreamArgs {
     if batch_rows < 1 {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            "batch_rows must be at least 1",
-        );
+        errors::raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "batch_rows must be at least 1");
     }
-    StreamArgs {
-        batch_rows: batch_rows as usize,
-    }
+    StreamArgs { batch_rows: batch_rows as usize }
 }
 
 /// The requested columns of `rel`, in key order, for keys in
@@ -112,10 +104,7 @@ fn arrow_scan(
         cols.into_iter()
             .map(|c| {
                 c.unwrap_or_else(|| {
-                    errors::raise(
-                        PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-                        "columns must not contain NULL",
-                    )
+                    errors::raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "columns must not contain NULL")
                 })
             })
             .collect()
@@ -123,13 +112,7 @@ fn arrow_scan(
     let oid = rel.oid();
     // PgRelation holds its own lock and reference; the scan keeps its own.
     drop(rel);
-    let req = scan::ScanRequest {
-        rel: oid,
-        columns,
-        lower,
-        upper,
-        max_rows,
-    };
+    let req = scan::ScanRequest { rel: oid, columns, lower, upper, max_rows };
     SetOfIterator::new(scan::TableStream::open(req, args))
 }
 

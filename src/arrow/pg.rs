@@ -87,9 +87,7 @@ pub unsafe fn tupdesc_attrs(tupdesc: pg_sys::TupleDesc) -> Vec<Attr> {
             .iter()
             .map(|a| Attr {
                 attnum: a.attnum,
-                name: CStr::from_ptr(a.attname.data.as_ptr())
-                    .to_string_lossy()
-                    .into_owned(),
+                name: CStr::from_ptr(a.attname.data.as_ptr()).to_string_lossy().into_owned(),
                 typid: a.atttypid,
                 typmod: a.atttypmod,
                 notnull: a.attnotnull,
@@ -109,8 +107,7 @@ impl Rel {
     pub fn open(oid: pg_sys::Oid) -> Rel {
         // SAFETY: relation_open raises an ERROR for a missing relation; the
         // returned pointer stays valid until relation_close.
-        let ptr =
-            unsafe { pg_sys::relation_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+        let ptr = unsafe { pg_sys::relation_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
         Rel { ptr }
     }
 
@@ -133,18 +130,13 @@ impl Rel {
     pub fn is_other_temp(&self) -> bool {
         // SAFETY: ptr is an open relation with a valid rd_rel.
         unsafe {
-            (*(*self.ptr).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP
-                && !(*self.ptr).rd_islocaltemp
+            (*(*self.ptr).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP && !(*self.ptr).rd_islocaltemp
         }
     }
 
     pub fn name(&self) -> String {
         // SAFETY: ptr is an open relation; relname is a NUL-terminated NameData.
-        unsafe {
-            CStr::from_ptr((*(*self.ptr).rd_rel).relname.data.as_ptr())
-                .to_string_lossy()
-                .into_owned()
-        }
+        unsafe { CStr::from_ptr((*(*self.ptr).rd_rel).relname.data.as_ptr()).to_string_lossy().into_owned() }
     }
 
     pub fn attrs(&self) -> Vec<Attr> {
@@ -202,23 +194,16 @@ impl IndexInfo {
 pub fn may_select_table(rel: pg_sys::Oid) -> bool {
     // SAFETY: pure catalog lookups on an existing relation.
     unsafe {
-        pg_sys::pg_class_aclcheck(
-            rel,
-            pg_sys::GetUserId(),
-            pg_sys::ACL_SELECT as pg_sys::AclMode,
-        ) == pg_sys::AclResult::ACLCHECK_OK
+        pg_sys::pg_class_aclcheck(rel, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
     }
 }
 
 pub fn may_select_column(rel: pg_sys::Oid, attnum: i16) -> bool {
     // SAFETY: pure catalog lookups on an existing relation and attribute.
     unsafe {
-        pg_sys::pg_attribute_aclcheck(
-            rel,
-            attnum,
-            pg_sys::GetUserId(),
-            pg_sys::ACL_SELECT as pg_sys::AclMode,
-        ) == pg_sys::AclResult::ACLCHECK_OK
+        pg_sys::pg_attribute_aclcheck(rel, attnum, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
     }
 }
 
@@ -227,18 +212,14 @@ pub fn may_select_column(rel: pg_sys::Oid, attnum: i16) -> bool {
 pub fn rls_applies(rel: pg_sys::Oid) -> bool {
     // SAFETY: catalog lookup; noError=false lets Postgres raise its own error.
     unsafe {
-        pg_sys::check_enable_rls(rel, pg_sys::InvalidOid, false)
-            == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
+        pg_sys::check_enable_rls(rel, pg_sys::InvalidOid, false) == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
     }
 }
 
 /// Parses `text` with the input function of `typid` (as a cast from text would).
 pub fn parse_value(text: &str, typid: pg_sys::Oid, typmod: i32) -> pg_sys::Datum {
     let c = CString::new(text).unwrap_or_else(|_| {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
-            "bound contains a NUL character",
-        )
+        errors::raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, "bound contains a NUL character")
     });
     // SAFETY: catalog lookup of an existing type; the input function raises
     // its own ERROR (e.g. 22P02) on bad input.
@@ -254,12 +235,7 @@ pub fn parse_value(text: &str, typid: pg_sys::Oid, typmod: i32) -> pg_sys::Datum
 pub fn btree_key(info: &IndexInfo, strategy: u32, value: pg_sys::Datum) -> pg_sys::ScanKeyData {
     // SAFETY: catalog lookups; ScanKeyEntryInitialize only fills the struct.
     unsafe {
-        let op = pg_sys::get_opfamily_member(
-            info.opfamily,
-            info.opcintype,
-            info.opcintype,
-            strategy as i16,
-        );
+        let op = pg_sys::get_opfamily_member(info.opfamily, info.opcintype, info.opcintype, strategy as i16);
         if op == pg_sys::InvalidOid {
             errors::raise(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
@@ -328,10 +304,7 @@ impl Slot {
 /// # Safety
 /// `slot` must hold a tuple with at least `natts` attributes.
 #[inline]
-pub unsafe fn deform(
-    slot: *mut pg_sys::TupleTableSlot,
-    natts: usize,
-) -> (*const pg_sys::Datum, *const bool) {
+pub unsafe fn deform(slot: *mut pg_sys::TupleTableSlot, natts: usize) -> (*const pg_sys::Datum, *const bool) {
     // SAFETY: per the caller; slot_getsomeattrs_int fills tts_values and
     // tts_isnull up to natts, as the inline slot_getsomeattrs would.
     unsafe {
@@ -521,12 +494,7 @@ impl OwnerWatch {
         });
         // SAFETY: the Box's address is stable until `unregister`, which
         // Drop guarantees.
-        unsafe {
-            pg_sys::RegisterResourceReleaseCallback(
-                Some(owner_released),
-                &*w as *const OwnerWatch as *mut _,
-            )
-        };
+        unsafe { pg_sys::RegisterResourceReleaseCallback(Some(owner_released), &*w as *const OwnerWatch as *mut _) };
         w
     }
 
@@ -543,10 +511,7 @@ impl OwnerWatch {
             // SAFETY: removes the entry added in `new`; only touches the
             // callback list, valid in any transaction state.
             unsafe {
-                pg_sys::UnregisterResourceReleaseCallback(
-                    Some(owner_released),
-                    self as *const OwnerWatch as *mut _,
-                )
+                pg_sys::UnregisterResourceReleaseCallback(Some(owner_released), self as *const OwnerWatch as *mut _)
             };
         }
     }

@@ -26,10 +26,7 @@ struct ArrowDest {
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn receive_slot(
-    slot: *mut pg_sys::TupleTableSlot,
-    dest: *mut pg_sys::DestReceiver,
-) -> bool {
+unsafe extern "C-unwind" fn receive_slot(slot: *mut pg_sys::TupleTableSlot, dest: *mut pg_sys::DestReceiver) -> bool {
     // SAFETY: `dest` is the `base` of a live ArrowDest (repr(C), first
     // field), passed by `fetch`; the slot holds the current result tuple of
     // the portal's descriptor, whose attributes `attrs` index.
@@ -42,12 +39,7 @@ unsafe extern "C-unwind" fn receive_slot(
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn startup(
-    _dest: *mut pg_sys::DestReceiver,
-    _op: i32,
-    _desc: pg_sys::TupleDesc,
-) {
-}
+unsafe extern "C-unwind" fn startup(_dest: *mut pg_sys::DestReceiver, _op: i32, _desc: pg_sys::TupleDesc) {}
 
 #[pg_guard]
 unsafe extern "C-unwind" fn noop(_dest: *mut pg_sys::DestReceiver) {}
@@ -71,10 +63,7 @@ fn refuse_not_read_only() -> ! {
 impl QueryStream {
     pub fn open(query: &str, args: StreamArgs) -> QueryStream {
         let cquery = CString::new(query).unwrap_or_else(|_| {
-            errors::raise(
-                PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
-                "query contains a NUL character",
-            )
+            errors::raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, "query contains a NUL character")
         });
         // SAFETY: SPI calls bracketed by SPI_connect/SPI_finish; an ERROR in
         // between is cleaned up by SPI's own abort handling.  Everything kept
@@ -90,9 +79,7 @@ impl QueryStream {
             if !pg_sys::SPI_is_cursor_plan(plan) {
                 refuse_not_read_only();
             }
-            let sources = PgList::<pg_sys::CachedPlanSource>::from_pg(
-                pg_sys::SPI_plan_get_plan_sources(plan),
-            );
+            let sources = PgList::<pg_sys::CachedPlanSource>::from_pg(pg_sys::SPI_plan_get_plan_sources(plan));
             for src in sources.iter_ptr() {
                 let queries = PgList::<pg_sys::Query>::from_pg((*src).query_list);
                 for q in queries.iter_ptr() {
@@ -104,13 +91,7 @@ impl QueryStream {
                     }
                 }
             }
-            let portal = pg_sys::SPI_cursor_open(
-                std::ptr::null(),
-                plan,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                true,
-            );
+            let portal = pg_sys::SPI_cursor_open(std::ptr::null(), plan, std::ptr::null_mut(), std::ptr::null(), true);
             let name = CStr::from_ptr((*portal).name).to_owned();
             let attrs = pg::tupdesc_attrs((*portal).tupDesc);
             pg_sys::SPI_finish();
@@ -118,15 +99,9 @@ impl QueryStream {
         };
         // Encoders cache function lookups in the current context: built only
         // now, after SPI_finish has restored the multi-call context.
-        let settings = Settings {
-            encoding: pg::server_encoding(),
-            numeric: super::numeric_mode(),
-        };
+        let settings = Settings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
         let live: Vec<&pg::Attr> = attrs.iter().filter(|a| !a.dropped).collect();
-        let columns = live
-            .iter()
-            .map(|a| types::column(&a.name, a.typid, a.typmod, true, settings))
-            .collect();
+        let columns = live.iter().map(|a| types::column(&a.name, a.typid, a.typmod, true, settings)).collect();
         let idx: Vec<usize> = live.iter().map(|a| a.attnum as usize - 1).collect();
         let natts = idx.iter().max().map_or(0, |m| m + 1);
         let dest = Box::new(ArrowDest {
@@ -141,13 +116,7 @@ impl QueryStream {
             attrs: idx,
             natts,
         });
-        QueryStream {
-            portal,
-            dest,
-            batch_rows: args.batch_rows,
-            open: true,
-            done: false,
-        }
+        QueryStream { portal, dest, batch_rows: args.batch_rows, open: true, done: false }
     }
 
     fn find_portal(&self) -> pg_sys::Portal {

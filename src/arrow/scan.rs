@@ -40,13 +40,8 @@ pub struct NoFence;
 impl ScanFence for NoFence {}
 
 enum Cursor {
-    Index {
-        index: Rel,
-        scan: pg_sys::IndexScanDesc,
-    },
-    Heap {
-        scan: pg_sys::TableScanDesc,
-    },
+    Index { index: Rel, scan: pg_sys::IndexScanDesc },
+    Heap { scan: pg_sys::TableScanDesc },
 }
 
 struct Source {
@@ -70,16 +65,12 @@ impl Source {
             let old = pg_sys::CurrentMemoryContext;
             pg_sys::CurrentMemoryContext = self.scan_cx;
             let found = match &self.cursor {
-                Cursor::Index { scan, .. } => pg_sys::index_getnext_slot(
-                    *scan,
-                    pg_sys::ScanDirection::ForwardScanDirection,
-                    self.slot.as_ptr(),
-                ),
+                Cursor::Index { scan, .. } => {
+                    pg_sys::index_getnext_slot(*scan, pg_sys::ScanDirection::ForwardScanDirection, self.slot.as_ptr())
+                }
                 Cursor::Heap { scan } => {
                     let am = (*self.rel.as_ptr()).rd_tableam;
-                    ((*am)
-                        .scan_getnextslot
-                        .expect("table AM without scan_getnextslot"))(
+                    ((*am).scan_getnextslot.expect("table AM without scan_getnextslot"))(
                         *scan,
                         pg_sys::ScanDirection::ForwardScanDirection,
                         self.slot.as_ptr(),
@@ -145,10 +136,7 @@ impl TableStream {
     pub fn open(req: ScanRequest, args: StreamArgs) -> TableStream {
         if let Some(m) = req.max_rows {
             if m < 0 {
-                errors::raise(
-                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                    "max_rows must not be negative",
-                );
+                errors::raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "max_rows must not be negative");
             }
         }
         let rel = Rel::open(req.rel);
@@ -235,18 +223,11 @@ impl TableStream {
         // Privileges as for SELECT <columns> FROM rel ORDER BY <key> with the
         // bounds in WHERE: the table, or every column that query would name.
         if !pg::may_select_table(rel.oid()) {
-            let key_cols: Vec<i16> = index
-                .as_ref()
-                .map(|(_, i)| i.heap_attnums.clone())
-                .unwrap_or_default();
+            let key_cols: Vec<i16> = index.as_ref().map(|(_, i)| i.heap_attnums.clone()).unwrap_or_default();
             let needed = projected.iter().map(|a| a.attnum).chain(key_cols);
             for attnum in needed {
                 if !pg::may_select_column(rel.oid(), attnum) {
-                    let col = all
-                        .iter()
-                        .find(|a| a.attnum == attnum)
-                        .map(|a| a.name.clone())
-                        .unwrap_or_default();
+                    let col = all.iter().find(|a| a.attnum == attnum).map(|a| a.name.clone()).unwrap_or_default();
                     errors::raise_full(
                         PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
                         format!("permission denied for table {relname}"),
@@ -261,7 +242,9 @@ impl TableStream {
         if pg::rls_applies(rel.oid()) {
             refuse(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                format!("row level security applies to table \"{relname}\"; pgkvx.arrow_scan does not evaluate policies"),
+                format!(
+                    "row level security applies to table \"{relname}\"; pgkvx.arrow_scan does not evaluate policies"
+                ),
                 "Use pgkvx.arrow_query('SELECT ... FROM ... ORDER BY ...'), which applies the table's policies.",
             );
         }
@@ -272,9 +255,7 @@ impl TableStream {
                 if info.heap_attnums.len() != 1 {
                     refuse(
                         PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                        format!(
-                            "bounds on the multi-column key of \"{relname}\" are not supported"
-                        ),
+                        format!("bounds on the multi-column key of \"{relname}\" are not supported"),
                         "Pass NULL bounds, or filter with pgkvx.arrow_query.",
                     );
                 }
@@ -293,14 +274,9 @@ impl TableStream {
             }
         }
 
-        let settings = Settings {
-            encoding: pg::server_encoding(),
-            numeric: super::numeric_mode(),
-        };
-        let columns = projected
-            .iter()
-            .map(|a| types::column(&a.name, a.typid, a.typmod, !a.notnull, settings))
-            .collect();
+        let settings = Settings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
+        let columns =
+            projected.iter().map(|a| types::column(&a.name, a.typid, a.typmod, !a.notnull, settings)).collect();
         let attrs: Vec<usize> = projected.iter().map(|a| a.attnum as usize - 1).collect();
         let natts = attrs.iter().max().map_or(0, |m| m + 1);
 
@@ -311,20 +287,9 @@ impl TableStream {
         let cursor = unsafe {
             match index {
                 Some((ix, _)) => {
-                    let scan = pg_sys::index_beginscan(
-                        rel.as_ptr(),
-                        ix.as_ptr(),
-                        snapshot.as_ptr(),
-                        keys.len() as i32,
-                        0,
-                    );
-                    pg_sys::index_rescan(
-                        scan,
-                        keys.as_mut_ptr(),
-                        keys.len() as i32,
-                        std::ptr::null_mut(),
-                        0,
-                    );
+                    let scan =
+                        pg_sys::index_beginscan(rel.as_ptr(), ix.as_ptr(), snapshot.as_ptr(), keys.len() as i32, 0);
+                    pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
                     Cursor::Index { index: ix, scan }
                 }
                 None => {
@@ -350,14 +315,7 @@ impl TableStream {
         let scan_cx = unsafe { pg_sys::CurrentMemoryContext };
         let owner = OwnerWatch::new();
         TableStream {
-            source: Some(Source {
-                rel,
-                cursor,
-                slot,
-                snapshot,
-                scan_cx,
-                owner,
-            }),
+            source: Some(Source { rel, cursor, slot, snapshot, scan_cx, owner }),
             out: BatchWriter::new(columns, args.batch_rows),
             attrs,
             natts,

@@ -87,10 +87,7 @@ pub struct VarlenaText {
 
 impl VarlenaText {
     pub fn new(encoding: ServerEncoding) -> Self {
-        VarlenaText {
-            out: VarBytes::default(),
-            encoding,
-        }
+        VarlenaText { out: VarBytes::default(), encoding }
     }
 }
 
@@ -121,19 +118,14 @@ pub struct NameText {
 
 impl NameText {
     pub fn new(encoding: ServerEncoding) -> Self {
-        NameText {
-            out: VarBytes::default(),
-            encoding,
-        }
+        NameText { out: VarBytes::default(), encoding }
     }
 }
 
 impl Encoder for NameText {
     unsafe fn push(&mut self, datum: pg_sys::Datum) {
         // SAFETY: a name datum points at NAMEDATALEN bytes.
-        let raw = unsafe {
-            std::slice::from_raw_parts(datum.cast_mut_ptr::<u8>(), pg_sys::NAMEDATALEN as usize)
-        };
+        let raw = unsafe { std::slice::from_raw_parts(datum.cast_mut_ptr::<u8>(), pg_sys::NAMEDATALEN as usize) };
         let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
         let out = &mut self.out;
         pg::with_utf8(&raw[..len], self.encoding, |b| out.push(b));

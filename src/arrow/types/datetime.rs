@@ -40,11 +40,7 @@ pub struct DateEncoder {
 
 impl DateEncoder {
     pub fn new(column: &str) -> Self {
-        DateEncoder {
-            column: column.into(),
-            values: super::SizedVec::new(),
-            nulls: NullBufferBuilder::new(0),
-        }
+        DateEncoder { column: column.into(), values: super::SizedVec::new(), nulls: NullBufferBuilder::new(0) }
     }
 }
 
@@ -82,10 +78,7 @@ impl Encoder for DateEncoder {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        Arc::new(PrimitiveArray::<Date32Type>::new(
-            ScalarBuffer::from(self.values.take()),
-            self.nulls.finish(),
-        ))
+        Arc::new(PrimitiveArray::<Date32Type>::new(ScalarBuffer::from(self.values.take()), self.nulls.finish()))
     }
     fn bytes(&self) -> usize {
         self.values.len() * 4
@@ -152,11 +145,7 @@ pub struct IntervalEncoder {
 
 impl IntervalEncoder {
     pub fn new(column: &str) -> Self {
-        IntervalEncoder {
-            column: column.into(),
-            values: super::SizedVec::new(),
-            nulls: NullBufferBuilder::new(0),
-        }
+        IntervalEncoder { column: column.into(), values: super::SizedVec::new(), nulls: NullBufferBuilder::new(0) }
     }
 }
 
@@ -167,14 +156,10 @@ impl Encoder for IntervalEncoder {
         let Some(nanos) = iv.time.checked_mul(1000) else {
             errors::raise(
                 PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
-                format!(
-                    "interval in column \"{}\" is too long for Arrow nanoseconds",
-                    self.column
-                ),
+                format!("interval in column \"{}\" is too long for Arrow nanoseconds", self.column),
             )
         };
-        self.values
-            .push(IntervalMonthDayNano::new(iv.month, iv.day, nanos));
+        self.values.push(IntervalMonthDayNano::new(iv.month, iv.day, nanos));
         self.nulls.append_non_null();
     }
     fn push_null(&mut self) {

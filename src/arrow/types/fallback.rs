@@ -17,11 +17,7 @@ pub struct OutputText {
 
 impl OutputText {
     pub fn new(typid: pg_sys::Oid, encoding: ServerEncoding) -> Self {
-        OutputText {
-            func: OutputFn::new(typid),
-            out: VarBytes::default(),
-            encoding,
-        }
+        OutputText { func: OutputFn::new(typid), out: VarBytes::default(), encoding }
     }
 }
 

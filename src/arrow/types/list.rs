@@ -54,7 +54,10 @@ impl Encoder for ListEncoder {
             if ndim > 1 {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    format!("column \"{}\" holds a {ndim}-dimensional array; Arrow lists are one-dimensional", self.column),
+                    format!(
+                        "column \"{}\" holds a {ndim}-dimensional array; Arrow lists are one-dimensional",
+                        self.column
+                    ),
                     format!("Convert it in pgkvx.arrow_query, e.g. {}::text.", self.column),
                 );
             }
@@ -93,12 +96,7 @@ impl Encoder for ListEncoder {
     fn finish(&mut self) -> ArrayRef {
         let offsets = OffsetBuffer::new(ScalarBuffer::from(self.offsets.take()));
         let values = self.inner.finish();
-        Arc::new(ListArray::new(
-            self.item.clone(),
-            offsets,
-            values,
-            self.nulls.finish(),
-        ))
+        Arc::new(ListArray::new(self.item.clone(), offsets, values, self.nulls.finish()))
     }
     fn bytes(&self) -> usize {
         self.offsets.len() * 4 + self.inner.bytes()

@@ -50,19 +50,11 @@ pub(crate) struct SizedVec<T> {
 
 impl<T: Default> SizedVec<T> {
     pub fn new() -> Self {
-        SizedVec {
-            v: Vec::new(),
-            hint: 0,
-            leading_zero: false,
-        }
+        SizedVec { v: Vec::new(), hint: 0, leading_zero: false }
     }
 
     pub fn offsets() -> Self {
-        SizedVec {
-            v: vec![T::default()],
-            hint: 0,
-            leading_zero: true,
-        }
+        SizedVec { v: vec![T::default()], hint: 0, leading_zero: true }
     }
 
     #[inline]
@@ -89,11 +81,7 @@ impl<T: Default> SizedVec<T> {
     /// Hands over the buffer and starts an empty one.
     pub fn take(&mut self) -> Vec<T> {
         self.hint = self.v.len();
-        let fresh = if self.leading_zero {
-            vec![T::default()]
-        } else {
-            Vec::new()
-        };
+        let fresh = if self.leading_zero { vec![T::default()] } else { Vec::new() };
         std::mem::replace(&mut self.v, fresh)
     }
 }
@@ -123,20 +111,12 @@ pub struct Column {
 /// `typid`/`typmod`.
 pub fn column(name: &str, typid: pg_sys::Oid, typmod: i32, nullable: bool, s: Settings) -> Column {
     let (data_type, encoder) = encoder_for(name, typid, typmod, s);
-    Column {
-        field: Field::new(name, data_type, nullable),
-        encoder,
-    }
+    Column { field: Field::new(name, data_type, nullable), encoder }
 }
 
 /// Picks the encoder by base type.  Arrays of a natively mapped element type
 /// become Lists; every other type goes through its output function as Utf8.
-pub fn encoder_for(
-    name: &str,
-    typid: pg_sys::Oid,
-    typmod: i32,
-    s: Settings,
-) -> (DataType, Box<dyn Encoder>) {
+pub fn encoder_for(name: &str, typid: pg_sys::Oid, typmod: i32, s: Settings) -> (DataType, Box<dyn Encoder>) {
     let (base, typmod) = pg::base_type(typid, typmod);
     if let Some(native) = native(name, base, typmod, s) {
         return native;
@@ -146,24 +126,13 @@ pub fn encoder_for(
         let (ebase, etypmod) = pg::base_type(elem, typmod);
         if let Some((edt, eenc)) = native(name, ebase, etypmod, s) {
             let item = Arc::new(Field::new("item", edt, true));
-            return (
-                DataType::List(item.clone()),
-                Box::new(list::ListEncoder::new(name, elem, item, eenc)),
-            );
+            return (DataType::List(item.clone()), Box::new(list::ListEncoder::new(name, elem, item, eenc)));
         }
     }
-    (
-        DataType::Utf8,
-        Box::new(fallback::OutputText::new(base, s.encoding)),
-    )
+    (DataType::Utf8, Box::new(fallback::OutputText::new(base, s.encoding)))
 }
 
-fn native(
-    name: &str,
-    typid: pg_sys::Oid,
-    typmod: i32,
-    s: Settings,
-) -> Option<(DataType, Box<dyn Encoder>)> {
+fn native(name: &str, typid: pg_sys::Oid, typmod: i32, s: Settings) -> Option<(DataType, Box<dyn Encoder>)> {
     use pg_sys as p;
     let enc: (DataType, Box<dyn Encoder>) = match typid {
         p::INT2OID => (DataType::Int16, Box::new(primitive::int2())),
@@ -171,19 +140,12 @@ fn native(
         p::INT8OID => (DataType::Int64, Box::new(primitive::int8())),
         p::FLOAT4OID => (DataType::Float32, Box::new(primitive::float4())),
         p::FLOAT8OID => (DataType::Float64, Box::new(primitive::float8())),
-        p::BOOLOID => (
-            DataType::Boolean,
-            Box::new(primitive::BoolEncoder::default()),
-        ),
-        p::TEXTOID | p::VARCHAROID | p::BPCHAROID | p::JSONOID => (
-            DataType::Utf8,
-            Box::new(bytes::VarlenaText::new(s.encoding)),
-        ),
+        p::BOOLOID => (DataType::Boolean, Box::new(primitive::BoolEncoder::default())),
+        p::TEXTOID | p::VARCHAROID | p::BPCHAROID | p::JSONOID => {
+            (DataType::Utf8, Box::new(bytes::VarlenaText::new(s.encoding)))
+        }
         p::NAMEOID => (DataType::Utf8, Box::new(bytes::NameText::new(s.encoding))),
-        p::JSONBOID => (
-            DataType::Utf8,
-            Box::new(fallback::OutputText::new(typid, s.encoding)),
-        ),
+        p::JSONBOID => (DataType::Utf8, Box::new(fallback::OutputText::new(typid, s.encoding))),
         p::BYTEAOID => (DataType::Binary, Box::new(bytes::VarlenaBinary::default())),
         p::NUMERICOID => numeric::encoder(name, typmod, s),
         p::DATEOID => (DataType::Date32, Box::new(datetime::DateEncoder::new(name))),
@@ -195,18 +157,12 @@ fn native(
             DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, Some("UTC".into())),
             Box::new(datetime::TimestampEncoder::new(name, Some("UTC"))),
         ),
-        p::TIMEOID => (
-            DataType::Time64(arrow_schema::TimeUnit::Microsecond),
-            Box::new(primitive::time()),
-        ),
+        p::TIMEOID => (DataType::Time64(arrow_schema::TimeUnit::Microsecond), Box::new(primitive::time())),
         p::INTERVALOID => (
             DataType::Interval(arrow_schema::IntervalUnit::MonthDayNano),
             Box::new(datetime::IntervalEncoder::new(name)),
         ),
-        p::UUIDOID => (
-            DataType::FixedSizeBinary(16),
-            Box::new(uuid::UuidEncoder::default()),
-        ),
+        p::UUIDOID => (DataType::FixedSizeBinary(16), Box::new(uuid::UuidEncoder::default())),
         _ => return None,
     };
     Some(enc)

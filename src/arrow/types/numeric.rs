@@ -31,21 +31,14 @@ pub enum NumericMode {
 
 pub fn encoder(name: &str, typmod: i32, s: Settings) -> (DataType, Box<dyn Encoder>) {
     if let Some((p, sc)) = decimal_typmod(typmod) {
-        return (
-            DataType::Decimal128(p, sc),
-            Box::new(DecimalEncoder::new(name, p, sc)),
-        );
+        return (DataType::Decimal128(p, sc), Box::new(DecimalEncoder::new(name, p, sc)));
     }
     match s.numeric {
-        NumericMode::Text => (
-            DataType::Utf8,
-            Box::new(OutputText::new(pg_sys::NUMERICOID, s.encoding)),
-        ),
+        NumericMode::Text => (DataType::Utf8, Box::new(OutputText::new(pg_sys::NUMERICOID, s.encoding))),
         NumericMode::Float64 => (DataType::Float64, Box::new(FloatEncoder::default())),
-        NumericMode::Decimal128 { scale } => (
-            DataType::Decimal128(38, scale),
-            Box::new(DecimalEncoder::new(name, 38, scale)),
-        ),
+        NumericMode::Decimal128 { scale } => {
+            (DataType::Decimal128(38, scale), Box::new(DecimalEncoder::new(name, 38, scale)))
+        }
     }
 }
 
@@ -65,11 +58,7 @@ pub fn decimal_typmod(typmod: i32) -> Option<(u8, i8)> {
 /// the groups themselves — or one of the special values.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decoded<'a> {
-    Finite {
-        negative: bool,
-        weight: i32,
-        digits: Digits<'a>,
-    },
+    Finite { negative: bool, weight: i32, digits: Digits<'a> },
     NaN,
     PosInf,
     NegInf,
@@ -101,19 +90,11 @@ pub fn decode(payload: &[u8]) -> Decoded<'_> {
         0x8000 => {
             let w = (h & 0x3F) as i32;
             let weight = if h & 0x40 != 0 { w | !0x3F } else { w };
-            Decoded::Finite {
-                negative: h & 0x2000 != 0,
-                weight,
-                digits: Digits(&payload[2..]),
-            }
+            Decoded::Finite { negative: h & 0x2000 != 0, weight, digits: Digits(&payload[2..]) }
         }
         flag => {
             let weight = i16::from_ne_bytes([payload[2], payload[3]]) as i32;
-            Decoded::Finite {
-                negative: flag == 0x4000,
-                weight,
-                digits: Digits(&payload[4..]),
-            }
+            Decoded::Finite { negative: flag == 0x4000, weight, digits: Digits(&payload[4..]) }
         }
     }
 }
@@ -133,11 +114,7 @@ pub fn scaled(negative: bool, weight: i32, digits: Digits<'_>, scale: i32) -> Op
     };
     // `last` is the group holding the scale-th fractional digit; `keep` how
     // many of its 4 digits are inside the scale.
-    let (last, keep) = if scale == 0 {
-        (0, 4)
-    } else {
-        (-((scale + 3) / 4), scale - 4 * ((scale + 3) / 4 - 1))
-    };
+    let (last, keep) = if scale == 0 { (0, 4) } else { (-((scale + 3) / 4), scale - 4 * ((scale + 3) / 4 - 1)) };
     let mut acc: i128 = 0;
     let mut p = weight;
     while p > last {
@@ -146,9 +123,7 @@ pub fn scaled(negative: bool, weight: i32, digits: Digits<'_>, scale: i32) -> Op
     }
     let cut = POW10[(4 - keep) as usize];
     let dl = group(last);
-    acc = acc
-        .checked_mul(POW10[keep as usize])?
-        .checked_add(dl / cut)?;
+    acc = acc.checked_mul(POW10[keep as usize])?.checked_add(dl / cut)?;
     // Digits beyond the next group cannot change a half-up decision at this
     // resolution: the threshold is an integer there.
     if 2 * ((dl % cut) * 10_000 + group(last - 1)) >= cut * 10_000 {
@@ -199,11 +174,7 @@ impl Encoder for DecimalEncoder {
         // SAFETY: the caller passes a non-null numeric varlena.
         let payload = unsafe { pg::varlena_bytes(datum) };
         let v = match decode(payload) {
-            Decoded::Finite {
-                negative,
-                weight,
-                digits,
-            } => match scaled(negative, weight, digits, self.scale as i32) {
+            Decoded::Finite { negative, weight, digits } => match scaled(negative, weight, digits, self.scale as i32) {
                 Some(v) if v.unsigned_abs() < 10u128.pow(self.precision as u32) => v,
                 _ => self.refuse("a value with too many digits"),
             },
@@ -219,12 +190,9 @@ impl Encoder for DecimalEncoder {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        let a = PrimitiveArray::<Decimal128Type>::new(
-            ScalarBuffer::from(self.values.take()),
-            self.nulls.finish(),
-        )
-        .with_precision_and_scale(self.precision, self.scale)
-        .expect("precision and scale validated by decimal_typmod");
+        let a = PrimitiveArray::<Decimal128Type>::new(ScalarBuffer::from(self.values.take()), self.nulls.finish())
+            .with_precision_and_scale(self.precision, self.scale)
+            .expect("precision and scale validated by decimal_typmod");
         Arc::new(a)
     }
     fn bytes(&self) -> usize {
@@ -241,20 +209,15 @@ pub struct FloatEncoder {
 
 impl Default for FloatEncoder {
     fn default() -> Self {
-        FloatEncoder {
-            values: super::SizedVec::new(),
-            nulls: NullBufferBuilder::new(0),
-        }
+        FloatEncoder { values: super::SizedVec::new(), nulls: NullBufferBuilder::new(0) }
     }
 }
 
 impl Encoder for FloatEncoder {
     unsafe fn push(&mut self, datum: pg_sys::Datum) {
         // SAFETY: numeric_float8 takes one non-null numeric argument.
-        let v = unsafe {
-            pgrx::direct_function_call::<f64>(pg_sys::numeric_float8, &[Some(datum)])
-                .unwrap_or(f64::NAN)
-        };
+        let v =
+            unsafe { pgrx::direct_function_call::<f64>(pg_sys::numeric_float8, &[Some(datum)]).unwrap_or(f64::NAN) };
         self.values.push(v);
         self.nulls.append_non_null();
     }
@@ -263,10 +226,7 @@ impl Encoder for FloatEncoder {
         self.nulls.append_null();
     }
     fn finish(&mut self) -> ArrayRef {
-        Arc::new(Float64Array::new(
-            ScalarBuffer::from(self.values.take()),
-            self.nulls.finish(),
-        ))
+        Arc::new(Float64Array::new(ScalarBuffer::from(self.values.take()), self.nulls.finish()))
     }
     fn bytes(&self) -> usize {
         self.values.len() * 8
@@ -325,26 +285,12 @@ mod unit {
         b.extend((0x4000u16 | 2).to_ne_bytes());
         b.extend(0i16.to_ne_bytes());
         b.extend(7i16.to_ne_bytes());
-        assert_eq!(
-            decode(&b),
-            Decoded::Finite {
-                negative: true,
-                weight: 0,
-                digits: Digits(&b[4..])
-            }
-        );
+        assert_eq!(decode(&b), Decoded::Finite { negative: true, weight: 0, digits: Digits(&b[4..]) });
         assert_eq!(decode(&0xC000u16.to_ne_bytes()), Decoded::NaN);
         assert_eq!(decode(&0xD000u16.to_ne_bytes()), Decoded::PosInf);
         assert_eq!(decode(&0xF000u16.to_ne_bytes()), Decoded::NegInf);
         // short format, weight -1 (sign-extended 6 bits)
         let h = 0x8000u16 | 0x40 | 0x3F;
-        assert!(matches!(
-            decode(&h.to_ne_bytes()),
-            Decoded::Finite {
-                weight: -1,
-                negative: false,
-                ..
-            }
-        ));
+        assert!(matches!(decode(&h.to_ne_bytes()), Decoded::Finite { weight: -1, negative: false, .. }));
     }
 }

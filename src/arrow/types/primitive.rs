@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use arrow_array::types::{
-    ArrowPrimitiveType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
-    Time64MicrosecondType,
+    ArrowPrimitiveType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Time64MicrosecondType,
 };
 use arrow_array::{ArrayRef, BooleanArray, PrimitiveArray};
 use arrow_buffer::{BooleanBufferBuilder, NullBufferBuilder, ScalarBuffer};
@@ -22,11 +21,7 @@ pub struct PrimitiveEncoder<T: ArrowPrimitiveType> {
 
 impl<T: ArrowPrimitiveType> PrimitiveEncoder<T> {
     pub fn new(read: fn(pg_sys::Datum) -> T::Native) -> Self {
-        PrimitiveEncoder {
-            values: super::SizedVec::new(),
-            nulls: NullBufferBuilder::new(0),
-            read,
-        }
+        PrimitiveEncoder { values: super::SizedVec::new(), nulls: NullBufferBuilder::new(0), read }
     }
 }
 
@@ -84,10 +79,8 @@ pub struct BoolEncoder {
 impl BoolEncoder {
     fn parts(&mut self) -> (&mut BooleanBufferBuilder, &mut NullBufferBuilder) {
         (
-            self.values
-                .get_or_insert_with(|| BooleanBufferBuilder::new(1024)),
-            self.nulls
-                .get_or_insert_with(|| NullBufferBuilder::new(1024)),
+            self.values.get_or_insert_with(|| BooleanBufferBuilder::new(1024)),
+            self.nulls.get_or_insert_with(|| NullBufferBuilder::new(1024)),
         )
     }
 }

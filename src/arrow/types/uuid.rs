@@ -16,10 +16,7 @@ pub struct UuidEncoder {
 
 impl Default for UuidEncoder {
     fn default() -> Self {
-        UuidEncoder {
-            values: super::SizedVec::new(),
-            nulls: NullBufferBuilder::new(0),
-        }
+        UuidEncoder { values: super::SizedVec::new(), nulls: NullBufferBuilder::new(0) }
     }
 }
 
