@@ -16,6 +16,7 @@ use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PgRelation, PgSqlErrorCode};
 
 mod batch;
+mod fetch;
 mod pg;
 mod query;
 mod scan;

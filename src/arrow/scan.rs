@@ -21,6 +21,7 @@ use std::rc::Rc;
 use pgrx::{pg_sys, PgSqlErrorCode};
 
 use super::batch::BatchWriter;
+use super::fetch::{self, Deformer, PageFetch};
 use super::pg::{self, in_live_transaction, IndexInfo, OwnerWatch, RegisteredSnapshot, Rel, Slot};
 use super::types::{self, Settings};
 use super::{key_for, StreamArgs};
@@ -59,6 +60,9 @@ enum Cursor {
         scan: pg_sys::IndexScanDesc,
         /// The bounds, kept for restarts (index_rescan copies them).
         keys: Vec<pg_sys::ScanKeyData>,
+        /// On heap tables: rows a heap page at a time (fetch.rs), not
+        /// through the slot.
+        pages: Option<PageFetch>,
     },
     Heap {
         scan: pg_sys::TableScanDesc,
@@ -69,6 +73,8 @@ struct Source {
     rel: Rel,
     cursor: Cursor,
     slot: Slot,
+    /// Deforms the rows `pages` finds (up to the highest projected column).
+    deformer: Deformer,
     snapshot: RegisteredSnapshot,
     /// The read protocol's base snapshot, once it has run: the statement's,
     /// or a fresh one it registered (released with the scan).
@@ -100,7 +106,9 @@ impl Source {
     /// snapshot, or one the read protocol built from it.
     fn start(&mut self, snap: pg_sys::Snapshot) {
         let heap = self.rel.as_ptr();
-        let Cursor::Index { index, scan, keys } = &mut self.cursor else { unreachable!("heap scans start in open()") };
+        let Cursor::Index { index, scan, keys, pages } = &mut self.cursor else {
+            unreachable!("heap scans start in open()")
+        };
         let old = std::mem::replace(scan, std::ptr::null_mut());
         // SAFETY: relation and index are open and locked; `old` is a scan we
         // began and have not ended; `snap` outlives the scan (the statement
@@ -114,17 +122,24 @@ impl Source {
             pg_sys::index_rescan(s, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
             s
         });
+        if fetch::is_heap(heap) {
+            match pages {
+                Some(p) => p.restart(*scan, snap),
+                None => *pages = Some(PageFetch::new(*scan, heap, snap)),
+            }
+        }
     }
 
     /// Advances to the next visible tuple; false at the end.
     fn next(&mut self) -> bool {
         let slot = self.slot.as_ptr();
         let rel = self.rel.as_ptr();
-        let cursor = &self.cursor;
+        let cursor = &mut self.cursor;
         // SAFETY: scan, slot and relation were set up together in `open` and
         // are released together in `release`; the scan was started.
         in_cx(self.scan_cx, || unsafe {
             match cursor {
+                Cursor::Index { pages: Some(p), .. } => p.next(),
                 Cursor::Index { scan, .. } => {
                     pg_sys::index_getnext_slot(*scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
                 }
@@ -140,10 +155,36 @@ impl Source {
         })
     }
 
+    /// The values and nulls of the row `next` returned last, deformed up to
+    /// attribute `natts` (which the deformer was made for).
+    ///
+    /// # Safety
+    /// `next` returned true; the values are used before it is called again.
+    #[inline]
+    unsafe fn row(&mut self, natts: usize) -> (*const pg_sys::Datum, *const bool) {
+        // SAFETY: per the contract: the page of the current tuple is pinned,
+        // or the slot holds it.
+        unsafe {
+            match &self.cursor {
+                Cursor::Index { pages: Some(p), .. } => self.deformer.deform(p.current()),
+                _ => pg::deform(self.slot.as_ptr(), natts),
+            }
+        }
+    }
+
     /// The key of the row `next` returned last.
     fn current_key(&self, latched: &Latched) -> crate::keys::codec::KeyWriter {
-        // SAFETY: the slot holds the last row of the latched table read.
-        unsafe { latched.key.encode_slot(self.slot.as_ptr()) }
+        // SAFETY: the current tuple (on its pinned page, or in the slot) is
+        // a row of the latched table.
+        unsafe {
+            match &self.cursor {
+                Cursor::Index { pages: Some(p), .. } => {
+                    let mut tup = *p.current();
+                    latched.key.encode_heap_tuple(&mut tup, (*self.rel.as_ptr()).rd_att)
+                }
+                _ => latched.key.encode_slot(self.slot.as_ptr()),
+            }
+        }
     }
 
     /// Ends the scan and gives back pins, locks and snapshots, under the
@@ -163,7 +204,12 @@ impl Source {
             let saved = pg_sys::CurrentResourceOwner;
             pg_sys::CurrentResourceOwner = self.owner.owner();
             match self.cursor {
-                Cursor::Index { index, scan, .. } => {
+                Cursor::Index { index, scan, pages, .. } => {
+                    if let Some(buf) = pages.map(|mut p| p.take_buffer()) {
+                        if buf != pg_sys::InvalidBuffer as pg_sys::Buffer {
+                            pg_sys::ReleaseBuffer(buf);
+                        }
+                    }
                     if !scan.is_null() {
                         pg_sys::index_endscan(scan);
                     }
@@ -373,7 +419,7 @@ impl TableStream {
             _ => None,
         };
         let cursor = match index {
-            Some((index, _)) => Cursor::Index { index, scan: std::ptr::null_mut(), keys },
+            Some((index, _)) => Cursor::Index { index, scan: std::ptr::null_mut(), keys, pages: None },
             // SAFETY: the relation is open and locked, the snapshot registered.
             None => unsafe {
                 let am = (*rel.as_ptr()).rd_tableam;
@@ -396,7 +442,8 @@ impl TableStream {
         // SAFETY: a plain read of a backend global.
         let scan_cx = unsafe { pg_sys::CurrentMemoryContext };
         let owner = OwnerWatch::new();
-        let mut source = Source { rel, cursor, slot, snapshot, base: None, scan_cx, owner };
+        let deformer = Deformer::new(rel.as_ptr(), &attrs);
+        let mut source = Source { rel, cursor, slot, deformer, snapshot, base: None, scan_cx, owner };
         if latching.is_none() && matches!(source.cursor, Cursor::Index { .. }) {
             // Plain Postgres visibility: read at the statement's snapshot.
             let snap = source.snapshot.as_ptr();
@@ -463,10 +510,10 @@ impl TableStream {
             if !src.next() {
                 return true;
             }
-            // SAFETY: `next` just stored a tuple of `rel` in the slot, and
-            // attrs are attribute indexes below natts of that relation.
+            // SAFETY: `next` just found a row of `rel`, and attrs are
+            // attribute indexes below natts of that relation.
             unsafe {
-                let (values, nulls) = pg::deform(src.slot.as_ptr(), self.natts);
+                let (values, nulls) = src.row(self.natts);
                 self.out.push_row(values, nulls, &self.attrs);
             }
             if let Some(r) = self.remaining.as_mut() {
