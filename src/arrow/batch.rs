@@ -36,6 +36,18 @@ impl BatchWriter {
         BatchWriter { schema, columns, writer, rows: 0, batch_rows, next_size_check: 1, row_cx: RowContext::new() }
     }
 
+    /// Drops whatever was written so far and starts the stream again (the
+    /// schema message comes first again): for a read that is redone before
+    /// any of it was returned.
+    pub fn restart(&mut self) {
+        for c in &mut self.columns {
+            c.encoder.finish();
+        }
+        self.writer = StreamWriter::try_new(Vec::new(), &self.schema).unwrap_or_else(|e| ipc_error(e));
+        self.rows = 0;
+        self.next_size_check = 1;
+    }
+
     /// Appends one row.  `attrs[i]` is the 0-based position in `values` and
     /// `nulls` of output column `i`.
     ///

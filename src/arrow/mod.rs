@@ -16,12 +16,15 @@ use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PgRelation, PgSqlErrorCode};
 
 mod batch;
+mod fetch;
 mod pg;
 mod query;
 mod scan;
 mod types;
 
+use crate::api::registry::{self, Latched};
 use crate::errors;
+use std::rc::Rc;
 use types::NumericMode;
 
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
@@ -67,11 +70,13 @@ fn numeric_mode() -> NumericMode {
     }
 }
 
-/// The index whose order arrow_scan follows and whose first column the
-/// bounds apply to.  Today: the primary key.  (Once latching exists: the
-/// latched key index when the table is latched.)
-fn key_index_for(rel: &pg::Rel) -> Option<pg_sys::Oid> {
-    rel.primary_key_index()
+/// The key arrow_scan orders by, and whose first column the bounds apply
+/// to: on a latched table its latched key index (and the table's latching,
+/// under which the scan honours `pgkvx.scan_mode`), else the primary key.
+fn key_for(rel: &pg::Rel) -> (Option<Rc<Latched>>, Option<pg_sys::Oid>) {
+    let latched = registry::lookup(rel.oid());
+    let index = latched.as_ref().map(|l| l.key.index).or_else(|| rel.primary_key_index());
+    (latched, index)
 }
 
 /// Settings common to both functions.

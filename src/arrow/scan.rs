@@ -1,19 +1,36 @@
 //! `pgkvx.arrow_scan`: the table read directly — key index in order, or the
 //! heap in physical order — one batch per call of the set-returning function.
 //!
+//! On a latched table the scan honours `pgkvx.scan_mode` like a LIMIT scan
+//! (scan/guard.rs): optimistic when `max_rows` is at most
+//! `pgkvx.max_optimistic_rows` — the whole result is read and encoded
+//! first, the span it touched validated, and only then is the first batch
+//! returned — otherwise fenced: the declared span `[lower, upper)` is
+//! validated before the first read and the batches stream.  Either way no
+//! batch leaves the server that a conflict could take back.
+//!
 //! Every Postgres resource the scan holds (relation and index locks, the
-//! registered snapshot, buffer pins) lives between calls; [`TableStream`]
+//! registered snapshots, buffer pins) lives between calls; [`TableStream`]
 //! releases them when the stream ends, and on early termination (LIMIT,
 //! cursor close) from `Drop`.  After an ERROR the resource owners have already
 //! released them, so `Drop` then only frees memory.
 
+use std::collections::VecDeque;
+use std::rc::Rc;
+
 use pgrx::{pg_sys, PgSqlErrorCode};
 
 use super::batch::BatchWriter;
+use super::fetch::{self, Deformer, PageFetch};
 use super::pg::{self, in_live_transaction, IndexInfo, OwnerWatch, RegisteredSnapshot, Rel, Slot};
 use super::types::{self, Settings};
-use super::{key_index_for, StreamArgs};
+use super::{key_for, StreamArgs};
+use crate::api::registry::Latched;
 use crate::errors;
+use crate::latch::{ReadMode, Span, Xid};
+use crate::scan::guard::{self, Then};
+use crate::scan::snapshot::{self, Base};
+use crate::scan::span;
 
 /// The request, as arrow_scan received it.
 pub struct ScanRequest {
@@ -24,65 +41,153 @@ pub struct ScanRequest {
     pub max_rows: Option<i64>,
 }
 
-/// Where `pgkvx.scan_mode` will plug in (fenced / optimistic validation of
-/// latched tables, not built yet).  The scan loop calls `before_batch` before
-/// reading a batch (fenced: wait for conflicting writers) and `after_batch`
-/// once the batch is complete but before any byte of it leaves the server
-/// (optimistic: validate the touched span; on conflict wait and re-read), so
-/// a batch that fails validation is never emitted.
-pub trait ScanFence {
-    fn before_batch(&mut self) {}
-    fn after_batch(&mut self) {}
+/// A latched table's scan before the read protocol has run (it runs at
+/// the first call).
+struct Latching {
+    latched: Rc<Latched>,
+    mode: ReadMode,
+    /// D: `[lower, upper)` in key encoding (scan/span.rs, from the same
+    /// btree scan keys the index scan uses).
+    declared: Span,
+    /// The statement's snapshot, with `after` read at the first call.
+    base: Base,
 }
 
-/// Plain Postgres visibility: what every table gets until latching exists.
-pub struct NoFence;
-impl ScanFence for NoFence {}
-
 enum Cursor {
-    Index { index: Rel, scan: pg_sys::IndexScanDesc },
-    Heap { scan: pg_sys::TableScanDesc },
+    Index {
+        index: Rel,
+        /// Null until the scan is started (and between restarts).
+        scan: pg_sys::IndexScanDesc,
+        /// The bounds, kept for restarts (index_rescan copies them).
+        keys: Vec<pg_sys::ScanKeyData>,
+        /// On heap tables: rows a heap page at a time (fetch.rs), not
+        /// through the slot.
+        pages: Option<PageFetch>,
+    },
+    Heap {
+        scan: pg_sys::TableScanDesc,
+    },
 }
 
 struct Source {
     rel: Rel,
     cursor: Cursor,
     slot: Slot,
+    /// Deforms the rows `pages` finds (up to the highest projected column).
+    deformer: Deformer,
     snapshot: RegisteredSnapshot,
+    /// The read protocol's base snapshot, once it has run: the statement's,
+    /// or a fresh one it registered (released with the scan).
+    base: Option<Base>,
     /// The context the scan was begun in: access methods expect to run in a
     /// context that lives as long as the scan, as the executor's per-query
-    /// context does.
+    /// context does.  Spliced snapshots live here too.
     scan_cx: pg_sys::MemoryContext,
     owner: Box<OwnerWatch>,
 }
 
+/// Runs `f` with `cx` current: access methods allocate what lives as long
+/// as the scan in the context they run in.
+fn in_cx<R>(cx: pg_sys::MemoryContext, f: impl FnOnce() -> R) -> R {
+    // SAFETY: callers pass the scan's context, which lives as long as the
+    // set-returning function's state; an ERROR inside `f` aborts the
+    // transaction, which resets the current context.
+    unsafe {
+        let old = pg_sys::CurrentMemoryContext;
+        pg_sys::CurrentMemoryContext = cx;
+        let r = f();
+        pg_sys::CurrentMemoryContext = old;
+        r
+    }
+}
+
 impl Source {
-    /// Advances to the next visible tuple; false at the end.
-    fn next(&mut self) -> bool {
-        // SAFETY: scan, slot and relation were set up together in `open` and
-        // are released together in `release`; scan_cx outlives them.
-        unsafe {
-            let old = pg_sys::CurrentMemoryContext;
-            pg_sys::CurrentMemoryContext = self.scan_cx;
-            let found = match &self.cursor {
-                Cursor::Index { scan, .. } => {
-                    pg_sys::index_getnext_slot(*scan, pg_sys::ScanDirection::ForwardScanDirection, self.slot.as_ptr())
-                }
-                Cursor::Heap { scan } => {
-                    let am = (*self.rel.as_ptr()).rd_tableam;
-                    ((*am).scan_getnextslot.expect("table AM without scan_getnextslot"))(
-                        *scan,
-                        pg_sys::ScanDirection::ForwardScanDirection,
-                        self.slot.as_ptr(),
-                    )
-                }
-            };
-            pg_sys::CurrentMemoryContext = old;
-            found
+    /// (Re)starts the index scan, reading at `snap`: the statement's
+    /// snapshot, or one the read protocol built from it.
+    fn start(&mut self, snap: pg_sys::Snapshot) {
+        let heap = self.rel.as_ptr();
+        let Cursor::Index { index, scan, keys, pages } = &mut self.cursor else {
+            unreachable!("heap scans start in open()")
+        };
+        let old = std::mem::replace(scan, std::ptr::null_mut());
+        // SAFETY: relation and index are open and locked; `old` is a scan we
+        // began and have not ended; `snap` outlives the scan (the statement
+        // snapshot is registered; spliced ones live in scan_cx and are built
+        // from a registered base); index_rescan copies the keys.
+        *scan = in_cx(self.scan_cx, || unsafe {
+            if !old.is_null() {
+                pg_sys::index_endscan(old);
+            }
+            let s = pg_sys::index_beginscan(heap, index.as_ptr(), snap, keys.len() as i32, 0);
+            pg_sys::index_rescan(s, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
+            s
+        });
+        if fetch::is_heap(heap) {
+            match pages {
+                Some(p) => p.restart(*scan, snap),
+                None => *pages = Some(PageFetch::new(*scan, heap, snap)),
+            }
         }
     }
 
-    /// Ends the scan and gives back pins, locks and the snapshot, under the
+    /// Advances to the next visible tuple; false at the end.
+    fn next(&mut self) -> bool {
+        let slot = self.slot.as_ptr();
+        let rel = self.rel.as_ptr();
+        let cursor = &mut self.cursor;
+        // SAFETY: scan, slot and relation were set up together in `open` and
+        // are released together in `release`; the scan was started.
+        in_cx(self.scan_cx, || unsafe {
+            match cursor {
+                Cursor::Index { pages: Some(p), .. } => p.next(),
+                Cursor::Index { scan, .. } => {
+                    pg_sys::index_getnext_slot(*scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
+                }
+                Cursor::Heap { scan } => {
+                    let am = (*rel).rd_tableam;
+                    ((*am).scan_getnextslot.expect("table AM without scan_getnextslot"))(
+                        *scan,
+                        pg_sys::ScanDirection::ForwardScanDirection,
+                        slot,
+                    )
+                }
+            }
+        })
+    }
+
+    /// The values and nulls of the row `next` returned last, deformed up to
+    /// attribute `natts` (which the deformer was made for).
+    ///
+    /// # Safety
+    /// `next` returned true; the values are used before it is called again.
+    #[inline]
+    unsafe fn row(&mut self, natts: usize) -> (*const pg_sys::Datum, *const bool) {
+        // SAFETY: per the contract: the page of the current tuple is pinned,
+        // or the slot holds it.
+        unsafe {
+            match &self.cursor {
+                Cursor::Index { pages: Some(p), .. } => self.deformer.deform(p.current()),
+                _ => pg::deform(self.slot.as_ptr(), natts),
+            }
+        }
+    }
+
+    /// The key of the row `next` returned last.
+    fn current_key(&self, latched: &Latched) -> crate::keys::codec::KeyWriter {
+        // SAFETY: the current tuple (on its pinned page, or in the slot) is
+        // a row of the latched table.
+        unsafe {
+            match &self.cursor {
+                Cursor::Index { pages: Some(p), .. } => {
+                    let mut tup = *p.current();
+                    latched.key.encode_heap_tuple(&mut tup, (*self.rel.as_ptr()).rd_att)
+                }
+                _ => latched.key.encode_slot(self.slot.as_ptr()),
+            }
+        }
+    }
+
+    /// Ends the scan and gives back pins, locks and snapshots, under the
     /// resource owner that acquired them (the caller's may differ at
     /// ExecutorEnd).  Skipped when Postgres has released them already: after
     /// an ERROR (see module docs), or when that owner was released on its own.
@@ -99,8 +204,15 @@ impl Source {
             let saved = pg_sys::CurrentResourceOwner;
             pg_sys::CurrentResourceOwner = self.owner.owner();
             match self.cursor {
-                Cursor::Index { index, scan } => {
-                    pg_sys::index_endscan(scan);
+                Cursor::Index { index, scan, pages, .. } => {
+                    if let Some(buf) = pages.map(|mut p| p.take_buffer()) {
+                        if buf != pg_sys::InvalidBuffer as pg_sys::Buffer {
+                            pg_sys::ReleaseBuffer(buf);
+                        }
+                    }
+                    if !scan.is_null() {
+                        pg_sys::index_endscan(scan);
+                    }
                     index.close();
                 }
                 Cursor::Heap { scan } => {
@@ -109,6 +221,9 @@ impl Source {
                 }
             }
             self.slot.drop_slot();
+            if let Some(mut b) = self.base {
+                b.release();
+            }
             self.snapshot.release();
             self.rel.close();
             pg_sys::CurrentResourceOwner = saved;
@@ -123,8 +238,14 @@ pub struct TableStream {
     attrs: Vec<usize>,
     /// Deform up to this many attributes (the highest projected one).
     natts: usize,
+    max_rows: Option<u64>,
     remaining: Option<u64>,
-    fence: Box<dyn ScanFence>,
+    /// Set on a latched table under `pgkvx.scan_mode` until the first call
+    /// runs the read protocol.
+    latching: Option<Latching>,
+    /// Batches read, encoded and validated before the first was returned
+    /// (optimistic mode), waiting to be returned.
+    ready: VecDeque<Vec<u8>>,
     done: bool,
 }
 
@@ -201,7 +322,8 @@ impl TableStream {
             );
         }
 
-        let index = key_index_for(&rel).map(|oid| {
+        let (latched, key_index) = key_for(&rel);
+        let index = key_index.map(|oid| {
             let ix = Rel::open(oid);
             let info = IndexInfo::of(&ix);
             if !info.is_btree {
@@ -281,47 +403,92 @@ impl TableStream {
         let natts = attrs.iter().max().map_or(0, |m| m + 1);
 
         let snapshot = RegisteredSnapshot::active();
+        // `after` for the statement's snapshot (scan/snapshot.rs): read as
+        // soon after it as we can, which only errs on the safe side.
+        let after = snapshot::after_for_statement(snapshot::next_xid());
         let slot = Slot::for_rel(&rel);
-        // SAFETY: relation (and index) are open and locked; keys live until
-        // index_rescan has copied them into the scan descriptor.
-        let cursor = unsafe {
-            match index {
-                Some((ix, _)) => {
-                    let scan =
-                        pg_sys::index_beginscan(rel.as_ptr(), ix.as_ptr(), snapshot.as_ptr(), keys.len() as i32, 0);
-                    pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
-                    Cursor::Index { index: ix, scan }
-                }
-                None => {
-                    let am = (*rel.as_ptr()).rd_tableam;
-                    // No synchronized scan: "physical order" should start at
-                    // block 0 every time.
-                    let flags = pg_sys::ScanOptions::SO_TYPE_SEQSCAN
-                        | pg_sys::ScanOptions::SO_ALLOW_STRAT
-                        | pg_sys::ScanOptions::SO_ALLOW_PAGEMODE;
-                    let scan = ((*am).scan_begin.expect("table AM without scan_begin"))(
-                        rel.as_ptr(),
-                        snapshot.as_ptr(),
-                        0,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                        flags,
-                    );
-                    Cursor::Heap { scan }
-                }
-            }
+        let latching = match (&latched, &index) {
+            (Some(l), Some(_)) => guard::choose_mode(req.max_rows.map(|m| m as u64)).map(|mode| Latching {
+                latched: l.clone(),
+                mode,
+                declared: span::declared(&l.key, &keys),
+                // SAFETY: the snapshot is registered until the scan ends,
+                // and `after` was read after it was taken.
+                base: unsafe { Base::of(snapshot.as_ptr(), after) },
+            }),
+            _ => None,
+        };
+        let cursor = match index {
+            Some((index, _)) => Cursor::Index { index, scan: std::ptr::null_mut(), keys, pages: None },
+            // SAFETY: the relation is open and locked, the snapshot registered.
+            None => unsafe {
+                let am = (*rel.as_ptr()).rd_tableam;
+                // No synchronized scan: "physical order" should start at
+                // block 0 every time.
+                let flags = pg_sys::ScanOptions::SO_TYPE_SEQSCAN
+                    | pg_sys::ScanOptions::SO_ALLOW_STRAT
+                    | pg_sys::ScanOptions::SO_ALLOW_PAGEMODE;
+                let scan = ((*am).scan_begin.expect("table AM without scan_begin"))(
+                    rel.as_ptr(),
+                    snapshot.as_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    flags,
+                );
+                Cursor::Heap { scan }
+            },
         };
         // SAFETY: a plain read of a backend global.
         let scan_cx = unsafe { pg_sys::CurrentMemoryContext };
         let owner = OwnerWatch::new();
+        let deformer = Deformer::new(rel.as_ptr(), &attrs);
+        let mut source = Source { rel, cursor, slot, deformer, snapshot, base: None, scan_cx, owner };
+        if latching.is_none() && matches!(source.cursor, Cursor::Index { .. }) {
+            // Plain Postgres visibility: read at the statement's snapshot.
+            let snap = source.snapshot.as_ptr();
+            source.start(snap);
+        }
         TableStream {
-            source: Some(Source { rel, cursor, slot, snapshot, scan_cx, owner }),
+            source: Some(source),
             out: BatchWriter::new(columns, args.batch_rows),
             attrs,
             natts,
+            max_rows: req.max_rows.map(|m| m as u64),
             remaining: req.max_rows.map(|m| m as u64),
-            fence: Box::new(NoFence),
+            latching,
+            ready: VecDeque::new(),
             done: false,
+        }
+    }
+
+    /// Runs the read protocol of a latched table (scan/guard.rs): when it
+    /// returns, either the whole validated result waits in `ready`
+    /// (optimistic), or the index scan is started at a snapshot for which
+    /// the declared span is clean (fenced).
+    fn validate(&mut self, l: Latching) {
+        let heap = self.source.as_ref().expect("source before the first call").rel.as_ptr();
+        let mut reader = Optimistic { stream: self, latched: &l.latched, declared: l.declared };
+        // SAFETY: the relation stays open until the source is released.
+        let run = unsafe { guard::run(&mut reader, &l.latched.key, heap, l.base, &l.declared, l.mode, "arrow_scan") };
+        let src = self.source.as_mut().expect("source");
+        match run.then {
+            Then::Emit => {
+                src.base = Some(run.base);
+                self.release();
+                self.done = true;
+            }
+            Then::Stream { pulled } => {
+                // Fenced from the start, or fallen back to it after
+                // optimistic attempts: forget what those read.
+                self.ready.clear();
+                self.out.restart();
+                self.remaining = self.max_rows;
+                // SAFETY: scan_cx lives as long as the scan.
+                let snap = unsafe { run.base.spliced_in(src.scan_cx, &pulled) };
+                src.base = Some(run.base);
+                src.start(snap);
+            }
         }
     }
 
@@ -343,10 +510,10 @@ impl TableStream {
             if !src.next() {
                 return true;
             }
-            // SAFETY: `next` just stored a tuple of `rel` in the slot, and
-            // attrs are attribute indexes below natts of that relation.
+            // SAFETY: `next` just found a row of `rel`, and attrs are
+            // attribute indexes below natts of that relation.
             unsafe {
-                let (values, nulls) = pg::deform(src.slot.as_ptr(), self.natts);
+                let (values, nulls) = src.row(self.natts);
                 self.out.push_row(values, nulls, &self.attrs);
             }
             if let Some(r) = self.remaining.as_mut() {
@@ -367,17 +534,60 @@ impl Iterator for TableStream {
     type Item = Vec<u8>;
 
     fn next(&mut self) -> Option<Vec<u8>> {
+        if let Some(l) = self.latching.take() {
+            self.validate(l);
+        }
+        if let Some(b) = self.ready.pop_front() {
+            return Some(b);
+        }
         if self.done {
             return None;
         }
-        self.fence.before_batch();
         let exhausted = self.read_batch();
-        self.fence.after_batch();
         if exhausted {
             self.release();
             self.done = true;
         }
         Some(self.out.flush(exhausted))
+    }
+}
+
+/// An optimistic attempt: reads and encodes the whole (bounded) result into
+/// `ready`, and says which span it touched.
+struct Optimistic<'a> {
+    stream: &'a mut TableStream,
+    latched: &'a Latched,
+    declared: Span,
+}
+
+impl guard::Reader for Optimistic<'_> {
+    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Span {
+        let st = &mut *self.stream;
+        st.ready.clear();
+        st.out.restart();
+        st.remaining = st.max_rows;
+        let src = st.source.as_mut().expect("source");
+        // SAFETY: scan_cx lives as long as the scan.
+        let snap = unsafe { base.spliced_in(src.scan_cx, pulled) };
+        src.start(snap);
+        loop {
+            let exhausted = st.read_batch();
+            st.ready.push_back(st.out.flush(exhausted));
+            if exhausted {
+                break;
+            }
+        }
+        match st.max_rows {
+            // Asked for nothing, read nothing.
+            Some(0) => Span { start: self.declared.start, end: self.declared.start },
+            // Stopped at max_rows: the scan looked at D up to the last key.
+            Some(_) if st.remaining == Some(0) => {
+                let key = st.source.as_ref().expect("source").current_key(self.latched);
+                span::touched(&self.declared, Some(&key), true)
+            }
+            // Ran out of rows: it looked at all of D.
+            _ => self.declared,
+        }
     }
 }
 

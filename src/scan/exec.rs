@@ -8,15 +8,14 @@
 //! only a valid result; in fenced mode it validates the declared span first
 //! and then streams.  `pgkvx.scan_mode = off` makes it a plain index scan.
 
+use super::guard::{self, Then};
 use super::planner::{private, Methods, NAME};
 use super::snapshot::{self, Base};
 use super::span;
 use crate::api::registry::{self, Latched};
-use crate::errors;
-use crate::guc::{self, ScanMode};
-use crate::latch::protocol::{self, Env, Outcome, Params, ReadMode, Report};
-use crate::latch::{Check, Conflict, RelId, Span, Stat, Xid};
-use crate::shmem::{backend, table};
+use crate::guc;
+use crate::latch::protocol::{ReadMode, Report};
+use crate::latch::{Span, Xid};
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
 use std::ffi::{CStr, CString};
@@ -102,7 +101,6 @@ struct Totals {
 
 struct Runtime {
     latched: Rc<Latched>,
-    rel: RelId,
     heap: pg_sys::Relation,
     index: pg_sys::Relation,
     forward: bool,
@@ -288,7 +286,6 @@ unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *m
         );
         let rt = Box::new(Runtime {
             latched: registry::require(relid),
-            rel: backend::rel_id(relid),
             heap,
             index,
             forward,
@@ -397,16 +394,15 @@ unsafe fn start_index_scan(rt: &mut Runtime, snap: pg_sys::Snapshot) {
     }
 }
 
-/// The protocol's view of this scan.
-struct ScanEnv<'a> {
+/// How this node reads for an optimistic attempt.
+struct NodeReader<'a> {
     node: *mut pg_sys::CustomScanState,
     rt: &'a mut Runtime,
     declared: Span,
-    wait_us: i64,
 }
 
-impl Env for ScanEnv<'_> {
-    fn read_buffered(&mut self, pulled: &[Xid]) -> Span {
+impl guard::Reader for NodeReader<'_> {
+    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Span {
         let rt = &mut *self.rt;
         rt.buffer.clear();
         // SAFETY: our context; the buffered tuples from the last attempt
@@ -416,15 +412,9 @@ impl Env for ScanEnv<'_> {
         if want == 0 {
             return Span { start: self.declared.start, end: self.declared.start };
         }
-        let snap = {
-            // The spliced snapshot lives as long as the buffered rows.
-            // SAFETY: switching to our own context and back.
-            let old = unsafe { pg_sys::MemoryContextSwitchTo(rt.buffer_cxt) };
-            let s = rt.base.as_ref().expect("base snapshot").spliced(pulled);
-            // SAFETY: restoring the previous context.
-            unsafe { pg_sys::MemoryContextSwitchTo(old) };
-            s
-        };
+        // The spliced snapshot lives as long as the buffered rows.
+        // SAFETY: our context, valid for the whole execution.
+        let snap = unsafe { base.spliced_in(rt.buffer_cxt, pulled) };
         // SAFETY: a valid snapshot for this statement.
         unsafe { start_index_scan(rt, snap) };
         // SAFETY: scan begun above.
@@ -446,23 +436,6 @@ impl Env for ScanEnv<'_> {
         }
         span::touched(&self.declared, None, rt.forward)
     }
-
-    fn check(&mut self, span: &Span, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
-        let view = self.rt.base.as_ref().expect("base snapshot").view(pulled);
-        table().check(self.rt.rel, span, &view, &snapshot::committed, &mut |c| out.push(c))
-    }
-
-    fn wait(&mut self, xid: Xid) {
-        // SAFETY: the scanned relation is open for the whole execution.
-        self.wait_us += unsafe { snapshot::wait_for(xid, self.rt.heap) };
-    }
-
-    fn refresh_snapshot(&mut self) {
-        if let Some(mut b) = self.rt.base.take() {
-            b.release();
-        }
-        self.rt.base = Some(Base::fresh());
-    }
 }
 
 /// Runs the protocol for one execution and sets up what exec() emits.
@@ -478,69 +451,37 @@ unsafe fn start(node: *mut pg_sys::CustomScanState, rt: &mut Runtime) {
         let keys = std::slice::from_raw_parts(rt.keys, rt.nkeys as usize);
         let declared = span::declared(&rt.latched.key, keys);
         let estate = (*node).ss.ps.state;
-        rt.base = Some(Base::of((*estate).es_snapshot, snapshot::after_for_statement(rt.after_at_start)));
+        let base = Base::of((*estate).es_snapshot, snapshot::after_for_statement(rt.after_at_start));
         rt.totals.executions += 1;
         rt.totals.declared = Some(declared);
 
-        let mode = guc::SCAN_MODE.get();
-        if mode == ScanMode::Off {
-            backend::count(Stat::ScansOff, 1);
+        let Some(read_mode) = guard::choose_mode(rt.want) else {
             rt.totals.off = true;
+            rt.base = Some(base);
             start_index_scan(rt, (*estate).es_snapshot);
             rt.phase = Phase::Stream;
             return;
-        }
-        let small = rt.want.is_some_and(|w| w <= guc::MAX_OPTIMISTIC_ROWS.get() as u64);
-        let read_mode = if mode == ScanMode::Optimistic && small { ReadMode::Optimistic } else { ReadMode::Fenced };
-        backend::count(if read_mode == ReadMode::Optimistic { Stat::ScansOptimistic } else { Stat::ScansFenced }, 1);
-        rt.totals.mode = Some(read_mode);
-        let params = Params {
-            mode: read_mode,
-            retries: guc::OPTIMISTIC_RETRIES.get() as u32,
-            fixed_snapshot: pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32,
         };
-        let mut report = Report::default();
-        let mut env = ScanEnv { node, rt: &mut *rt, declared, wait_us: 0 };
-        let outcome = protocol::run(&mut env, &declared, &params, &mut report);
-        let wait_us = env.wait_us;
-        record(rt, &report, wait_us);
-        match outcome {
-            Outcome::Emit => rt.phase = Phase::Emit,
-            Outcome::Stream { pulled } => {
-                let old = pg_sys::MemoryContextSwitchTo(rt.buffer_cxt);
-                let snap = rt.base.as_ref().expect("base snapshot").spliced(&pulled);
-                pg_sys::MemoryContextSwitchTo(old);
+        rt.totals.mode = Some(read_mode);
+        let latched = rt.latched.clone();
+        let heap = rt.heap;
+        let mut reader = NodeReader { node, rt: &mut *rt, declared };
+        let run = guard::run(&mut reader, &latched.key, heap, base, &declared, read_mode, "LIMIT scan");
+        record(rt, &run.report, run.wait_us);
+        rt.base = Some(run.base);
+        match run.then {
+            Then::Emit => rt.phase = Phase::Emit,
+            Then::Stream { pulled } => {
+                let snap = rt.base.as_ref().expect("base snapshot").spliced_in(rt.buffer_cxt, &pulled);
                 start_index_scan(rt, snap);
                 rt.phase = Phase::Stream;
-            }
-            Outcome::SerializationFailure { xid, span } => {
-                backend::count(Stat::SerializationFailures, 1);
-                errors::raise_full(
-                    PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-                    format!(
-                        "could not serialize access due to a concurrent write to \"{}\" in {}",
-                        rt.latched.key.relname,
-                        rt.latched.key.format_span(&span)
-                    ),
-                    Some(format!(
-                        "Transaction {} was in flight at this transaction's snapshot and wrote inside the span this LIMIT scan read; a fixed snapshot (REPEATABLE READ or SERIALIZABLE) cannot see it.",
-                        xid.0
-                    )),
-                    Some("The transaction might succeed if retried."),
-                );
             }
         }
     }
 }
 
+/// Adds one execution's protocol report to what EXPLAIN ANALYZE shows.
 fn record(rt: &mut Runtime, r: &Report, wait_us: i64) {
-    backend::count(Stat::Validations, u64::from(r.validations));
-    backend::count(Stat::Conflicts, u64::from(r.conflicts));
-    backend::count(Stat::Retries, u64::from(r.retries));
-    backend::count(Stat::FreshSnapshots, u64::from(r.fresh_snapshots));
-    if r.fell_back {
-        backend::count(Stat::Fallbacks, 1);
-    }
     let t = &mut rt.totals;
     t.report.validations += r.validations;
     t.report.conflicts += r.conflicts;

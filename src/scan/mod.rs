@@ -4,10 +4,12 @@
 //! `planner` offers the path and builds the plan; `exec` is the node
 //! (begin/exec/end/rescan, EXPLAIN); `span` derives the declared and touched
 //! spans from scan keys; `snapshot` builds the snapshots the node reads at
-//! and waits for writers.  The decisions themselves live in the pure-Rust
+//! and waits for writers; `guard` runs the protocol for a scan (this node
+//! and `pgkvx.arrow_scan`).  The decisions themselves live in the pure-Rust
 //! protocol (`latch::protocol`).
 
 pub mod exec;
+pub mod guard;
 pub mod planner;
 pub mod snapshot;
 pub mod span;

@@ -143,6 +143,22 @@ impl Base {
         }
     }
 
+    /// [`Base::spliced`], allocated in `cx`: the snapshot lives as long as
+    /// that context (or as the base, when nothing is pulled in).
+    ///
+    /// # Safety
+    /// `cx` is a valid memory context.
+    pub unsafe fn spliced_in(&self, cx: pg_sys::MemoryContext, pulled: &[Xid]) -> Snapshot {
+        // SAFETY: switching to a valid context and back (an ERROR in
+        // between aborts the transaction, which resets the current context).
+        unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(cx);
+            let s = self.spliced(pulled);
+            pg_sys::MemoryContextSwitchTo(old);
+            s
+        }
+    }
+
     /// The base with `pulled` folded in, allocated in the current memory
     /// context: pulled holders become visible if they committed, writers
     /// that started after the base snapshot stay invisible unless pulled.

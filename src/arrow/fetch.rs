@@ -1,0 +1,422 @@
+//! Heap tuples in key order, a heap page at a time, and their deforming.
+//!
+//! An index scan (`index_getnext_slot`) pays per row for work that belongs
+//! to the heap page: a content lock and unlock, a buffer lookup, a second
+//! pin for the slot, and — through pgrx — a `sigsetjmp` on every call into
+//! Postgres.  arrow_scan only needs the rows' values, so on heap tables it
+//! reads the index's TIDs for one heap page at a time (consecutive TIDs on
+//! the same page: all of them when the table is clustered on its key, one
+//! when it is not), pins and share-locks that page once, finds each visible
+//! tuple with `heap_hot_search_buffer` — what `heapam_index_fetch_tuple`
+//! does, HOT chains, visibility and serializable predicate locks included —
+//! unlocks, and then deforms the tuples straight from the pinned page (a
+//! pin keeps them in place, as a slot's does).
+//!
+//! The Postgres calls of one page run inside a single FFI guard
+//! ([`pg_guard_ffi_boundary`]): an ERROR in any of them long-jumps back to
+//! it, over the frame of `fill_run`, which therefore holds only plain data
+//! (integers and raw pointers, nothing with a destructor) and never panics.
+//! That is why those functions are declared here rather than called through
+//! pgrx's per-call wrappers.
+//!
+//! Never holds the heap page's lock while reading the index (the index scan
+//! locks its own pages; holding both invites LWLock deadlocks with writers
+//! that check uniqueness, which lock the other way round).
+
+use pgrx::pg_sys::{self, ffi::pg_guard_ffi_boundary, Datum};
+
+mod c {
+    use pgrx::pg_sys::{BlockNumber, Buffer, HeapTuple, IndexScanDesc, ItemPointer, Relation, ScanDirection, Snapshot};
+    // The same declarations as pgrx's bindings, without its per-call guard:
+    // callers run them inside one `pg_guard_ffi_boundary` (module docs).
+    unsafe extern "C-unwind" {
+        pub fn index_getnext_tid(scan: IndexScanDesc, direction: ScanDirection::Type) -> ItemPointer;
+        pub fn ReleaseAndReadBuffer(buffer: Buffer, relation: Relation, block: BlockNumber) -> Buffer;
+        pub fn heap_page_prune_opt(relation: Relation, buffer: Buffer);
+        pub fn LockBuffer(buffer: Buffer, mode: std::ffi::c_int);
+        pub fn heap_hot_search_buffer(
+            tid: ItemPointer,
+            relation: Relation,
+            buffer: Buffer,
+            snapshot: Snapshot,
+            heap_tuple: HeapTuple,
+            all_dead: *mut bool,
+            first_call: bool,
+        ) -> bool;
+    }
+}
+
+/// Index entries one page can be asked for at a time: more than the tuples
+/// an 8 kB heap page holds (MaxHeapTuplesPerPage = 291).  A longer run on
+/// one page (only possible through many dead index entries) is simply split.
+const RUN_MAX: usize = 320;
+
+fn block_of(tid: &pg_sys::ItemPointerData) -> pg_sys::BlockNumber {
+    (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo)
+}
+
+/// Whether `rel` is stored by the heap access method (whose page layout
+/// [`PageFetch`] and [`Deformer`] rely on).
+pub fn is_heap(rel: pg_sys::Relation) -> bool {
+    // SAFETY: an open relation's table AM pointer, compared by address.
+    unsafe { (*rel).rd_tableam == pg_sys::GetHeapamTableAmRoutine() }
+}
+
+/// The visible tuples of one heap page reached through the index, in index
+/// order, and where the scan stands.
+pub struct PageFetch {
+    scan: pg_sys::IndexScanDesc,
+    heap: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    /// The pinned page the tuples live on (InvalidBuffer before the first).
+    buf: pg_sys::Buffer,
+    tids: Box<[pg_sys::ItemPointerData; RUN_MAX]>,
+    tuples: Box<[pg_sys::HeapTupleData; RUN_MAX]>,
+    /// Visible tuples in `tuples`, and how many were handed out.
+    n: usize,
+    next: usize,
+    /// A TID read from the index that belongs to the next page.
+    pending: pg_sys::ItemPointerData,
+    has_pending: bool,
+    /// The index has no more entries.
+    index_done: bool,
+}
+
+impl PageFetch {
+    /// Fetches through `scan` (begun on `heap` with `snapshot`, an MVCC
+    /// snapshot that outlives it).
+    pub fn new(scan: pg_sys::IndexScanDesc, heap: pg_sys::Relation, snapshot: pg_sys::Snapshot) -> PageFetch {
+        PageFetch {
+            scan,
+            heap,
+            snapshot,
+            buf: pg_sys::InvalidBuffer as pg_sys::Buffer,
+            tids: Box::new([pg_sys::ItemPointerData::default(); RUN_MAX]),
+            tuples: Box::new([pg_sys::HeapTupleData::default(); RUN_MAX]),
+            n: 0,
+            next: 0,
+            pending: pg_sys::ItemPointerData::default(),
+            has_pending: false,
+            index_done: false,
+        }
+    }
+
+    /// Reads from a new index scan (a restart): the page pin is kept,
+    /// everything read ahead is forgotten.
+    pub fn restart(&mut self, scan: pg_sys::IndexScanDesc, snapshot: pg_sys::Snapshot) {
+        self.scan = scan;
+        self.snapshot = snapshot;
+        self.n = 0;
+        self.next = 0;
+        self.has_pending = false;
+        self.index_done = false;
+    }
+
+    /// Advances to the next visible tuple; false at the end of the index.
+    ///
+    /// # Safety
+    /// The scan, relation and snapshot given are still open and valid.
+    #[inline]
+    pub unsafe fn next(&mut self) -> bool {
+        while self.next == self.n {
+            if self.index_done && !self.has_pending {
+                return false;
+            }
+            let f: *mut PageFetch = self;
+            // SAFETY: `f` is this fetch, exclusively borrowed for the call;
+            // fill_run's frame holds no value with a destructor and cannot
+            // panic, so an ERROR may long-jump over it (module docs).
+            unsafe { pg_guard_ffi_boundary(|| fill_run(f)) };
+        }
+        self.next += 1;
+        true
+    }
+
+    /// The tuple `next` returned last.
+    pub fn current(&self) -> &pg_sys::HeapTupleData {
+        &self.tuples[self.next - 1]
+    }
+
+    /// The pinned page, for the caller to release (InvalidBuffer if none).
+    pub fn take_buffer(&mut self) -> pg_sys::Buffer {
+        std::mem::replace(&mut self.buf, pg_sys::InvalidBuffer as pg_sys::Buffer)
+    }
+}
+
+/// Reads the TIDs of the next heap page from the index and keeps the tuples
+/// of that page visible to the snapshot.
+///
+/// # Safety
+/// `f` points to a live PageFetch whose scan, relation and snapshot are
+/// valid.  Runs inside `pg_guard_ffi_boundary`: only plain data in this
+/// frame, no panics (so no bounds-checked indexing: the loops stay below
+/// RUN_MAX by construction).
+unsafe fn fill_run(f: *mut PageFetch) {
+    // SAFETY (whole body): per the contract.  The TID that index_getnext_tid
+    // returns points into the scan and is copied before the next call; the
+    // page is pinned (ReleaseAndReadBuffer) before it is locked and searched.
+    unsafe {
+        let f = &mut *f;
+        f.n = 0;
+        f.next = 0;
+        let tids = f.tids.as_mut_ptr();
+        let mut count = 0usize;
+        if f.has_pending {
+            f.has_pending = false;
+            *tids = f.pending;
+            count = 1;
+        } else if !f.index_done {
+            let t = c::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if t.is_null() {
+                f.index_done = true;
+            } else {
+                *tids = *t;
+                count = 1;
+            }
+        }
+        if count == 0 {
+            return;
+        }
+        let block = block_of(&*tids);
+        while count < RUN_MAX && !f.index_done {
+            let t = c::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if t.is_null() {
+                f.index_done = true;
+            } else if block_of(&*t) != block {
+                f.pending = *t;
+                f.has_pending = true;
+                break;
+            } else {
+                *tids.add(count) = *t;
+                count += 1;
+            }
+        }
+        let prev = f.buf;
+        f.buf = c::ReleaseAndReadBuffer(f.buf, f.heap, block);
+        if f.buf != prev {
+            // As heapam_index_fetch_tuple does on reaching a new page.
+            c::heap_page_prune_opt(f.heap, f.buf);
+        }
+        prefetch_tuples(pg_sys::BufferGetPage(f.buf) as *const u8, tids, count);
+        c::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let tuples = f.tuples.as_mut_ptr();
+        let mut n = 0usize;
+        for i in 0..count {
+            // heap_hot_search_buffer follows the HOT chain from the entry's
+            // TID and fills the tuple (t_data points into the page).
+            let mut tid = *tids.add(i);
+            if c::heap_hot_search_buffer(&mut tid, f.heap, f.buf, f.snapshot, tuples.add(n), std::ptr::null_mut(), true)
+            {
+                n += 1;
+            }
+        }
+        c::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_UNLOCK as i32);
+        f.n = n;
+    }
+}
+
+/// Starts loading the first cache lines of the tuples the run's TIDs point
+/// to, so that their misses overlap instead of stalling one after another
+/// in the visibility checks and deforming (a table larger than the CPU
+/// caches comes from memory page by page).  Only a hint: it reads the
+/// page's line pointers without the content lock (the pin keeps them in
+/// place; at worst it prefetches a stale address inside the page) and
+/// touches no memory outside the page.
+///
+/// # Safety
+/// `page` is a pinned buffer page; `tids` has `count` entries.
+#[inline]
+unsafe fn prefetch_tuples(page: *const u8, tids: *const pg_sys::ItemPointerData, count: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: per the contract; the line pointer reads stay inside the
+    // page (offsets checked against its size), prefetches never fault.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        const PAGE_HEADER: usize = std::mem::offset_of!(pg_sys::PageHeaderData, pd_linp);
+        const LINE: usize = 64;
+        let page_size = pg_sys::BLCKSZ as usize;
+        let max_items = (page_size - PAGE_HEADER) / 4;
+        for i in 0..count {
+            let item = usize::from((*tids.add(i)).ip_posid);
+            if item == 0 || item > max_items {
+                continue;
+            }
+            // ItemIdData: lp_off (15 bits), lp_flags (2), lp_len (15).
+            let lp = std::ptr::read_volatile((page.add(PAGE_HEADER) as *const u32).add(item - 1));
+            let off = (lp & 0x7fff) as usize;
+            let len = ((lp >> 17) & 0x7fff) as usize;
+            let end = (off + len.min(3 * LINE)).min(page_size);
+            let mut at = off;
+            while at < end {
+                _mm_prefetch::<_MM_HINT_T0>(page.add(at) as *const i8);
+                at += LINE;
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (page, tids, count);
+}
+
+/// One attribute's storage, copied out of the tuple descriptor.
+#[derive(Clone, Copy)]
+struct Layout {
+    len: i16,
+    align: usize,
+    byval: bool,
+    /// Offset in every tuple without NULLs before it (Postgres's
+    /// attcacheoff rule), or -1.
+    cacheoff: i32,
+}
+
+fn align_nominal(off: usize, align: usize) -> usize {
+    (off + align - 1) & !(align - 1)
+}
+
+/// The value of attribute `a` stored at `p` (fetch_att).
+///
+/// # Safety
+/// `p` points at a stored value of that attribute.
+#[inline(always)]
+unsafe fn fetch_att(a: Layout, p: *const u8) -> Datum {
+    // SAFETY: per the contract; by-value attributes are 1, 2, 4 or 8 bytes.
+    unsafe {
+        if a.byval {
+            match a.len {
+                1 => Datum::from(*(p as *const i8)),
+                2 => Datum::from(std::ptr::read_unaligned(p as *const i16)),
+                4 => Datum::from(std::ptr::read_unaligned(p as *const i32)),
+                _ => Datum::from(std::ptr::read_unaligned(p as *const i64)),
+            }
+        } else {
+            Datum::from(p)
+        }
+    }
+}
+
+/// Deforms heap tuples of one relation into arrays it owns —
+/// `slot_deform_heap_tuple` without the slot — filling in the projected
+/// attributes.
+///
+/// Fast path: when every projected attribute sits at a fixed offset
+/// (fixed-width attributes before it, and the first varlena) and the tuple
+/// has no NULL up to the last of them, the projected values are read at
+/// those offsets directly, without walking the attributes in between.
+pub struct Deformer {
+    rel: pg_sys::Relation,
+    atts: Vec<Layout>,
+    /// Projected attribute indexes, sorted and unique.
+    projected: Vec<usize>,
+    /// All of them have a fixed offset.
+    fixed: bool,
+    values: Vec<Datum>,
+    nulls: Vec<bool>,
+}
+
+impl Deformer {
+    /// For the 0-based attributes `projected` of `rel` (open while this is
+    /// used).
+    pub fn new(rel: pg_sys::Relation, projected: &[usize]) -> Deformer {
+        let mut projected = projected.to_vec();
+        projected.sort_unstable();
+        projected.dedup();
+        let natts = projected.last().map_or(0, |m| m + 1);
+        // SAFETY: an open relation's descriptor has the projected attributes.
+        let attrs = unsafe { (*(*rel).rd_att).attrs.as_slice(natts) };
+        let mut atts = Vec::with_capacity(natts);
+        let mut off = Some(0usize);
+        for a in attrs {
+            let align = match a.attalign as u8 {
+                b'd' => 8,
+                b'i' => 4,
+                b's' => 2,
+                _ => 1,
+            };
+            let len = a.attlen;
+            let cacheoff = match off {
+                Some(o) if len > 0 || len == -2 => Some(align_nominal(o, align)),
+                Some(o) if len == -1 && o == align_nominal(o, align) => Some(o),
+                _ => None,
+            };
+            off = match cacheoff {
+                Some(o) if len > 0 => Some(o + len as usize),
+                _ => None,
+            };
+            atts.push(Layout { len, align, byval: a.attbyval, cacheoff: cacheoff.map_or(-1, |o| o as i32) });
+        }
+        let fixed = projected.iter().all(|&i| atts[i].cacheoff >= 0);
+        Deformer { rel, atts, projected, fixed, values: vec![Datum::from(0usize); natts], nulls: vec![true; natts] }
+    }
+
+    /// Deforms `tup` and returns its value and null arrays, valid at the
+    /// projected attributes.  By-reference values point into the tuple.
+    ///
+    /// # Safety
+    /// `tup` is a valid tuple of the relation, on a page pinned while the
+    /// values are used.
+    #[inline]
+    pub unsafe fn deform(&mut self, tup: &pg_sys::HeapTupleData) -> (*const Datum, *const bool) {
+        let natts = self.atts.len();
+        // SAFETY: per the contract; the reads follow the tuple's own header,
+        // null bitmap and the attributes' lengths and alignments exactly as
+        // heaptuple.c does.
+        unsafe {
+            let t = tup.t_data;
+            let hasnulls = u32::from((*t).t_infomask) & pg_sys::HEAP_HASNULL != 0;
+            let stored = (u32::from((*t).t_infomask2) & pg_sys::HEAP_NATTS_MASK) as usize;
+            let bits = (*t).t_bits.as_ptr();
+            let tp = (t as *const u8).add(usize::from((*t).t_hoff));
+            let (values, nulls) = (self.values.as_mut_ptr(), self.nulls.as_mut_ptr());
+            let isnull = |i: usize| hasnulls && *bits.add(i >> 3) & (1 << (i & 7)) == 0;
+            if self.fixed && stored >= natts && !(0..natts).any(isnull) {
+                for &i in &self.projected {
+                    let a = *self.atts.get_unchecked(i);
+                    *values.add(i) = fetch_att(a, tp.add(a.cacheoff as usize));
+                    *nulls.add(i) = false;
+                }
+                return (values, nulls);
+            }
+            let n = natts.min(stored);
+            let mut off = 0usize;
+            let mut slow = false;
+            for i in 0..n {
+                let a = *self.atts.get_unchecked(i);
+                if isnull(i) {
+                    *values.add(i) = Datum::from(0usize);
+                    *nulls.add(i) = true;
+                    slow = true;
+                    continue;
+                }
+                *nulls.add(i) = false;
+                if !slow && a.cacheoff >= 0 {
+                    off = a.cacheoff as usize;
+                } else if a.len == -1 {
+                    // A varlena starts unaligned when it has a 1-byte header
+                    // (its first byte is not a pad byte, which is 0).
+                    if *tp.add(off) == 0 {
+                        off = align_nominal(off, a.align);
+                    }
+                } else {
+                    off = align_nominal(off, a.align);
+                }
+                let p = tp.add(off);
+                *values.add(i) = fetch_att(a, p);
+                off += match a.len {
+                    -1 => pgrx::varlena::varsize_any(p as *const pg_sys::varlena),
+                    -2 => std::ffi::CStr::from_ptr(p as *const std::ffi::c_char).to_bytes_with_nul().len(),
+                    l => l as usize,
+                };
+                if a.len <= 0 {
+                    slow = true;
+                }
+            }
+            // Attributes added after this tuple was written: their default
+            // as stored for it (ALTER TABLE ... ADD COLUMN ... DEFAULT), or NULL.
+            for i in n..natts {
+                let mut isnull = false;
+                *values.add(i) = pg_sys::getmissingattr((*self.rel).rd_att, i as i32 + 1, &mut isnull);
+                *nulls.add(i) = isnull;
+            }
+            (values, nulls)
+        }
+    }
+}
