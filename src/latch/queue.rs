@@ -78,8 +78,15 @@ fn priority(load: u32, limit: u32, contended: u64) -> u64 {
 }
 
 /// A range is contended enough to split when this many acquisitions found
-/// its lock busy since the last look.
-const CONTENTION_SPLIT: u64 = 256;
+/// its lock busy since the last look.  Every range is looked at by every
+/// sweep (the worker's SWEEP interval), so this is a rate, not a total:
+/// a range that waits now and then never accumulates its way to a split.
+const CONTENTION_SPLIT: u64 = 128;
+/// Two cold neighbours merge only when they waited less than this, together,
+/// since the last look: a range split because it was contended stays split
+/// while the contention lasts, instead of merging back at the next sweep
+/// (its halves are small) and splitting again.
+const CONTENTION_MERGE: u64 = CONTENTION_SPLIT / 4;
 /// Fewer latches than limit / MERGE_DIVISOR in two neighbours: merge them.
 const MERGE_DIVISOR: u32 = 8;
 
@@ -192,8 +199,12 @@ impl<L: LockSet> LatchTable<'_, L> {
             };
             let small =
                 load < limit / MERGE_DIVISOR && !(meta.lo == super::span::KeyBuf::EMPTY && meta.hi.is_infinite());
-            if load > limit || tombstones > 0 || self.contended_since(r).0 >= CONTENTION_SPLIT || small {
+            let (contended, seen) = self.contended_since(r);
+            if load > limit || tombstones > 0 || contended >= CONTENTION_SPLIT || small {
                 queued += u32::from(self.enqueue(r));
+            } else {
+                // Looked at: the next sweep counts waits from here.
+                seen.fetch_add(contended, Relaxed);
             }
         }
         queued
@@ -222,11 +233,14 @@ impl<L: LockSet> LatchTable<'_, L> {
             } else {
                 Action::Nothing
             }
-        } else if load < limit / MERGE_DIVISOR {
+        } else if load < limit / MERGE_DIVISOR && contended < CONTENTION_MERGE {
             // The neighbour must not be in another worker's hands: take it
             // (idle or queued) for the merge, which frees it.
+            let cold = |n: u32| {
+                self.load(n) < limit / MERGE_DIVISOR && contended + self.contended_since(n).0 < CONTENTION_MERGE
+            };
             match self.right_neighbour(r) {
-                Some(n) if self.load(n) < limit / MERGE_DIVISOR && self.take_counted(n) => {
+                Some(n) if cold(n) && self.take_counted(n) => {
                     if self.merge(slot, r, n) {
                         Action::Merged
                     } else {
@@ -323,13 +337,7 @@ mod tests {
             let h = Holder { xid: Xid(100), pid: 1, now_us: 0 };
             t.acquire(0, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
         }
-        let mut actions = Vec::new();
-        for _ in 0..50 {
-            t.sweep();
-            while let Some(r) = t.claim_next() {
-                actions.push(t.maintain(3, r).0);
-            }
-        }
+        let mut actions = work(t, 50);
         let split = t.ranges_of(REL).len();
         assert!(split >= 8, "500 latches over a limit of 64 need several ranges, got {split}");
         assert!(t.ranges_of(REL).iter().all(|&r| t.load(r) <= 64));
@@ -337,14 +345,62 @@ mod tests {
         // cold neighbours merge back.
         t.release_all(0, Outcome::Committed);
         t.set_horizon(Xid(200));
-        for _ in 0..50 {
+        actions.extend(work(t, 50));
+        assert!(actions.contains(&Action::Split) && actions.contains(&Action::Merged), "{actions:?}");
+        assert_eq!(t.ranges_of(REL).len(), 1, "empty ranges merge back into one");
+        assert_eq!(t.usage().entries_used, 0);
+    }
+
+    /// Sweeps and lets one worker process everything queued, `rounds` times.
+    fn work(t: &LatchTable<'_, impl LockSet>, rounds: usize) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for _ in 0..rounds {
             t.sweep();
             while let Some(r) = t.claim_next() {
                 actions.push(t.maintain(3, r).0);
             }
         }
-        assert!(actions.contains(&Action::Split) && actions.contains(&Action::Merged), "{actions:?}");
-        assert_eq!(t.ranges_of(REL).len(), 1, "empty ranges merge back into one");
+        actions
+    }
+
+    /// Lock waits on every range of REL, as acquirers would count them.
+    fn wait_on_every_range(t: &LatchTable<'_, impl LockSet>, waits: u64) {
+        for r in t.ranges_of(REL) {
+            t.p.ranges[r as usize].contended.fetch_add(waits, Relaxed);
+        }
+    }
+
+    #[test]
+    fn contention_splits_as_a_rate_and_split_ranges_stay_split_while_it_lasts() {
+        let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
+        t.set_range_max_latches(1024);
+        let h = Holder { xid: Xid(100), pid: 1, now_us: 0 };
+        for i in 0..40u64 {
+            t.acquire(0, REL, &Span::point(&(i * 1000).to_be_bytes()), &h).unwrap();
+        }
+        // Waits below the rate, sweep after sweep, add up to far more than
+        // the threshold: no split.
+        for _ in 0..20 {
+            wait_on_every_range(t, CONTENTION_SPLIT - 1);
+            work(t, 1);
+        }
+        assert_eq!(t.ranges_of(REL).len(), 1, "a steady trickle of waits must not split a range");
+        wait_on_every_range(t, CONTENTION_SPLIT);
+        assert!(work(t, 1).contains(&Action::Split));
+        assert_eq!(t.ranges_of(REL).len(), 2);
+        // The halves are small and would merge at once; while they keep
+        // waiting, they stay apart.
+        t.release_all(0, Outcome::Committed);
+        t.set_horizon(Xid(200));
+        for _ in 0..20 {
+            wait_on_every_range(t, CONTENTION_MERGE / 2);
+            let actions = work(t, 1);
+            assert!(!actions.contains(&Action::Merged), "{actions:?}");
+        }
+        assert_eq!(t.ranges_of(REL).len(), 2);
+        // Contention over: they merge.
+        assert!(work(t, 3).contains(&Action::Merged));
+        assert_eq!(t.ranges_of(REL).len(), 1);
         assert_eq!(t.usage().entries_used, 0);
     }
 }
