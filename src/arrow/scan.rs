@@ -27,8 +27,8 @@ use super::types::{self, Settings};
 use super::{key_for, StreamArgs};
 use crate::api::registry::Latched;
 use crate::errors;
-use crate::latch::{ReadMode, Span, Xid};
-use crate::scan::guard::{self, Then};
+use crate::latch::{Span, Xid};
+use crate::scan::guard::{self, Choice, Then};
 use crate::scan::snapshot::{self, Base};
 use crate::scan::span;
 
@@ -45,7 +45,7 @@ pub struct ScanRequest {
 /// the first call).
 struct Latching {
     latched: Rc<Latched>,
-    mode: ReadMode,
+    choice: Choice,
     /// D: `[lower, upper)` in key encoding (scan/span.rs, from the same
     /// btree scan keys the index scan uses).
     declared: Span,
@@ -408,9 +408,9 @@ impl TableStream {
         let after = snapshot::after_for_statement(snapshot::next_xid());
         let slot = Slot::for_rel(&rel);
         let latching = match (&latched, &index) {
-            (Some(l), Some(_)) => guard::choose_mode(req.max_rows.map(|m| m as u64)).map(|mode| Latching {
+            (Some(l), Some(_)) => guard::choose_mode(req.max_rows.map(|m| m as u64)).map(|choice| Latching {
                 latched: l.clone(),
-                mode,
+                choice,
                 declared: span::declared(&l.key, &keys),
                 // SAFETY: the snapshot is registered until the scan ends,
                 // and `after` was read after it was taken.
@@ -470,7 +470,7 @@ impl TableStream {
         let heap = self.source.as_ref().expect("source before the first call").rel.as_ptr();
         let mut reader = Optimistic { stream: self, latched: &l.latched, declared: l.declared };
         // SAFETY: the relation stays open until the source is released.
-        let run = unsafe { guard::run(&mut reader, &l.latched.key, heap, l.base, &l.declared, l.mode, "arrow_scan") };
+        let run = unsafe { guard::run(&mut reader, &l.latched.key, heap, l.base, &l.declared, l.choice, "arrow_scan") };
         let src = self.source.as_mut().expect("source");
         match run.then {
             Then::Emit => {

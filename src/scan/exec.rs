@@ -455,18 +455,18 @@ unsafe fn start(node: *mut pg_sys::CustomScanState, rt: &mut Runtime) {
         rt.totals.executions += 1;
         rt.totals.declared = Some(declared);
 
-        let Some(read_mode) = guard::choose_mode(rt.want) else {
+        let Some(choice) = guard::choose_mode(rt.want) else {
             rt.totals.off = true;
             rt.base = Some(base);
             start_index_scan(rt, (*estate).es_snapshot);
             rt.phase = Phase::Stream;
             return;
         };
-        rt.totals.mode = Some(read_mode);
+        rt.totals.mode = Some(choice.mode);
         let latched = rt.latched.clone();
         let heap = rt.heap;
         let mut reader = NodeReader { node, rt: &mut *rt, declared };
-        let run = guard::run(&mut reader, &latched.key, heap, base, &declared, read_mode, "LIMIT scan");
+        let run = guard::run(&mut reader, &latched.key, heap, base, &declared, choice, "LIMIT scan");
         record(rt, &run.report, run.wait_us);
         rt.base = Some(run.base);
         match run.then {
@@ -490,6 +490,7 @@ fn record(rt: &mut Runtime, r: &Report, wait_us: i64) {
     t.report.waits += r.waits;
     t.report.pulled_after += r.pulled_after;
     t.report.fell_back |= r.fell_back;
+    t.report.streamed |= r.streamed;
     t.touched = r.checked;
     t.wait_us += wait_us;
 }
@@ -586,6 +587,9 @@ unsafe extern "C-unwind" fn explain(
                 (_, Some(ReadMode::Optimistic)) if rt.totals.report.fell_back => {
                     "optimistic, fell back to fenced".into()
                 }
+                (_, Some(ReadMode::Optimistic)) if rt.totals.report.streamed => {
+                    "optimistic, declared span clean: streamed".into()
+                }
                 (_, Some(ReadMode::Optimistic)) => "optimistic".into(),
                 (_, Some(ReadMode::Fenced)) => "fenced".into(),
                 (_, None) => "off".into(),
@@ -615,8 +619,8 @@ unsafe extern "C-unwind" fn explain(
         }
         let t = &rt.totals;
         if let Some(touched) = t.touched {
-            let label =
-                if t.mode == Some(ReadMode::Fenced) || t.report.fell_back { c"Checked Span" } else { c"Touched Span" };
+            let checked_declared = t.mode == Some(ReadMode::Fenced) || t.report.fell_back || t.report.streamed;
+            let label = if checked_declared { c"Checked Span" } else { c"Touched Span" };
             prop_text(es, label, &key.format_span(&touched));
         }
         let outcome = if t.report.conflicts == 0 { "clean" } else { "conflicts resolved" };

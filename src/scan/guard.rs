@@ -28,7 +28,7 @@ pub trait Reader {
 /// the most rows it can return (`want`, None = unbounded): optimistic only
 /// when its result is small enough to buffer, otherwise fenced; None for
 /// `off` (plain Postgres).  Counts the scan in `pgkvx.stats()`.
-pub fn choose_mode(want: Option<u64>) -> Option<ReadMode> {
+pub fn choose_mode(want: Option<u64>) -> Option<Choice> {
     let mode = guc::SCAN_MODE.get();
     if mode == ScanMode::Off {
         backend::count(Stat::ScansOff, 1);
@@ -37,7 +37,16 @@ pub fn choose_mode(want: Option<u64>) -> Option<ReadMode> {
     let small = want.is_some_and(|w| w <= guc::MAX_OPTIMISTIC_ROWS.get() as u64);
     let read_mode = if mode == ScanMode::Optimistic && small { ReadMode::Optimistic } else { ReadMode::Fenced };
     backend::count(if read_mode == ReadMode::Optimistic { Stat::ScansOptimistic } else { Stat::ScansFenced }, 1);
-    Some(read_mode)
+    let declared_first = read_mode == ReadMode::Optimistic && want.is_none_or(|w| w > STREAM_ABOVE_ROWS);
+    Some(Choice { mode: read_mode, declared_first })
+}
+
+/// How a latched scan reads: the mode, and for optimistic scans whether
+/// to check the declared span first.
+#[derive(Clone, Copy, Debug)]
+pub struct Choice {
+    pub mode: ReadMode,
+    pub declared_first: bool,
 }
 
 /// What the scan does once the protocol has decided.
@@ -91,6 +100,12 @@ impl<R: Reader> Env for ScanEnv<'_, R> {
     }
 }
 
+/// Optimistic scans wanting more rows than this check the declared span
+/// first and stream when it is clean (protocol.rs, `declared_first`):
+/// copying a few rows into the buffer costs less than checking the wider
+/// declared span, copying many costs far more.
+const STREAM_ABOVE_ROWS: u64 = 64;
+
 /// Runs the protocol for a scan of `heap` (key `key`) over `declared`,
 /// starting from `base`, and counts what happened in `pgkvx.stats()`.  A
 /// conflict that waiting cannot repair under REPEATABLE READ or SERIALIZABLE
@@ -105,11 +120,12 @@ pub unsafe fn run<R: Reader>(
     heap: pg_sys::Relation,
     base: Base,
     declared: &Span,
-    mode: ReadMode,
+    choice: Choice,
     what: &str,
 ) -> Run {
     let params = Params {
-        mode,
+        mode: choice.mode,
+        declared_first: choice.declared_first,
         retries: guc::OPTIMISTIC_RETRIES.get() as u32,
         // SAFETY: plain read of a backend global.
         fixed_snapshot: unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32,
