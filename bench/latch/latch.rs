@@ -10,6 +10,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use pgkvx::latch::locks::heap_table;
 use pgkvx::latch::locks::std_locks::StdLocks;
+use pgkvx::latch::rng::XorShift64 as Rng;
 use pgkvx::latch::{Config, Holder, LatchTable, Outcome, ReadSnapshot, RelId, Span, Xid};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -36,16 +37,6 @@ const REL: RelId = RelId(0x0000_0001_0000_6000);
 
 fn key(k: u64) -> [u8; 8] {
     (k ^ (1 << 63)).to_be_bytes()
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// A table holding `live` point latches on random keys from 64 holders,

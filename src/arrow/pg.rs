@@ -4,8 +4,8 @@
 
 use std::ffi::{CStr, CString};
 
-use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
+use pgrx::{pg_sys, PgMemoryContexts};
 
 use crate::errors;
 
@@ -49,10 +49,7 @@ impl RowContext {
         // SAFETY: the context is alive as long as its parent, which outlives
         // every call of the set-returning function that owns `self`.
         unsafe {
-            let old = pg_sys::CurrentMemoryContext;
-            pg_sys::CurrentMemoryContext = self.0;
-            let r = f();
-            pg_sys::CurrentMemoryContext = old;
+            let r = PgMemoryContexts::For(self.0).switch_to(|_| f());
             // Most rows allocate nothing: skip the call (each call into
             // Postgres costs a setjmp) when the context is still empty.
             if !(*self.0).isReset {

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use pgrx::{pg_sys, PgSqlErrorCode};
+use pgrx::{pg_sys, PgMemoryContexts, PgSqlErrorCode};
 
 use super::batch::BatchWriter;
 use super::fetch::{self, Deformer, PageFetch};
@@ -86,21 +86,6 @@ struct Source {
     owner: Box<OwnerWatch>,
 }
 
-/// Runs `f` with `cx` current: access methods allocate what lives as long
-/// as the scan in the context they run in.
-fn in_cx<R>(cx: pg_sys::MemoryContext, f: impl FnOnce() -> R) -> R {
-    // SAFETY: callers pass the scan's context, which lives as long as the
-    // set-returning function's state; an ERROR inside `f` aborts the
-    // transaction, which resets the current context.
-    unsafe {
-        let old = pg_sys::CurrentMemoryContext;
-        pg_sys::CurrentMemoryContext = cx;
-        let r = f();
-        pg_sys::CurrentMemoryContext = old;
-        r
-    }
-}
-
 impl Source {
     /// (Re)starts the index scan, reading at `snap`: the statement's
     /// snapshot, or one the read protocol built from it.
@@ -113,15 +98,19 @@ impl Source {
         // SAFETY: relation and index are open and locked; `old` is a scan we
         // began and have not ended; `snap` outlives the scan (the statement
         // snapshot is registered; spliced ones live in scan_cx and are built
-        // from a registered base); index_rescan copies the keys.
-        *scan = in_cx(self.scan_cx, || unsafe {
-            if !old.is_null() {
-                pg_sys::index_endscan(old);
-            }
-            let s = pg_sys::index_beginscan(heap, index.as_ptr(), snap, keys.len() as i32, 0);
-            pg_sys::index_rescan(s, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
-            s
-        });
+        // from a registered base); index_rescan copies the keys.  The scan
+        // allocates what lives as long as it in scan_cx, which lives as long
+        // as the set-returning function's state.
+        *scan = unsafe {
+            PgMemoryContexts::For(self.scan_cx).switch_to(|_| {
+                if !old.is_null() {
+                    pg_sys::index_endscan(old);
+                }
+                let s = pg_sys::index_beginscan(heap, index.as_ptr(), snap, keys.len() as i32, 0);
+                pg_sys::index_rescan(s, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
+                s
+            })
+        };
         if fetch::is_heap(heap) {
             match pages {
                 Some(p) => p.restart(*scan, snap),
@@ -136,9 +125,10 @@ impl Source {
         let rel = self.rel.as_ptr();
         let cursor = &mut self.cursor;
         // SAFETY: scan, slot and relation were set up together in `open` and
-        // are released together in `release`; the scan was started.
-        in_cx(self.scan_cx, || unsafe {
-            match cursor {
+        // are released together in `release`; the scan was started; it
+        // allocates in scan_cx, as when it began.
+        unsafe {
+            PgMemoryContexts::For(self.scan_cx).switch_to(|_| match cursor {
                 Cursor::Index { pages: Some(p), .. } => p.next(),
                 Cursor::Index { scan, .. } => {
                     pg_sys::index_getnext_slot(*scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
@@ -151,8 +141,8 @@ impl Source {
                         slot,
                     )
                 }
-            }
-        })
+            })
+        }
     }
 
     /// The values and nulls of the row `next` returned last, deformed up to

@@ -5,7 +5,7 @@
 //! interval treap), `region` (the fixed shared-memory layout), `locks` (the
 //! lock abstraction), `table` (acquire and release), `validate` (the read
 //! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
-//! (views), `stats` (counters).
+//! (views), `stats` (counters), `rng` (the tests' and benchmarks' generator).
 
 pub mod inspect;
 pub mod locks;
@@ -13,6 +13,7 @@ pub mod maint;
 pub mod protocol;
 pub mod queue;
 pub mod region;
+pub mod rng;
 pub mod snapshot;
 pub mod span;
 pub mod stats;

@@ -10,6 +10,7 @@
 use super::locks::std_locks::StdLocks;
 use super::protocol::{self, Env, Outcome, Params, ReadMode, Report};
 use super::region::{Config, RelId};
+use super::rng::XorShift64;
 use super::snapshot::ReadSnapshot;
 use super::span::{KeyBuf, Span};
 use super::table::{Holder, LatchTable, Outcome as End};
@@ -28,19 +29,6 @@ enum Status {
 
 fn enc(k: u64) -> [u8; 8] {
     k.to_be_bytes()
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 #[derive(Default)]
@@ -62,7 +50,7 @@ struct Snap {
 
 pub struct Db {
     t: &'static LatchTable<'static, StdLocks>,
-    rng: Rng,
+    rng: XorShift64,
     next_xid: u32,
     next_key: u64,
     status: HashMap<u32, Status>,
@@ -86,7 +74,7 @@ impl Db {
         });
         Db {
             t,
-            rng: Rng(seed | 1),
+            rng: XorShift64(seed | 1),
             next_xid: 100,
             next_key: 1,
             status: HashMap::new(),

@@ -371,14 +371,8 @@ pub(crate) mod tests {
 
     #[test]
     fn random_ops_match_naive_overlap() {
-        // Deterministic pseudo-random sequence; no external RNG needed.
-        let mut seed = 0x2545F4914F6CDD1Du64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::latch::rng::XorShift64(0x2545F4914F6CDD1D);
+        let mut rnd = move || rng.next();
         let (mut spans, mut prios) = (Vec::new(), Vec::new());
         for _ in 0..4000 {
             let a = (rnd() % 1000) as u16;

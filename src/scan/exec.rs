@@ -18,6 +18,7 @@ use crate::latch::protocol::{ReadMode, Report};
 use crate::latch::{Span, Xid};
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
+use pgrx::PgMemoryContexts;
 use std::ffi::{CStr, CString};
 use std::rc::Rc;
 
@@ -420,12 +421,8 @@ impl guard::Reader for NodeReader<'_> {
         // SAFETY: scan begun above.
         while let Some(slot) = unsafe { next_passing(self.node, rt) } {
             // SAFETY: copying the current row into our context.
-            let tup = unsafe {
-                let old = pg_sys::MemoryContextSwitchTo(rt.buffer_cxt);
-                let t = pg_sys::ExecCopySlotHeapTuple(slot);
-                pg_sys::MemoryContextSwitchTo(old);
-                t
-            };
+            let tup =
+                unsafe { PgMemoryContexts::For(rt.buffer_cxt).switch_to(|_| pg_sys::ExecCopySlotHeapTuple(slot)) };
             rt.buffer.push(tup);
             if rt.buffer.len() as u64 >= want {
                 // The limit is reached: the scan touched D up to this key.

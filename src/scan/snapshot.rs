@@ -13,6 +13,7 @@ use crate::latch::{ReadSnapshot, Stat, Xid};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Snapshot};
 use pgrx::prelude::*;
+use pgrx::PgMemoryContexts;
 use std::cell::Cell;
 
 /// The next xid to be assigned.
@@ -151,12 +152,7 @@ impl Base {
     pub unsafe fn spliced_in(&self, cx: pg_sys::MemoryContext, pulled: &[Xid]) -> Snapshot {
         // SAFETY: switching to a valid context and back (an ERROR in
         // between aborts the transaction, which resets the current context).
-        unsafe {
-            let old = pg_sys::MemoryContextSwitchTo(cx);
-            let s = self.spliced(pulled);
-            pg_sys::MemoryContextSwitchTo(old);
-            s
-        }
+        unsafe { PgMemoryContexts::For(cx).switch_to(|_| self.spliced(pulled)) }
     }
 
     /// The base with `pulled` folded in, allocated in the current memory

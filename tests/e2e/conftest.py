@@ -30,6 +30,11 @@ def connect(dbname, **kw):
     return psycopg.connect(conninfo(dbname), autocommit=kw.pop("autocommit", True), **kw)
 
 
+def stats(c):
+    """pgkvx.stats() as a dict: counter or gauge name -> value."""
+    return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
+
+
 @pytest.fixture(scope="module")
 def db(request):
     """A fresh database with pgkvx created; yields its name."""

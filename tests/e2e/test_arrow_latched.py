@@ -12,14 +12,10 @@ import time
 import psycopg
 import pytest
 
-from conftest import connect
+from conftest import connect, stats
 from test_arrow import chunks, read_pyarrow, read_polars
 
 HANG_GUARD_S = 60
-
-
-def stats(c):
-    return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
 
 
 def wait_until_blocked(c, pid, by_pid):

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import cluster, conninfo, connect
+from conftest import cluster, conninfo, connect, stats
 
 
 def live_latches(c, table=None):
@@ -17,10 +17,6 @@ def live_latches(c, table=None):
     if table:
         return c.execute(q + " WHERE relid = %s::regclass", (table,)).fetchone()[0]
     return c.execute(q).fetchone()[0]
-
-
-def stat(c, name):
-    return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())[name]
 
 
 @pytest.fixture
@@ -64,7 +60,7 @@ def test_killed_backend_restarts_the_cluster_with_an_empty_table(db, table_name)
         try:
             with connect(db) as c:
                 assert live_latches(c) == 0
-                assert stat(c, "latch_entries_used") == 0
+                assert stats(c)["latch_entries_used"] == 0
                 # writes latch again as before
                 c.execute("BEGIN")
                 c.execute(f"INSERT INTO {table_name} VALUES (1000, 1)")
@@ -116,7 +112,7 @@ def test_random_transactions_leave_no_live_latches(db, conn, kv):
     # else is ours.
     assert all(isinstance(e, psycopg.errors.DeadlockDetected) for e in errors), errors
     assert live_latches(conn) == 0
-    assert stat(conn, "latches_acquired") > 10000
+    assert stats(conn)["latches_acquired"] > 10000
 
 
 @pytest.fixture
@@ -157,7 +153,7 @@ def test_full_table_errors_cleanly_and_recovers(tiny_cluster):
         # under pressure, so writing goes on
         for i in range(200):
             c.execute("INSERT INTO kv VALUES (%s, 0)", (i,))
-        used = dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
+        used = stats(c)
         assert used["tombstones_coalesced"] > 0
         assert used["latch_table_full"] >= 1
         pin.rollback()
