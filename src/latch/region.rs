@@ -21,7 +21,7 @@ use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-pub const MAGIC: u64 = 0x706b_7678_6c74_0002; // "pkvxlt" v2
+pub const MAGIC: u64 = 0x706b_7678_6c74_0003; // "pkvxlt" v3
 
 /// Most ranges one table can be split into.
 pub const MAX_RANGES_PER_TABLE: usize = 128;
@@ -234,6 +234,26 @@ pub(crate) struct Entry {
     pub state: AtomicU8,
 }
 
+/// An entry's treap node, kept apart from the entry in a dense array: a
+/// descent reads only these 32 bytes per level (the leading words decide
+/// nearly every comparison), so the nodes of tens of thousands of latches
+/// stay in the CPU cache while the entries' full keys do not need to.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Node {
+    pub left: u32,
+    pub right: u32,
+    pub max_end: u32,
+    pub prio: u32,
+    /// The entry's start key's leading word.
+    pub start_head: u64,
+    /// `max_end`'s end key's leading word.
+    pub max_end_head: u64,
+}
+
+#[repr(C)]
+pub(crate) struct TreeNode(pub UnsafeCell<Node>);
+
 #[derive(Clone, Copy)]
 pub(crate) struct EntryData {
     pub span: Span,
@@ -242,10 +262,6 @@ pub(crate) struct EntryData {
     pub pid: i32,
     /// Microseconds since the Unix epoch, for the latches view's age.
     pub acquired_at: i64,
-    pub left: u32,
-    pub right: u32,
-    pub max_end: u32,
-    pub prio: u32,
     pub fifo_next: u32,
     /// On its range's tombstone list (drained), not pending release.
     pub in_fifo: bool,
@@ -269,6 +285,7 @@ unsafe impl Sync for Header {}
 unsafe impl Sync for TableSlot {}
 unsafe impl Sync for RangeSlot {}
 unsafe impl Sync for Entry {}
+unsafe impl Sync for TreeNode {}
 
 /// Byte offsets of each array in the region.
 #[derive(Clone, Copy, Debug)]
@@ -276,6 +293,7 @@ pub(crate) struct Layout {
     pub tables: usize,
     pub ranges: usize,
     pub entries: usize,
+    pub nodes: usize,
     pub backends: usize,
     pub size: usize,
 }
@@ -296,21 +314,34 @@ impl Layout {
         off = align_up(off, align_of::<Entry>());
         let entries = off;
         off += size_of::<Entry>() * cfg.max_entries as usize;
+        off = align_up(off, REGION_ALIGN);
+        let nodes = off;
+        off += size_of::<TreeNode>() * cfg.max_entries as usize;
         off = align_up(off, align_of::<BackendSlot>());
         let backends = off;
         off += size_of::<BackendSlot>() * cfg.max_backends as usize;
-        Layout { tables, ranges, entries, backends, size: off }
+        // Slack for aligning a base address that is only 8-byte aligned.
+        Layout { tables, ranges, entries, nodes, backends, size: off + REGION_ALIGN }
     }
 }
 
-/// Required alignment of the region's base address.
-pub const REGION_ALIGN: usize = 8;
+/// The alignment the region is laid out for (a cache line, for the node
+/// array); [`init`] and [`attach`] round the address they are given up to it.
+const REGION_ALIGN: usize = 64;
+
+/// The region's start inside the memory handed to us.  Every process maps
+/// the segment at an address with the same offset from a page boundary, so
+/// all of them round to the same place.
+fn aligned(mem: *mut u8) -> *mut u8 {
+    mem.wrapping_add(mem.align_offset(REGION_ALIGN))
+}
 
 pub(crate) struct Parts<'r> {
     pub hdr: &'r Header,
     pub tables: &'r [TableSlot],
     pub ranges: &'r [RangeSlot],
     pub entries: &'r [Entry],
+    pub nodes: &'r [TreeNode],
     pub backends: &'r [BackendSlot],
 }
 
@@ -318,12 +349,13 @@ pub(crate) struct Parts<'r> {
 ///
 /// # Safety
 /// `mem` must point to `Layout::of(cfg).size` writable bytes aligned to
-/// [`REGION_ALIGN`], not in use by anyone else during the call.
+/// 8, not in use by anyone else during the call.
 pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
     assert!(cfg.max_entries > 0 && cfg.max_entries < NIL);
     assert!(cfg.max_ranges > 0 && cfg.max_tables > 0 && cfg.max_backends > 0);
-    assert_eq!(mem as usize % REGION_ALIGN, 0, "latch region misaligned");
+    assert_eq!(mem as usize % 8, 0, "latch region misaligned");
     let lay = Layout::of(cfg);
+    let mem = aligned(mem);
     // SAFETY (whole block): offsets come from Layout::of, so every write is
     // inside the region and aligned for its type; the region is ours alone.
     unsafe {
@@ -393,6 +425,10 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 },
             );
         }
+        let nodes = mem.add(lay.nodes) as *mut TreeNode;
+        for i in 0..cfg.max_entries as usize {
+            std::ptr::write(nodes.add(i), TreeNode(UnsafeCell::new(Node::FREE)));
+        }
         let backends = mem.add(lay.backends) as *mut BackendSlot;
         for i in 0..cfg.max_backends as usize {
             std::ptr::write(
@@ -417,6 +453,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
 /// `mem` must point to a region written by [`init`] (in this or another
 /// process) that stays mapped for `'r`.
 pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
+    let mem = aligned(mem);
     // SAFETY: per the contract the header is initialised; the arrays follow
     // at the offsets Layout::of computes from the config stored in it.
     unsafe {
@@ -429,6 +466,7 @@ pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
             tables: std::slice::from_raw_parts(mem.add(lay.tables) as *const TableSlot, cfg.max_tables as usize),
             ranges: std::slice::from_raw_parts(mem.add(lay.ranges) as *const RangeSlot, cfg.max_ranges as usize),
             entries: std::slice::from_raw_parts(mem.add(lay.entries) as *const Entry, cfg.max_entries as usize),
+            nodes: std::slice::from_raw_parts(mem.add(lay.nodes) as *const TreeNode, cfg.max_entries as usize),
             backends: std::slice::from_raw_parts(
                 mem.add(lay.backends) as *const BackendSlot,
                 cfg.max_backends as usize,
@@ -442,6 +480,10 @@ impl RangeBody {
         RangeBody { root: NIL, live: 0, tombstones: 0, fifo_head: NIL, fifo_tail: NIL, summary: Summary::EMPTY };
 }
 
+impl Node {
+    pub const FREE: Node = Node { left: NIL, right: NIL, max_end: NIL, prio: 0, start_head: 0, max_end_head: 0 };
+}
+
 impl EntryData {
     pub const FREE: EntryData = EntryData {
         span: Span { start: KeyBuf::EMPTY, end: KeyBuf::EMPTY },
@@ -449,10 +491,6 @@ impl EntryData {
         seq: 0,
         pid: 0,
         acquired_at: 0,
-        left: NIL,
-        right: NIL,
-        max_end: NIL,
-        prio: 0,
         fifo_next: NIL,
         in_fifo: false,
     };

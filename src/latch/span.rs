@@ -34,6 +34,13 @@ impl KeyBuf {
     /// every key, with no special case.
     pub const INFINITE: KeyBuf = KeyBuf { head: u64::MAX, len: INFINITE, bytes: [0xFF; KEY_MAX] };
 
+    /// The leading eight bytes as a big-endian number.  Keys whose heads
+    /// differ compare as their heads do.
+    #[inline]
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
     #[inline]
     pub fn is_infinite(&self) -> bool {
         self.len == INFINITE

@@ -8,8 +8,8 @@
 
 use super::locks::{Held, LockId, LockSet, Mode};
 use super::region::{
-    self, bump, BackendSlot, Config, Entry, EntryData, Layout, Parts, RangeBody, RangeMeta, RelId, State, TableData,
-    MAX_RANGES_PER_TABLE,
+    self, bump, BackendSlot, Config, Entry, EntryData, Layout, Node, Parts, RangeBody, RangeMeta, RelId, State,
+    TableData, TreeNode, MAX_RANGES_PER_TABLE,
 };
 use super::span::Span;
 use super::stats::{Stat, NSTATS};
@@ -56,6 +56,7 @@ pub struct LatchTable<'r, L: LockSet> {
 /// range's lock is held (exclusive when the tree is modified).
 pub(crate) struct RangeNodes<'a> {
     entries: &'a [Entry],
+    nodes: &'a [TreeNode],
 }
 
 impl RangeNodes<'_> {
@@ -67,6 +68,13 @@ impl RangeNodes<'_> {
         // bounds; skipping the check matters in the treap's inner loops.
         unsafe { self.entries.get_unchecked(n as usize) }.data.get()
     }
+
+    #[inline(always)]
+    fn t(&self, n: u32) -> *mut Node {
+        debug_assert!((n as usize) < self.nodes.len());
+        // SAFETY: as in d(): the node array has one node per entry.
+        unsafe { self.nodes.get_unchecked(n as usize) }.0.get()
+    }
 }
 
 // SAFETY (all methods): nodes reachable from a range's root belong to that
@@ -75,31 +83,42 @@ impl RangeNodes<'_> {
 impl NodeStore for RangeNodes<'_> {
     #[inline(always)]
     fn left(&self, n: u32) -> u32 {
-        unsafe { (*self.d(n)).left }
+        unsafe { (*self.t(n)).left }
     }
     #[inline(always)]
     fn right(&self, n: u32) -> u32 {
-        unsafe { (*self.d(n)).right }
+        unsafe { (*self.t(n)).right }
     }
     #[inline(always)]
     fn set_left(&self, n: u32, v: u32) {
-        unsafe { (*self.d(n)).left = v }
+        unsafe { (*self.t(n)).left = v }
     }
     #[inline(always)]
     fn set_right(&self, n: u32, v: u32) {
-        unsafe { (*self.d(n)).right = v }
+        unsafe { (*self.t(n)).right = v }
     }
     #[inline(always)]
     fn max_end(&self, n: u32) -> u32 {
-        unsafe { (*self.d(n)).max_end }
+        unsafe { (*self.t(n)).max_end }
     }
     #[inline(always)]
-    fn set_max_end(&self, n: u32, v: u32) {
-        unsafe { (*self.d(n)).max_end = v }
+    fn max_end_head(&self, n: u32) -> u64 {
+        unsafe { (*self.t(n)).max_end_head }
+    }
+    #[inline(always)]
+    fn set_max_end(&self, n: u32, v: u32, head: u64) {
+        unsafe {
+            (*self.t(n)).max_end = v;
+            (*self.t(n)).max_end_head = head;
+        }
     }
     #[inline(always)]
     fn prio(&self, n: u32) -> u32 {
-        unsafe { (*self.d(n)).prio }
+        unsafe { (*self.t(n)).prio }
+    }
+    #[inline(always)]
+    fn start_head(&self, n: u32) -> u64 {
+        unsafe { (*self.t(n)).start_head }
     }
     #[inline(always)]
     fn start(&self, n: u32) -> &super::span::KeyBuf {
@@ -250,7 +269,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     }
 
     pub(crate) fn nodes(&self) -> RangeNodes<'r> {
-        RangeNodes { entries: self.p.entries }
+        RangeNodes { entries: self.p.entries, nodes: self.p.nodes }
     }
 
     pub(crate) fn backend(&self, slot: u32) -> &BackendSlot {
@@ -496,15 +515,12 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             // SAFETY: we popped `e` from the free list; it is ours.
             let d = unsafe { self.data(e) };
             let seq = self.p.hdr.seq.fetch_add(1, Relaxed);
-            *d = EntryData {
-                span: *span,
-                xid: h.xid,
-                seq,
-                pid: h.pid,
-                acquired_at: h.now_us,
-                prio: prio_for(e, seq),
-                ..EntryData::FREE
-            };
+            *d = EntryData { span: *span, xid: h.xid, seq, pid: h.pid, acquired_at: h.now_us, ..EntryData::FREE };
+            // SAFETY: as for `d`: the entry's node is ours too.
+            unsafe {
+                *self.p.nodes[e as usize].0.get() =
+                    Node { prio: prio_for(e, seq), start_head: span.start.head(), ..Node::FREE };
+            }
             self.entry(e).state.store(State::Live as u8, Release);
             let (_g, waited) = Held::new_counting(&self.locks, LockId::Range(r), Mode::Exclusive);
             let rs = &self.p.ranges[r as usize];

@@ -21,13 +21,24 @@ pub trait NodeStore {
     fn set_right(&self, n: u32, v: u32);
     /// The node of greatest `end` in `n`'s subtree.
     fn max_end(&self, n: u32) -> u32;
-    fn set_max_end(&self, n: u32, v: u32);
+    /// `end(max_end(n)).head()`, kept beside `n`'s links so that most
+    /// comparisons with the subtree's greatest end stay in `n`'s cache line.
+    fn max_end_head(&self, n: u32) -> u64;
+    /// Sets `max_end(n) = v`; `head` is `end(v).head()`.
+    fn set_max_end(&self, n: u32, v: u32, head: u64);
     fn prio(&self, n: u32) -> u32;
+    /// `start(n).head()`, beside the links for the same reason.
+    fn start_head(&self, n: u32) -> u64;
     fn start(&self, n: u32) -> &KeyBuf;
     fn end(&self, n: u32) -> &KeyBuf;
 }
 
+#[inline(always)]
 fn less<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> bool {
+    let (x, y) = (s.start_head(a), s.start_head(b));
+    if x != y {
+        return x < y;
+    }
     match s.start(a).cmp(s.start(b)) {
         Ordering::Less => true,
         Ordering::Greater => false,
@@ -35,17 +46,38 @@ fn less<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> bool {
     }
 }
 
+/// `k` against the greatest end in `n`'s subtree; visits the node holding
+/// that end only when the cached leading words tie.
+#[inline(always)]
+fn cmp_max_end<S: NodeStore + ?Sized>(s: &S, n: u32, k: &KeyBuf) -> Ordering {
+    match k.head().cmp(&s.max_end_head(n)) {
+        Ordering::Equal => k.cmp(s.end(s.max_end(n))),
+        o => o,
+    }
+}
+
+/// `k` against `n`'s start, by the cached leading word first.
+#[inline(always)]
+fn cmp_start<S: NodeStore + ?Sized>(s: &S, n: u32, k: &KeyBuf) -> Ordering {
+    match k.head().cmp(&s.start_head(n)) {
+        Ordering::Equal => k.cmp(s.start(n)),
+        o => o,
+    }
+}
+
 fn fix<S: NodeStore + ?Sized>(s: &S, n: u32) {
     let mut best = n;
+    let mut head = s.end(n).head();
     for c in [s.left(n), s.right(n)] {
         if c != NIL {
-            let m = s.max_end(c);
-            if s.end(m) > s.end(best) {
+            let (m, h) = (s.max_end(c), s.max_end_head(c));
+            if h > head || (h == head && s.end(m) > s.end(best)) {
                 best = m;
+                head = h;
             }
         }
     }
-    s.set_max_end(n, best);
+    s.set_max_end(n, best, head);
 }
 
 fn rotate_right<S: NodeStore + ?Sized>(s: &S, y: u32) -> u32 {
@@ -77,9 +109,10 @@ const MAX_PATH: usize = 48;
 /// end on the way (n can only raise it), then rotate n up while its
 /// priority beats its parent's.
 pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
+    let end = *s.end(n);
     s.set_left(n, NIL);
     s.set_right(n, NIL);
-    s.set_max_end(n, n);
+    s.set_max_end(n, n, end.head());
     if root == NIL {
         return n;
     }
@@ -90,8 +123,8 @@ pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
         if depth == MAX_PATH {
             return insert_rec(s, root, n);
         }
-        if s.end(n) > s.end(s.max_end(cur)) {
-            s.set_max_end(cur, n);
+        if cmp_max_end(s, cur, &end) == Ordering::Greater {
+            s.set_max_end(cur, n, end.head());
         }
         path[depth] = cur;
         depth += 1;
@@ -135,17 +168,18 @@ pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
 
 /// The recursive form of [`insert`], for paths deeper than its stack.
 fn insert_rec<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
+    let end = *s.end(n);
     if root == NIL {
         s.set_left(n, NIL);
         s.set_right(n, NIL);
-        s.set_max_end(n, n);
+        s.set_max_end(n, n, end.head());
         return n;
     }
     // n joins root's subtree: only its end can raise the subtree's maximum,
     // so one comparison keeps the augmentation right on the way down;
     // rotations recompute the two nodes they move.
-    if s.end(n) > s.end(s.max_end(root)) {
-        s.set_max_end(root, n);
+    if cmp_max_end(s, root, &end) == Ordering::Greater {
+        s.set_max_end(root, n, end.head());
     }
     if less(s, n, root) {
         let l = insert_rec(s, s.left(root), n);
@@ -253,19 +287,22 @@ pub fn for_each_overlap<S: NodeStore + ?Sized>(s: &S, root: u32, q: &Span, f: &m
 /// instead of recursing, so a query among point latches walks one path.
 fn visit<S: NodeStore + ?Sized>(s: &S, mut n: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
     loop {
-        if n == NIL || *s.end(s.max_end(n)) <= q.start {
+        if n == NIL || cmp_max_end(s, n, &q.start) != Ordering::Less {
             return true; // nothing below ends after the query starts
         }
-        if *s.start(n) >= q.end {
+        if cmp_start(s, n, &q.end) != Ordering::Greater {
             // n and its right subtree start at or after the query's end.
             n = s.left(n);
             continue;
         }
         let l = s.left(n);
-        if l != NIL && *s.end(s.max_end(l)) > q.start && !visit(s, l, q, f) {
+        if l != NIL && cmp_max_end(s, l, &q.start) == Ordering::Less && !visit(s, l, q, f) {
             return false;
         }
-        if *s.end(n) > q.start && !f(n) {
+        // A span starting at or after the query's start ends after it (spans
+        // in the tree are not empty): only earlier starts need the end key.
+        let overlaps = cmp_start(s, n, &q.start) != Ordering::Greater || *s.end(n) > q.start;
+        if overlaps && !f(n) {
             return false;
         }
         n = s.right(n);
@@ -292,6 +329,7 @@ pub(crate) mod tests {
         l: u32,
         r: u32,
         m: u32,
+        h: u64,
     }
 
     /// A Vec-backed store for exercising the treap alone; spans and
@@ -304,7 +342,7 @@ pub(crate) mod tests {
 
     impl VecStore {
         fn new(spans: Vec<Span>, prios: Vec<u32>) -> Self {
-            let links = RefCell::new(vec![Node { l: NIL, r: NIL, m: NIL }; spans.len()]);
+            let links = RefCell::new(vec![Node { l: NIL, r: NIL, m: NIL, h: 0 }; spans.len()]);
             VecStore { links, spans, prios }
         }
     }
@@ -325,11 +363,19 @@ pub(crate) mod tests {
         fn max_end(&self, n: u32) -> u32 {
             self.links.borrow()[n as usize].m
         }
-        fn set_max_end(&self, n: u32, v: u32) {
-            self.links.borrow_mut()[n as usize].m = v
+        fn max_end_head(&self, n: u32) -> u64 {
+            self.links.borrow()[n as usize].h
+        }
+        fn set_max_end(&self, n: u32, v: u32, head: u64) {
+            let mut links = self.links.borrow_mut();
+            links[n as usize].m = v;
+            links[n as usize].h = head;
         }
         fn prio(&self, n: u32) -> u32 {
             self.prios[n as usize]
+        }
+        fn start_head(&self, n: u32) -> u64 {
+            self.spans[n as usize].start.head()
         }
         fn start(&self, n: u32) -> &KeyBuf {
             &self.spans[n as usize].start
@@ -339,8 +385,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// A two-byte key after `prefix` zero bytes: with a prefix of eight or
+    /// more, every key has the same leading word and all comparisons go
+    /// past the cached heads.
+    fn key_after(prefix: usize, v: u16) -> Vec<u8> {
+        let mut k = vec![0; prefix];
+        k.extend_from_slice(&v.to_be_bytes());
+        k
+    }
+
     fn key(v: u16) -> Vec<u8> {
-        v.to_be_bytes().to_vec()
+        key_after(0, v)
     }
 
     fn span(a: u16, b: u16) -> Span {
@@ -366,13 +421,22 @@ pub(crate) mod tests {
             assert!(less(s, n, r));
         }
         assert_eq!(*s.end(s.max_end(n)), best, "max_end augmentation");
+        assert_eq!(s.max_end_head(n), best.head(), "cached head of the greatest end");
         1 + check_invariants(s, l) + check_invariants(s, r)
     }
 
     #[test]
     fn random_ops_match_naive_overlap() {
+        // Heads decide every comparison / heads always tie / a mix.
+        for prefix in [0, 8, 7] {
+            random_ops_match_naive_overlap_with(prefix);
+        }
+    }
+
+    fn random_ops_match_naive_overlap_with(prefix: usize) {
         let mut rng = crate::latch::rng::XorShift64(0x2545F4914F6CDD1D);
         let mut rnd = move || rng.next();
+        let span = |a: u16, b: u16| Span::new(&key_after(prefix, a), Some(&key_after(prefix, b)));
         let (mut spans, mut prios) = (Vec::new(), Vec::new());
         for _ in 0..4000 {
             let a = (rnd() % 1000) as u16;
@@ -407,7 +471,7 @@ pub(crate) mod tests {
             let mut want: Vec<u32> = live.iter().copied().filter(|&n| s.spans[n as usize].overlaps(&q)).collect();
             got.sort();
             want.sort();
-            assert_eq!(got, want, "step {step} query {q:?}");
+            assert_eq!(got, want, "prefix {prefix} step {step} query {q:?}");
         }
     }
 
