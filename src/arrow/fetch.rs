@@ -12,6 +12,16 @@
 //! unlocks, and then deforms the tuples straight from the pinned page (a
 //! pin keeps them in place, as a slot's does).
 //!
+//! On a page marked all-visible (and outside SERIALIZABLE, which needs the
+//! predicate locks `heap_hot_search_buffer` takes) the visibility checks are
+//! skipped, as a sequential scan skips them: the flag is set only when every
+//! tuple on the page is visible to every snapshot that can still exist —
+//! ours included, since our xmin holds back the horizon VACUUM sets it by —
+//! and any change to the page clears it under the exclusive lock our share
+//! lock excludes.  Such a page has no dead tuples and no updated ones, so an
+//! index entry leads to a normal line pointer, or through one redirect (a
+//! pruned HOT chain) to one.  Anything else on it goes the general way.
+//!
 //! The Postgres calls of one page run inside a single FFI guard
 //! ([`pg_guard_ffi_boundary`]): an ERROR in any of them long-jumps back to
 //! it, over the frame of `fill_run`, which therefore holds only plain data
@@ -197,16 +207,37 @@ unsafe fn fill_run(f: *mut PageFetch) {
             // As heapam_index_fetch_tuple does on reaching a new page.
             c::heap_page_prune_opt(f.heap, f.buf);
         }
-        prefetch_tuples(pg_sys::BufferGetPage(f.buf) as *const u8, tids, count);
+        let page = pg_sys::BufferGetPage(f.buf) as *const u8;
+        for i in 0..count.min(PREFETCH_AHEAD) {
+            prefetch_tuple(page, &*tids.add(i));
+        }
         c::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let all_visible = page_all_visible(page)
+            && !(*f.snapshot).takenDuringRecovery
+            && pg_sys::XactIsoLevel != pg_sys::XACT_SERIALIZABLE as i32;
+        let relid = (*f.heap).rd_id;
         let tuples = f.tuples.as_mut_ptr();
         let mut n = 0usize;
         for i in 0..count {
-            // heap_hot_search_buffer follows the HOT chain from the entry's
-            // TID and fills the tuple (t_data points into the page).
+            if i + PREFETCH_AHEAD < count {
+                prefetch_tuple(page, &*tids.add(i + PREFETCH_AHEAD));
+            }
             let mut tid = *tids.add(i);
-            if c::heap_hot_search_buffer(&mut tid, f.heap, f.buf, f.snapshot, tuples.add(n), std::ptr::null_mut(), true)
-            {
+            let found = match all_visible.then(|| visible_tuple(page, block, relid, &tid, &mut *tuples.add(n))) {
+                Some(Some(found)) => found,
+                // heap_hot_search_buffer follows the HOT chain from the
+                // entry's TID and fills the tuple (t_data points into the page).
+                _ => c::heap_hot_search_buffer(
+                    &mut tid,
+                    f.heap,
+                    f.buf,
+                    f.snapshot,
+                    tuples.add(n),
+                    std::ptr::null_mut(),
+                    true,
+                ),
+            };
+            if found {
                 n += 1;
             }
         }
@@ -215,46 +246,136 @@ unsafe fn fill_run(f: *mut PageFetch) {
     }
 }
 
-/// Starts loading the first cache lines of the tuples the run's TIDs point
-/// to, so that their misses overlap instead of stalling one after another
-/// in the visibility checks and deforming (a table larger than the CPU
-/// caches comes from memory page by page).  Only a hint: it reads the
-/// page's line pointers without the content lock (the pin keeps them in
+/// The line pointer at 1-based `item` of `page`, or None past the page's last.
+///
+/// # Safety
+/// `page` is a pinned, share-locked heap page.
+#[inline(always)]
+unsafe fn line_pointer(page: *const u8, item: u16) -> Option<u32> {
+    const PAGE_HEADER: usize = std::mem::offset_of!(pg_sys::PageHeaderData, pd_linp);
+    // SAFETY: per the contract; pd_lower bounds the line pointer array.
+    unsafe {
+        let lower = usize::from((*(page as *const pg_sys::PageHeaderData)).pd_lower);
+        let items = lower.saturating_sub(PAGE_HEADER) / 4;
+        if item == 0 || usize::from(item) > items {
+            return None;
+        }
+        Some(*(page.add(PAGE_HEADER) as *const u32).add(usize::from(item) - 1))
+    }
+}
+
+/// # Safety
+/// `page` is a pinned, share-locked heap page.
+#[inline(always)]
+unsafe fn page_all_visible(page: *const u8) -> bool {
+    // SAFETY: per the contract.
+    u32::from(unsafe { (*(page as *const pg_sys::PageHeaderData)).pd_flags }) & pg_sys::PD_ALL_VISIBLE != 0
+}
+
+/// `heap_hot_search_buffer` for a page known to be all-visible: the tuple
+/// the index entry `tid` leads to, written to `out`.  Some(false) when the
+/// entry leads to nothing (an unused or dead slot), None for anything an
+/// all-visible page should not hold (then the general search decides).
+///
+/// # Safety
+/// `page` is the pinned, share-locked, all-visible heap page `block` of
+/// relation `relid`.
+#[inline(always)]
+unsafe fn visible_tuple(
+    page: *const u8,
+    block: pg_sys::BlockNumber,
+    relid: pg_sys::Oid,
+    tid: &pg_sys::ItemPointerData,
+    out: &mut pg_sys::HeapTupleData,
+) -> Option<bool> {
+    // SAFETY: per the contract; offsets come from the page's own line
+    // pointers, which the share lock keeps still.
+    unsafe {
+        let mut item = tid.ip_posid;
+        let mut at_chain_start = true;
+        loop {
+            let Some(lp) = line_pointer(page, item) else {
+                return Some(false);
+            };
+            // ItemIdData: lp_off (15 bits), lp_flags (2), lp_len (15).
+            let (off, flags, len) = (lp & 0x7fff, (lp >> 15) & 0x3, lp >> 17);
+            match flags {
+                pg_sys::LP_REDIRECT if at_chain_start => {
+                    item = off as u16;
+                    at_chain_start = false;
+                }
+                pg_sys::LP_NORMAL => {
+                    let data = page.add(off as usize) as *mut pg_sys::HeapTupleHeaderData;
+                    let mask2 = u32::from((*data).t_infomask2);
+                    // An entry leads straight to a heap-only tuple only when
+                    // its slot was reused: not this entry's row (as in
+                    // heap_hot_search_buffer).  An updated tuple would not be
+                    // on an all-visible page.
+                    if at_chain_start && mask2 & pg_sys::HEAP_ONLY_TUPLE != 0 {
+                        return Some(false);
+                    }
+                    if mask2 & pg_sys::HEAP_HOT_UPDATED != 0 {
+                        return None;
+                    }
+                    out.t_len = len;
+                    out.t_self = pg_sys::ItemPointerData {
+                        ip_blkid: pg_sys::BlockIdData { bi_hi: (block >> 16) as u16, bi_lo: block as u16 },
+                        ip_posid: item,
+                    };
+                    out.t_tableOid = relid;
+                    out.t_data = data;
+                    return Some(true);
+                }
+                pg_sys::LP_REDIRECT | pg_sys::LP_UNUSED | pg_sys::LP_DEAD => return Some(false),
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// How many tuples ahead of the one being searched [`prefetch_tuple`] runs:
+/// enough to cover a memory access while searching, few enough that the
+/// prefetches do not queue behind each other (a CPU tracks about ten
+/// outstanding misses per core).
+const PREFETCH_AHEAD: usize = 6;
+
+/// Starts loading the first cache lines of the tuple `tid` points to, so
+/// that the misses of a page's tuples overlap instead of stalling one after
+/// another in the visibility checks and deforming (a table larger than the
+/// CPU caches comes from memory page by page).  Only a hint: it reads the
+/// page's line pointer without the content lock (the pin keeps the page in
 /// place; at worst it prefetches a stale address inside the page) and
 /// touches no memory outside the page.
 ///
 /// # Safety
-/// `page` is a pinned buffer page; `tids` has `count` entries.
-#[inline]
-unsafe fn prefetch_tuples(page: *const u8, tids: *const pg_sys::ItemPointerData, count: usize) {
+/// `page` is a pinned buffer page.
+#[inline(always)]
+unsafe fn prefetch_tuple(page: *const u8, tid: &pg_sys::ItemPointerData) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: per the contract; the line pointer reads stay inside the
-    // page (offsets checked against its size), prefetches never fault.
+    // SAFETY: per the contract; the line pointer read stays inside the
+    // page (its index checked against the page size), prefetches never fault.
     unsafe {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         const PAGE_HEADER: usize = std::mem::offset_of!(pg_sys::PageHeaderData, pd_linp);
         const LINE: usize = 64;
         let page_size = pg_sys::BLCKSZ as usize;
-        let max_items = (page_size - PAGE_HEADER) / 4;
-        for i in 0..count {
-            let item = usize::from((*tids.add(i)).ip_posid);
-            if item == 0 || item > max_items {
-                continue;
-            }
-            // ItemIdData: lp_off (15 bits), lp_flags (2), lp_len (15).
-            let lp = std::ptr::read_volatile((page.add(PAGE_HEADER) as *const u32).add(item - 1));
-            let off = (lp & 0x7fff) as usize;
-            let len = ((lp >> 17) & 0x7fff) as usize;
-            let end = (off + len.min(3 * LINE)).min(page_size);
-            let mut at = off;
-            while at < end {
-                _mm_prefetch::<_MM_HINT_T0>(page.add(at) as *const i8);
-                at += LINE;
-            }
+        let item = usize::from(tid.ip_posid);
+        if item == 0 || item > (page_size - PAGE_HEADER) / 4 {
+            return;
+        }
+        // ItemIdData: lp_off (15 bits), lp_flags (2), lp_len (15).
+        let lp = std::ptr::read_volatile((page.add(PAGE_HEADER) as *const u32).add(item - 1));
+        let off = (lp & 0x7fff) as usize;
+        let len = ((lp >> 17) & 0x7fff) as usize;
+        let end = (off + len.min(3 * LINE)).min(page_size);
+        let mut at = off;
+        while at < end {
+            _mm_prefetch::<_MM_HINT_T0>(page.add(at) as *const i8);
+            at += LINE;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (page, tids, count);
+    let _ = (page, tid);
 }
 
 /// One attribute's storage, copied out of the tuple descriptor.

@@ -639,18 +639,21 @@ def test_cursor_failing_inside_a_rolled_back_savepoint(conn, fn, close):
 # --- arrow_scan's own heap fetch and deforming against the executor ---------
 
 
+@pytest.mark.parametrize("vacuumed", [False, True])
 @pytest.mark.parametrize("physical", ["clustered", "shuffled"])
-def test_scan_matches_the_executor_on_a_table_with_history(conn, table_name, physical):
+def test_scan_matches_the_executor_on_a_table_with_history(conn, table_name, physical, vacuumed):
     """arrow_scan reads heap pages itself and deforms tuples without a slot
     (src/arrow/fetch.rs): every alignment, NULL pattern, varlena header (1
     and 4 bytes, TOASTed), fixed-offset shortcut,
     attribute added after the row was written (with and without a default),
     HOT and non-HOT updates and deletes must read exactly as the executor
     reads them (arrow_query over ORDER BY k), on tables whose heap follows
-    the key and on tables whose heap does not."""
+    the key and on tables whose heap does not.  Vacuumed, most pages are
+    all-visible (read without visibility checks) and hold pruned HOT chains
+    (redirect line pointers); a few are changed again afterwards."""
     t = table_name
     conn.execute(f"""CREATE TABLE {t} (k int8 PRIMARY KEY, c "char", b bool, s int2, t1 text, i int4,
-                     n name, f float8, t2 varchar(30), d date, g text, x numeric)""")
+                     n name, f float8, t2 varchar(30), d date, g text, x numeric) WITH (fillfactor = 60)""")
     order = "1" if physical == "clustered" else "(q * 7919) % 3001"
     conn.execute(f"""INSERT INTO {t}
         SELECT q, chr(65 + q % 26)::"char", CASE WHEN q % 5 = 0 THEN NULL ELSE q % 2 = 0 END, (q % 300)::int2,
@@ -662,9 +665,18 @@ def test_scan_matches_the_executor_on_a_table_with_history(conn, table_name, phy
     conn.execute(f"ALTER TABLE {t} ADD COLUMN m1 int DEFAULT 7, ADD COLUMN m2 text DEFAULT 'dflt', ADD COLUMN m3 int8")
     conn.execute(f"INSERT INTO {t} (k, c, s, n, f, d, m1, m2, m3) SELECT q, 'z', 1, 'late', 0.5, '1999-01-01', q, NULL, q"
                  f" FROM generate_series(3001, 3100) q")
-    conn.execute(f"UPDATE {t} SET t1 = 'hot ' || k WHERE k % 10 = 1")          # HOT: no indexed column changes
+    # HOT (no indexed column changes; the fill factor leaves room on the page)
+    conn.execute(f"UPDATE {t} SET t1 = 'hot ' || k WHERE k % 10 = 1")
+    assert count_items(conn, t, "i.t_infomask2 & 32768 <> 0") > 0  # HEAP_ONLY_TUPLE
     conn.execute(f"UPDATE {t} SET k = k + 100000 WHERE k % 97 = 0")           # non-HOT: new index entries
     conn.execute(f"DELETE FROM {t} WHERE k % 89 = 0")
+    if vacuumed:
+        conn.execute(f"VACUUM {t}")
+        # redirects on all-visible pages
+        assert count_items(conn, t, "i.lp_flags = 2 AND (page_header(get_raw_page(%s, b::int))).flags & 4 <> 0") > 0
+        conn.execute(f"UPDATE {t} SET t2 = 'after vacuum ' || k WHERE k BETWEEN 2000 AND 2010")       # HOT
+        conn.execute(f"UPDATE {t} SET k = k + 200000 WHERE k BETWEEN 2500 AND 2505")                 # non-HOT
+        assert conn.execute(f"SELECT relallvisible FROM pg_class WHERE oid = '{t}'::regclass").fetchone()[0] > 0
     cols = [r[0] for r in conn.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped"
         " ORDER BY attnum", (t,))]
@@ -677,6 +689,16 @@ def test_scan_matches_the_executor_on_a_table_with_history(conn, table_name, phy
         same(got, want)
     same(scan(conn, t, columns=["k", "t1"], lower="500", upper="1500"),
          query(conn, f"SELECT k, t1 FROM {t} WHERE k >= 500 AND k < 1500 ORDER BY k"))
+
+
+def count_items(conn, t, where):
+    """Line pointers of table `t` matching `where` (over pageinspect's
+    heap_page_items `i` of page `b`; `%s` is the table's name)."""
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+    return conn.execute(f"""
+        SELECT count(*) FROM generate_series(0, pg_relation_size(%s) / 8192 - 1) b,
+               LATERAL heap_page_items(get_raw_page(%s, b::int)) i
+         WHERE {where}""", (t, t) + ((t,) if "%s" in where else ())).fetchone()[0]
 
 
 def same(got: pa.Table, want: pa.Table):
