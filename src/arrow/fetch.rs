@@ -42,6 +42,8 @@ mod c {
     unsafe extern "C-unwind" {
         pub fn index_getnext_tid(scan: IndexScanDesc, direction: ScanDirection::Type) -> ItemPointer;
         pub fn ReleaseAndReadBuffer(buffer: Buffer, relation: Relation, block: BlockNumber) -> Buffer;
+        pub fn ReadBuffer(relation: Relation, block: BlockNumber) -> Buffer;
+        pub fn ReleaseBuffer(buffer: Buffer);
         pub fn heap_page_prune_opt(relation: Relation, buffer: Buffer);
         pub fn LockBuffer(buffer: Buffer, mode: std::ffi::c_int);
         pub fn heap_hot_search_buffer(
@@ -80,6 +82,11 @@ pub struct PageFetch {
     snapshot: pg_sys::Snapshot,
     /// The pinned page the tuples live on (InvalidBuffer before the first).
     buf: pg_sys::Buffer,
+    /// The next page, pinned while this one is read so that its first
+    /// tuples are on their way from memory by the time they are searched
+    /// (InvalidBuffer when none), and its block number.
+    ahead: pg_sys::Buffer,
+    ahead_block: pg_sys::BlockNumber,
     tids: Box<[pg_sys::ItemPointerData; RUN_MAX]>,
     tuples: Box<[pg_sys::HeapTupleData; RUN_MAX]>,
     /// Visible tuples in `tuples`, and how many were handed out.
@@ -101,6 +108,8 @@ impl PageFetch {
             heap,
             snapshot,
             buf: pg_sys::InvalidBuffer as pg_sys::Buffer,
+            ahead: pg_sys::InvalidBuffer as pg_sys::Buffer,
+            ahead_block: pg_sys::InvalidBlockNumber,
             tids: Box::new([pg_sys::ItemPointerData::default(); RUN_MAX]),
             tuples: Box::new([pg_sys::HeapTupleData::default(); RUN_MAX]),
             n: 0,
@@ -120,6 +129,17 @@ impl PageFetch {
         self.next = 0;
         self.has_pending = false;
         self.index_done = false;
+    }
+
+    /// Advances to the next visible tuple of the page already read, if
+    /// there is one: no call into Postgres, so no memory context needed.
+    #[inline(always)]
+    pub fn next_on_page(&mut self) -> bool {
+        if self.next < self.n {
+            self.next += 1;
+            return true;
+        }
+        false
     }
 
     /// Advances to the next visible tuple; false at the end of the index.
@@ -147,9 +167,10 @@ impl PageFetch {
         &self.tuples[self.next - 1]
     }
 
-    /// The pinned page, for the caller to release (InvalidBuffer if none).
-    pub fn take_buffer(&mut self) -> pg_sys::Buffer {
-        std::mem::replace(&mut self.buf, pg_sys::InvalidBuffer as pg_sys::Buffer)
+    /// The pinned pages, for the caller to release (InvalidBuffer if none).
+    pub fn take_buffers(&mut self) -> [pg_sys::Buffer; 2] {
+        let none = pg_sys::InvalidBuffer as pg_sys::Buffer;
+        [std::mem::replace(&mut self.buf, none), std::mem::replace(&mut self.ahead, none)]
     }
 }
 
@@ -202,7 +223,20 @@ unsafe fn fill_run(f: *mut PageFetch) {
             }
         }
         let prev = f.buf;
-        f.buf = c::ReleaseAndReadBuffer(f.buf, f.heap, block);
+        if f.ahead != pg_sys::InvalidBuffer as pg_sys::Buffer && f.ahead_block == block {
+            f.buf = f.ahead;
+            f.ahead = pg_sys::InvalidBuffer as pg_sys::Buffer;
+            if prev != pg_sys::InvalidBuffer as pg_sys::Buffer {
+                c::ReleaseBuffer(prev);
+            }
+        } else {
+            // (the first page, or a page pinned ahead of a restarted scan)
+            if f.ahead != pg_sys::InvalidBuffer as pg_sys::Buffer {
+                c::ReleaseBuffer(f.ahead);
+                f.ahead = pg_sys::InvalidBuffer as pg_sys::Buffer;
+            }
+            f.buf = c::ReleaseAndReadBuffer(f.buf, f.heap, block);
+        }
         if f.buf != prev {
             // As heapam_index_fetch_tuple does on reaching a new page.
             c::heap_page_prune_opt(f.heap, f.buf);
@@ -243,6 +277,20 @@ unsafe fn fill_run(f: *mut PageFetch) {
         }
         c::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_UNLOCK as i32);
         f.n = n;
+        if f.has_pending {
+            // Pin the next page and start loading the tuples its first TID
+            // and the slots after it hold (where a clustered table's next
+            // rows are; elsewhere the hint is merely useless).
+            let next = block_of(&f.pending);
+            f.ahead = c::ReadBuffer(f.heap, next);
+            f.ahead_block = next;
+            let page = pg_sys::BufferGetPage(f.ahead) as *const u8;
+            let mut tid = f.pending;
+            for _ in 0..PREFETCH_AHEAD {
+                prefetch_tuple(page, &tid);
+                tid.ip_posid = tid.ip_posid.wrapping_add(1);
+            }
+        }
     }
 }
 

@@ -124,6 +124,12 @@ impl Source {
         let slot = self.slot.as_ptr();
         let rel = self.rel.as_ptr();
         let cursor = &mut self.cursor;
+        // Most rows are on the page read last: no context switch for them.
+        if let Cursor::Index { pages: Some(p), .. } = cursor {
+            if p.next_on_page() {
+                return true;
+            }
+        }
         // SAFETY: scan, slot and relation were set up together in `open` and
         // are released together in `release`; the scan was started; it
         // allocates in scan_cx, as when it began.
@@ -195,7 +201,7 @@ impl Source {
             pg_sys::CurrentResourceOwner = self.owner.owner();
             match self.cursor {
                 Cursor::Index { index, scan, pages, .. } => {
-                    if let Some(buf) = pages.map(|mut p| p.take_buffer()) {
+                    for buf in pages.map(|mut p| p.take_buffers()).into_iter().flatten() {
                         if buf != pg_sys::InvalidBuffer as pg_sys::Buffer {
                             pg_sys::ReleaseBuffer(buf);
                         }
