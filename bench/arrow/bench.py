@@ -247,8 +247,8 @@ def main():
 
     pid = scan.pid()
     mem = {
-        f"arrow_scan, {args.rows // 10} rows (max_rows)": peak_growth_kb(
-            pid, lambda: scan.run(COLUMNS, True, args.rows // 10)),
+        f"arrow_scan, {args.rows // 4} rows (max_rows)": peak_growth_kb(
+            pid, lambda: scan.run(COLUMNS, True, args.rows // 4)),
         f"arrow_scan, {args.rows} rows": peak_growth_kb(pid, lambda: scan.run(COLUMNS)),
         f"ADBC (COPY), {args.rows} rows": peak_growth_kb(adbc_m.pid(), lambda: adbc_m.run(COLUMNS, True)),
     }
