@@ -148,7 +148,7 @@ impl PageFetch {
     /// The scan, relation and snapshot given are still open and valid.
     #[inline]
     pub unsafe fn next(&mut self) -> bool {
-        while self.next == self.n {
+        while !self.next_on_page() {
             if self.index_done && !self.has_pending {
                 return false;
             }
@@ -158,7 +158,6 @@ impl PageFetch {
             // panic, so an ERROR may long-jump over it (module docs).
             unsafe { pg_guard_ffi_boundary(|| fill_run(f)) };
         }
-        self.next += 1;
         true
     }
 
@@ -294,13 +293,30 @@ unsafe fn fill_run(f: *mut PageFetch) {
     }
 }
 
+/// Where a page's line pointer array starts.
+const PAGE_HEADER: usize = std::mem::offset_of!(pg_sys::PageHeaderData, pd_linp);
+
+/// A decoded line pointer (ItemIdData: lp_off 15 bits, lp_flags 2, lp_len 15).
+#[derive(Clone, Copy)]
+struct ItemId {
+    off: u32,
+    flags: u32,
+    len: u32,
+}
+
+impl ItemId {
+    #[inline(always)]
+    fn decode(lp: u32) -> ItemId {
+        ItemId { off: lp & 0x7fff, flags: (lp >> 15) & 0x3, len: lp >> 17 }
+    }
+}
+
 /// The line pointer at 1-based `item` of `page`, or None past the page's last.
 ///
 /// # Safety
 /// `page` is a pinned, share-locked heap page.
 #[inline(always)]
-unsafe fn line_pointer(page: *const u8, item: u16) -> Option<u32> {
-    const PAGE_HEADER: usize = std::mem::offset_of!(pg_sys::PageHeaderData, pd_linp);
+unsafe fn line_pointer(page: *const u8, item: u16) -> Option<ItemId> {
     // SAFETY: per the contract; pd_lower bounds the line pointer array.
     unsafe {
         let lower = usize::from((*(page as *const pg_sys::PageHeaderData)).pd_lower);
@@ -308,7 +324,7 @@ unsafe fn line_pointer(page: *const u8, item: u16) -> Option<u32> {
         if item == 0 || usize::from(item) > items {
             return None;
         }
-        Some(*(page.add(PAGE_HEADER) as *const u32).add(usize::from(item) - 1))
+        Some(ItemId::decode(*(page.add(PAGE_HEADER) as *const u32).add(usize::from(item) - 1)))
     }
 }
 
@@ -342,11 +358,9 @@ unsafe fn visible_tuple(
         let mut item = tid.ip_posid;
         let mut at_chain_start = true;
         loop {
-            let Some(lp) = line_pointer(page, item) else {
+            let Some(ItemId { off, flags, len }) = line_pointer(page, item) else {
                 return Some(false);
             };
-            // ItemIdData: lp_off (15 bits), lp_flags (2), lp_len (15).
-            let (off, flags, len) = (lp & 0x7fff, (lp >> 15) & 0x3, lp >> 17);
             match flags {
                 pg_sys::LP_REDIRECT if at_chain_start => {
                     item = off as u16;
@@ -404,17 +418,14 @@ unsafe fn prefetch_tuple(page: *const u8, tid: &pg_sys::ItemPointerData) {
     // page (its index checked against the page size), prefetches never fault.
     unsafe {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        const PAGE_HEADER: usize = std::mem::offset_of!(pg_sys::PageHeaderData, pd_linp);
         const LINE: usize = 64;
         let page_size = pg_sys::BLCKSZ as usize;
         let item = usize::from(tid.ip_posid);
         if item == 0 || item > (page_size - PAGE_HEADER) / 4 {
             return;
         }
-        // ItemIdData: lp_off (15 bits), lp_flags (2), lp_len (15).
-        let lp = std::ptr::read_volatile((page.add(PAGE_HEADER) as *const u32).add(item - 1));
-        let off = (lp & 0x7fff) as usize;
-        let len = ((lp >> 17) & 0x7fff) as usize;
+        let lp = ItemId::decode(std::ptr::read_volatile((page.add(PAGE_HEADER) as *const u32).add(item - 1)));
+        let (off, len) = (lp.off as usize, lp.len as usize);
         let end = (off + len.min(3 * LINE)).min(page_size);
         let mut at = off;
         while at < end {
