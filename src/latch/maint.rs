@@ -123,10 +123,8 @@ impl<L: LockSet> LatchTable<'_, L> {
         if b1.summary.span.overlaps(&Span { start: at, end: meta.hi }) {
             b2.summary = b1.summary;
         }
-        let pos = td.ranges[..td.nranges as usize].iter().position(|&x| x == r).expect("range in its table");
-        td.ranges.copy_within(pos + 1..td.nranges as usize, pos + 2);
-        td.ranges[pos + 1] = r2;
-        td.nranges += 1;
+        let pos = td.position(r);
+        td.insert_range(pos + 1, r2, at.head());
         self.p.hdr.dir_version.fetch_add(1, Relaxed);
         self.count(slot, Stat::RangeSplits, 1);
         Some(r2)
@@ -226,10 +224,8 @@ impl<L: LockSet> LatchTable<'_, L> {
         unsafe { self.meta(left) }.hi = mr.hi;
         // SAFETY: as above.
         let td = unsafe { self.table_data(ml.table) };
-        let pos = td.ranges[..td.nranges as usize].iter().position(|&x| x == right).expect("range in its table");
-        td.ranges.copy_within(pos + 1..td.nranges as usize, pos);
-        td.nranges -= 1;
-        td.ranges[td.nranges as usize] = NIL;
+        let pos = td.position(right);
+        td.remove_range(pos);
         self.free_range(right);
         self.count(slot, Stat::RangeMerges, 1);
         true
@@ -328,6 +324,34 @@ impl<L: LockSet> LatchTable<'_, L> {
         // SAFETY: Directory lock held.
         let td = unsafe { self.table_data(t) };
         td.ranges[..td.nranges as usize].to_vec()
+    }
+
+    /// Checks `rel`'s ranges and their trees: ranges in key order with their
+    /// cached low-bound heads right, every tree's invariants (tree::check).
+    /// Returns how many entries the trees hold.
+    #[cfg(test)]
+    pub(crate) fn check_structure(&self, rel: RelId) -> usize {
+        let _d = self.lock(LockId::Directory, Mode::Shared);
+        let Some(t) = self.find_table(rel) else {
+            return 0;
+        };
+        // SAFETY: Directory lock held.
+        let td = unsafe { self.table_data(t) };
+        let mut total = 0;
+        for i in 0..td.nranges as usize {
+            let r = td.ranges[i];
+            // SAFETY: as above.
+            let lo = unsafe { self.meta(r) }.lo;
+            assert_eq!(td.lo_heads[i], lo.head(), "cached low bound of range {r}");
+            if i > 0 {
+                // SAFETY: as above.
+                assert!(unsafe { self.meta(td.ranges[i - 1]) }.lo < lo, "ranges out of key order");
+            }
+            let _g = self.lock(LockId::Range(r), Mode::Shared);
+            // SAFETY: range lock held.
+            total += tree::check(&self.nodes(), unsafe { self.body(r) }.root);
+        }
+        total
     }
 }
 

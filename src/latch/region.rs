@@ -21,7 +21,7 @@ use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-pub const MAGIC: u64 = 0x706b_7678_6c74_0003; // "pkvxlt" v3
+pub const MAGIC: u64 = 0x706b_7678_6c74_0004; // "pkvxlt" v4
 
 /// Most ranges one table can be split into.
 pub const MAX_RANGES_PER_TABLE: usize = 128;
@@ -100,8 +100,38 @@ pub(crate) struct TableData {
     /// Range ids ordered by their low bound; the first starts at the empty
     /// key, each range ends where the next starts, the last at +∞.
     pub ranges: [u32; MAX_RANGES_PER_TABLE],
+    /// `lo.head()` of each range in `ranges`, side by side: finding a key's
+    /// range binary-searches these few cache lines instead of one range
+    /// record per step.
+    pub lo_heads: [u64; MAX_RANGES_PER_TABLE],
     /// Acquisitions counted at the last idle check (maint.rs).
     pub seen_acquires: u64,
+}
+
+impl TableData {
+    /// Puts range `r`, whose low bound has head `lo_head`, at `pos` in key
+    /// order.
+    pub fn insert_range(&mut self, pos: usize, r: u32, lo_head: u64) {
+        let n = self.nranges as usize;
+        self.ranges.copy_within(pos..n, pos + 1);
+        self.lo_heads.copy_within(pos..n, pos + 1);
+        self.ranges[pos] = r;
+        self.lo_heads[pos] = lo_head;
+        self.nranges += 1;
+    }
+
+    /// Takes the range at `pos` out of the key order.
+    pub fn remove_range(&mut self, pos: usize) {
+        let n = self.nranges as usize;
+        self.ranges.copy_within(pos + 1..n, pos);
+        self.lo_heads.copy_within(pos + 1..n, pos);
+        self.nranges -= 1;
+        self.ranges[n - 1] = NIL;
+    }
+
+    pub fn position(&self, r: u32) -> usize {
+        self.ranges[..self.nranges as usize].iter().position(|&x| x == r).expect("range in its table")
+    }
 }
 
 #[repr(C)]
@@ -235,21 +265,29 @@ pub(crate) struct Entry {
 }
 
 /// An entry's treap node, kept apart from the entry in a dense array: a
-/// descent reads only these 32 bytes per level (the leading words decide
-/// nearly every comparison), so the nodes of tens of thousands of latches
-/// stay in the CPU cache while the entries' full keys do not need to.
+/// descent reads only the first 24 bytes per level (links and the leading
+/// words, which decide nearly every comparison), so the nodes of tens of
+/// thousands of latches stay in the CPU cache while the entries' full keys
+/// do not need to.  40 bytes, so at most a quarter of the nodes have their
+/// first 24 bytes split across two cache lines.
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(8))]
 pub(crate) struct Node {
-    pub left: u32,
-    pub right: u32,
-    pub max_end: u32,
-    pub prio: u32,
+    /// Left and right child, indexable by a descent's direction.
+    pub kids: [u32; 2],
     /// The entry's start key's leading word.
     pub start_head: u64,
     /// `max_end`'s end key's leading word.
     pub max_end_head: u64,
+    /// The node of greatest end in this subtree (tree.rs).
+    pub max_end: u32,
+    pub prio: u32,
+    /// The entry's own end key's leading word: recomputing a subtree's
+    /// greatest end after a rotation compares it without the entry.
+    pub end_head: u64,
 }
+
+const _: () = assert!(size_of::<Node>() == 40);
 
 #[repr(C)]
 pub(crate) struct TreeNode(pub UnsafeCell<Node>);
@@ -385,6 +423,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                         rel: RelId::EMPTY,
                         nranges: 0,
                         ranges: [NIL; MAX_RANGES_PER_TABLE],
+                        lo_heads: [0; MAX_RANGES_PER_TABLE],
                         seen_acquires: 0,
                     }),
                 },
@@ -481,7 +520,8 @@ impl RangeBody {
 }
 
 impl Node {
-    pub const FREE: Node = Node { left: NIL, right: NIL, max_end: NIL, prio: 0, start_head: 0, max_end_head: 0 };
+    pub const FREE: Node =
+        Node { kids: [NIL, NIL], max_end: NIL, prio: 0, start_head: 0, end_head: 0, max_end_head: 0 };
 }
 
 impl EntryData {

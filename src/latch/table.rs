@@ -83,19 +83,37 @@ impl RangeNodes<'_> {
 impl NodeStore for RangeNodes<'_> {
     #[inline(always)]
     fn left(&self, n: u32) -> u32 {
-        unsafe { (*self.t(n)).left }
+        unsafe { (*self.t(n)).kids[0] }
     }
     #[inline(always)]
     fn right(&self, n: u32) -> u32 {
-        unsafe { (*self.t(n)).right }
+        unsafe { (*self.t(n)).kids[1] }
     }
     #[inline(always)]
     fn set_left(&self, n: u32, v: u32) {
-        unsafe { (*self.t(n)).left = v }
+        unsafe { (*self.t(n)).kids[0] = v }
     }
     #[inline(always)]
     fn set_right(&self, n: u32, v: u32) {
-        unsafe { (*self.t(n)).right = v }
+        unsafe { (*self.t(n)).kids[1] = v }
+    }
+    #[inline(always)]
+    fn prefetch(&self, n: u32) {
+        #[cfg(target_arch = "x86_64")]
+        if n != NIL {
+            // SAFETY: `n` is a node index (tree links hold only those), and a
+            // prefetch is a hint that never faults.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(self.t(n) as *const i8);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = n;
+    }
+    #[inline(always)]
+    fn child(&self, n: u32, go_right: bool) -> u32 {
+        unsafe { (*self.t(n)).kids[usize::from(go_right)] }
     }
     #[inline(always)]
     fn max_end(&self, n: u32) -> u32 {
@@ -119,6 +137,10 @@ impl NodeStore for RangeNodes<'_> {
     #[inline(always)]
     fn start_head(&self, n: u32) -> u64 {
         unsafe { (*self.t(n)).start_head }
+    }
+    #[inline(always)]
+    fn end_head(&self, n: u32) -> u64 {
+        unsafe { (*self.t(n)).end_head }
     }
     #[inline(always)]
     fn start(&self, n: u32) -> &super::span::KeyBuf {
@@ -407,10 +429,10 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         // SAFETY: exclusive Directory lock held.
         let td = unsafe { self.table_data(t) };
         td.rel = rel;
-        td.nranges = 1;
+        td.nranges = 0;
         td.ranges = [NIL; MAX_RANGES_PER_TABLE];
         td.seen_acquires = 0;
-        td.ranges[0] = r;
+        td.insert_range(0, r, super::span::KeyBuf::EMPTY.head());
         // SAFETY: as above.
         unsafe { self.dir() }.tables_used += 1;
         self.p.hdr.dir_version.fetch_add(1, Relaxed);
@@ -422,12 +444,28 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     pub(crate) fn for_each_range_of(&self, t: u32, span: &Span, f: &mut dyn FnMut(u32) -> bool) {
         // SAFETY: the caller holds the Directory lock.
         let td = unsafe { self.table_data(t) };
-        let ranges = &td.ranges[..td.nranges as usize];
+        let n = td.nranges as usize;
+        let (ranges, heads) = (&td.ranges[..n], &td.lo_heads[..n]);
         // SAFETY: as above (range metas are directory-protected).
-        let lo = |r: u32| -> &super::span::KeyBuf { &unsafe { self.meta(r) }.lo };
-        let first = ranges.partition_point(|&r| *lo(r) <= span.start).saturating_sub(1);
-        for &r in &ranges[first..] {
-            if *lo(r) >= span.end {
+        let lo = |i: usize| -> &super::span::KeyBuf { &unsafe { self.meta(ranges[i]) }.lo };
+        // Range i's low bound against `k`, by the cached head first.
+        let cmp_lo = |i: usize, k: &super::span::KeyBuf| match heads[i].cmp(&k.head()) {
+            std::cmp::Ordering::Equal => lo(i).cmp(k),
+            o => o,
+        };
+        // The last range whose low bound is at or below the span's start.
+        let (mut a, mut b) = (0, n);
+        while a < b {
+            let mid = (a + b) / 2;
+            if cmp_lo(mid, &span.start).is_le() {
+                a = mid + 1;
+            } else {
+                b = mid;
+            }
+        }
+        let first = a.saturating_sub(1);
+        for (i, &r) in ranges.iter().enumerate().skip(first) {
+            if cmp_lo(i, &span.end).is_ge() {
                 break;
             }
             if !f(r) {
@@ -518,8 +556,12 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             *d = EntryData { span: *span, xid: h.xid, seq, pid: h.pid, acquired_at: h.now_us, ..EntryData::FREE };
             // SAFETY: as for `d`: the entry's node is ours too.
             unsafe {
-                *self.p.nodes[e as usize].0.get() =
-                    Node { prio: prio_for(e, seq), start_head: span.start.head(), ..Node::FREE };
+                *self.p.nodes[e as usize].0.get() = Node {
+                    prio: prio_for(e, seq),
+                    start_head: span.start.head(),
+                    end_head: span.end.head(),
+                    ..Node::FREE
+                };
             }
             self.entry(e).state.store(State::Live as u8, Release);
             let (_g, waited) = Held::new_counting(&self.locks, LockId::Range(r), Mode::Exclusive);

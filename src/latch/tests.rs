@@ -353,6 +353,7 @@ mod model {
         Horizon,
         Check { a: u16, len: u16, mask: u8 },
         Split,
+        Merge,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -362,6 +363,7 @@ mod model {
             1 => Just(Op::Horizon),
             4 => (0u16..500, 0u16..80, any::<u8>()).prop_map(|(a, len, mask)| Op::Check { a, len, mask }),
             1 => Just(Op::Split),
+            1 => Just(Op::Merge),
         ]
     }
 
@@ -416,7 +418,13 @@ mod model {
                     Op::Split => {
                         for r in t.ranges_of(REL) { t.split(0, r); }
                     }
+                    Op::Merge => {
+                        for pair in t.ranges_of(REL).chunks(2).filter(|p| p.len() == 2) {
+                            t.merge(0, pair[0], pair[1]);
+                        }
+                    }
                 }
+                t.check_structure(REL);
             }
             for slot in 0..4 { t.release_all(slot, Outcome::Aborted); }
         }
