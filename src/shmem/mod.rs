@@ -86,14 +86,19 @@ static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 /// The latch table of this cluster.
 pub fn table() -> &'static Table {
-    // SAFETY: see ProcessGlobal; readers run after the startup hook.
-    match unsafe { &*TABLE.0.get() } {
-        Some(t) => t,
-        None => crate::errors::raise(
+    table_if_attached().unwrap_or_else(|| {
+        crate::errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "pgkvx shared memory is not initialised (is pgkvx in shared_preload_libraries?)",
-        ),
-    }
+        )
+    })
+}
+
+/// The latch table if this process has one; never raises.
+pub fn table_if_attached() -> Option<&'static Table> {
+    // SAFETY: see ProcessGlobal; it is set by the startup hook, before any
+    // reader runs in this process.
+    unsafe { &*TABLE.0.get() }.as_ref()
 }
 
 pub fn config() -> Config {
