@@ -63,15 +63,16 @@ def prepare_seed(conn, keys, psql):
     return conn.execute("SELECT count(*) FROM kv_seed").fetchone()[0]
 
 
-def reset_kv(conn, mode):
-    """A fresh kv from the seed, registered when the mode is latched, vacuumed
-    and checkpointed so that no run pays for the previous run's garbage."""
-    conn.execute("DROP TABLE IF EXISTS kv")
-    conn.execute("CREATE TABLE kv (LIKE kv_seed INCLUDING ALL)")
-    conn.execute("INSERT INTO kv SELECT * FROM kv_seed")
+def reset_kv(conn, mode, table="kv"):
+    """A fresh kv (or `table`, schema-qualified) from the seed, registered
+    when the mode is latched, vacuumed and checkpointed so that no run pays
+    for the previous run's garbage."""
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    conn.execute(f"CREATE TABLE {table} (LIKE public.kv_seed INCLUDING ALL)")
+    conn.execute(f"INSERT INTO {table} SELECT * FROM public.kv_seed")
     if mode.latched:
-        conn.execute("SELECT pgkvx.enable('kv')")
-    conn.execute("VACUUM (ANALYZE) kv")
+        conn.execute("SELECT pgkvx.enable(%s::regclass)", (table,))
+    conn.execute(f"VACUUM (ANALYZE) {table}")
     conn.execute("CHECKPOINT")
 
 
