@@ -120,8 +120,8 @@ def render(result):
         "",
         f"Each round runs plain PostgreSQL and the mode at the same time, {result['config']['clients'] // 2} "
         f"pgbench clients each (`-M prepared`, one thread per client, {result['config']['duration']} s), "
-        "on separate copies "
-        f"of the {result['config']['keys']:,}-key kv table; sides swap schemas every round. "
+        f"on separate copies of the {result['config']['keys']:,}-key kv table; over every four rounds "
+        "the sides take both schemas and both start orders. "
         "Ratio = mode tps / plain tps within a round (above 1: the mode is faster); "
         "the `plain PG` row runs plain against plain and shows the method's noise.",
         "",
