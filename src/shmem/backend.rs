@@ -127,7 +127,7 @@ fn holds_latches() -> bool {
 
 /// Whether a purge waits for this transaction's end.  Panic-free.
 fn purge_pending() -> bool {
-    PENDING_PURGE.with(|p| p.try_borrow().map_or(true, |v| !v.is_empty()))
+    PENDING_PURGE.try_with(|p| p.try_borrow().map_or(true, |v| !v.is_empty())).unwrap_or(false)
 }
 
 #[pg_guard]
