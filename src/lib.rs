@@ -12,6 +12,7 @@ pub mod errors;
 pub mod guc;
 pub mod keys;
 pub mod latch;
+pub mod memcx;
 pub mod queue;
 pub mod scan;
 pub mod shmem;

@@ -57,11 +57,7 @@ impl RowContext {
             pg_sys::CurrentMemoryContext = self.0;
             let r = f();
             pg_sys::CurrentMemoryContext = prev;
-            // Most rows allocate nothing: skip the call (each call into
-            // Postgres costs a setjmp) when the context is still empty.
-            if !(*self.0).isReset {
-                pg_sys::MemoryContextReset(self.0);
-            }
+            crate::memcx::reset_if_used(self.0);
             r
         }
     }

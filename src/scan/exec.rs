@@ -16,6 +16,7 @@ use crate::api::registry::{self, Latched};
 use crate::guc;
 use crate::latch::protocol::{ReadMode, Report};
 use crate::latch::{Span, Xid};
+use crate::memcx::reset_if_used;
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
 use pgrx::PgMemoryContexts;
@@ -358,27 +359,9 @@ unsafe fn project(
             return slot;
         }
         let econtext = (*node).ss.ps.ps_ExprContext;
-        reset_per_tuple(econtext);
+        reset_if_used((*econtext).ecxt_per_tuple_memory);
         (*econtext).ecxt_scantuple = slot;
         pg_sys::ExecProject(proj)
-    }
-}
-
-/// Resets an expression context's per-tuple memory, as every scan node does
-/// per row — but without the call when the context holds nothing, which
-/// MemoryContextReset would only find out after pgrx's error boundary
-/// (a sigsetjmp per call; two per row were a tenth of a 1000-row scan).
-///
-/// # Safety
-/// `econtext` is a live expression context.
-#[inline(always)]
-unsafe fn reset_per_tuple(econtext: *mut pg_sys::ExprContext) {
-    // SAFETY: per the contract; the same test MemoryContextReset makes.
-    unsafe {
-        let cxt = (*econtext).ecxt_per_tuple_memory;
-        if !(*cxt).isReset || !(*cxt).firstchild.is_null() {
-            pg_sys::MemoryContextReset(cxt);
-        }
     }
 }
 
@@ -394,7 +377,7 @@ unsafe fn next_passing(node: *mut pg_sys::CustomScanState, rt: &mut Runtime) -> 
             if !pg_sys::index_getnext_slot(rt.scan, rt.direction(), slot) {
                 return None;
             }
-            reset_per_tuple(econtext);
+            reset_if_used((*econtext).ecxt_per_tuple_memory);
             (*econtext).ecxt_scantuple = slot;
             if qual.is_null() || pg_sys::ExecQual(qual, econtext) {
                 return Some(slot);
