@@ -20,6 +20,16 @@ PG_CONFIG = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 DBNAME = "pgkvx_bench"
 
 
+def log(msg):
+    print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
+
+
+def interrupt(signum, frame):
+    """SIGTERM handler: the same clean-up path as Ctrl-C (the report of what
+    finished is still written)."""
+    raise KeyboardInterrupt
+
+
 def pg_bindir():
     return subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True,
                           text=True).stdout.strip()

@@ -18,7 +18,7 @@ import psycopg
 import kvbench
 import report
 import tail
-from common import connect, detect, machine, pg_bindir, recreate_database
+from common import connect, detect, interrupt, log as _log, machine, pg_bindir, recreate_database
 
 
 @dataclass
@@ -70,18 +70,9 @@ def _pick(arg, known, what):
     return chosen
 
 
-def _terminate(signum, frame):
-    # SIGTERM takes the same clean-up path as Ctrl-C.
-    raise KeyboardInterrupt
-
-
 def _modes(all_modes, wanted, caps):
     return [{"name": m.name, "label": m.label, "missing": caps.missing(m.needs), "mode": m}
             for m in all_modes if m.name in wanted]
-
-
-def _log(msg):
-    print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
 
 
 def _reconnect(conn):
@@ -172,7 +163,7 @@ def run_tail(result, modes, tcfg, reps, caps):
 
 def main(argv):
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, interrupt)
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now()
     base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S"))

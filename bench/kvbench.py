@@ -95,6 +95,19 @@ def read_scan_node(conn, workload, scan_mode):
     return scan_node(conn, stmt, scan_mode)
 
 
+def pgbench_cmd(pgbench, workload, clients, jobs, duration, extra=()):
+    """The pgbench command line every kv run uses (before the database)."""
+    return [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(jobs),
+            "-T", str(duration), "-f", os.path.join(PGBENCH_DIR, workload + ".sql"),
+            *extra, DBNAME]
+
+
+def parse_tps(out):
+    """tps from pgbench's summary (without connection time); None if absent."""
+    m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
+    return float(m.group(1)) if m else None
+
+
 def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):
     """One pgbench run; returns tps, latency percentiles from the
     per-transaction logs, failures, error messages and pgkvx counter deltas.
@@ -102,9 +115,8 @@ def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):
     prefix = os.path.join(logdir, "pgbench")
     for old in glob.glob(prefix + ".*"):
         os.remove(old)
-    cmd = [pgbench, "-n", "-M", "prepared", "-c", str(cfg.clients), "-j", str(cfg.jobs),
-           "-T", str(cfg.duration), "-f", os.path.join(PGBENCH_DIR, workload + ".sql"),
-           "-l", "--log-prefix", prefix, DBNAME]
+    cmd = pgbench_cmd(pgbench, workload, cfg.clients, cfg.jobs, cfg.duration,
+                      ("-l", "--log-prefix", prefix))
     env = dict(os.environ)
     if scan_mode:
         env["PGOPTIONS"] = f"-c pgkvx.scan_mode={scan_mode}"
@@ -125,11 +137,10 @@ def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):
             proc.wait()
             raise
     latencies = read_latencies(prefix)
-    tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
     failed = re.search(r"^number of failed transactions: (\d+)", out, re.M)
     errors += error_lines(err)
     return {
-        "tps": float(tps.group(1)) if tps else None,
+        "tps": parse_tps(out),
         "transactions": len(latencies),
         "p50_ms": ms(percentile(latencies, 50)),
         "p99_ms": ms(percentile(latencies, 99)),

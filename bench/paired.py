@@ -22,14 +22,13 @@ import argparse
 import datetime
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
 
 import kvbench
-from common import DBNAME, connect, detect, machine, pg_bindir, recreate_database
+from common import connect, detect, interrupt, log as _log, machine, pg_bindir, recreate_database
 
 SCHEMAS = ("pgkvx_side_a", "pgkvx_side_b")
 MODES = {m.name: m for m in kvbench.KV_MODES}
@@ -64,15 +63,6 @@ def _pair(text):
     return wl, mode
 
 
-def _terminate(signum, frame):
-    # SIGTERM takes the same path as Ctrl-C: stop, still write the report.
-    raise KeyboardInterrupt
-
-
-def _log(msg):
-    print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
-
-
 def reset_side(conn, schema, mode):
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     kvbench.reset_kv(conn, mode, table=f"{schema}.kv")
@@ -85,16 +75,21 @@ def run_round(pgbench, workload, sides, clients, duration):
     for schema, mode in sides:
         env = dict(os.environ)
         env["PGOPTIONS"] = f"-c search_path={schema},public -c pgkvx.scan_mode={mode.scan_mode}"
-        cmd = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients), "-T", str(duration),
-               "-f", os.path.join(kvbench.PGBENCH_DIR, workload + ".sql"), DBNAME]
+        cmd = kvbench.pgbench_cmd(pgbench, workload, clients, clients, duration)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=env))
     out = []
     try:
         for p in procs:
-            stdout, stderr = p.communicate(timeout=duration + 120)
-            tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", stdout, re.M)
-            out.append((float(tps.group(1)) if tps else None, kvbench.error_lines(stderr)))
+            try:
+                stdout, stderr = p.communicate(timeout=duration + 120)
+            except subprocess.TimeoutExpired:
+                # A client stuck for ever must not stall the other pairs.
+                p.kill()
+                p.communicate()
+                out.append((None, [f"pgbench did not finish within {duration + 120}s; killed"]))
+                continue
+            out.append((kvbench.parse_tps(stdout), kvbench.error_lines(stderr)))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -143,7 +138,7 @@ def render(result):
 
 def main(argv):
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, interrupt)
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now()
     base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S") + "-paired")
