@@ -42,12 +42,16 @@ impl<'a, L: LockSet + ?Sized> Held<'a, L> {
         Held { locks, id }
     }
 
+    /// Takes the lock if it is free right now.
+    pub fn try_new(locks: &'a L, id: LockId, mode: Mode) -> Option<Self> {
+        locks.try_acquire(id, mode).then(|| Held { locks, id })
+    }
+
     /// Takes the lock, telling the caller whether it had to wait.
     pub fn new_counting(locks: &'a L, id: LockId, mode: Mode) -> (Self, bool) {
-        if locks.try_acquire(id, mode) {
-            (Held { locks, id }, false)
-        } else {
-            (Held::new(locks, id, mode), true)
+        match Held::try_new(locks, id, mode) {
+            Some(held) => (held, false),
+            None => (Held::new(locks, id, mode), true),
         }
     }
 }
@@ -123,8 +127,11 @@ pub mod std_locks {
         fn release(&self, id: LockId) {
             let (l, slot) = self.get(id);
             // Only the exclusive holder can have set the flag, and it clears
-            // it before unlocking, so a shared holder always reads false.
-            if self.modes[slot].swap(false, std::sync::atomic::Ordering::Relaxed) {
+            // it before unlocking, so a shared holder always reads false (a
+            // plain load and store, not a swap: nobody else can write it now).
+            let flag = &self.modes[slot];
+            if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                flag.store(false, std::sync::atomic::Ordering::Relaxed);
                 // SAFETY: this thread holds the lock exclusively (flag set by it).
                 unsafe { l.unlock_exclusive() }
             } else {

@@ -172,6 +172,37 @@ fn released_after_snapshot_still_conflicts_then_reclaims() {
 }
 
 #[test]
+fn release_settles_at_once_unless_the_range_lock_is_busy() {
+    use super::locks::{LockId, Mode};
+    for outcome in [Outcome::Committed, Outcome::Aborted] {
+        let t = small();
+        let before = t.free_entries();
+        // Free range lock: settled by the releaser, nothing left to drain.
+        t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
+        t.release_all(0, outcome);
+        assert_eq!(t.released_pending(), 0, "{outcome:?}");
+        let freed = if outcome == Outcome::Aborted { 1 } else { 0 };
+        assert_eq!(t.free_entries(), before - 1 + freed, "{outcome:?}");
+        // Busy range lock (a reader holds it): the release does not wait,
+        // it leaves the entry for the next drain, and readers see the same
+        // outcome before and after.
+        t.acquire(0, REL, &pt(2), &holder(51)).unwrap();
+        let r = t.ranges_of(REL)[0];
+        {
+            let _reader = t.lock(LockId::Range(r), Mode::Shared);
+            t.release_all(0, outcome);
+        }
+        assert_eq!(t.released_pending(), 1, "{outcome:?}");
+        let seen = conflicts_of(t, REL, &pt(2), &[51], 60);
+        t.drain_released(0);
+        assert_eq!(t.released_pending(), 0, "{outcome:?}");
+        assert_eq!(conflicts_of(t, REL, &pt(2), &[51], 60), seen, "{outcome:?}");
+        assert_eq!(seen.is_empty(), outcome == Outcome::Aborted, "{outcome:?}");
+        assert_eq!(t.free_entries(), before - 2 + 2 * freed, "{outcome:?}");
+    }
+}
+
+#[test]
 fn released_latches_drain_and_reclaim_as_the_horizon_passes() {
     // Releasing takes no lock; draining (the workers' job) moves tombstones
     // to their range, where expired ones are reclaimed on the way.
