@@ -4,11 +4,13 @@ cluster, what the installed pgkvx can do, and a description of the machine.
 Connection parameters come from libpq's environment (PGHOST, PGPORT, PGUSER),
 which bench/run sets from scripts/env.sh.
 """
+import contextlib
 import datetime
 import os
 import platform
 import re
 import subprocess
+import time
 from dataclasses import asdict, dataclass
 
 import numpy
@@ -125,6 +127,51 @@ def scan_node(conn, query, scan_mode):
             conn.execute(f"SET LOCAL pgkvx.scan_mode = {scan_mode}")
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + query))
     return "PgkvxLimitScan" if "PgkvxLimitScan" in plan else "plain"
+
+
+# The scratch cluster runs with these off (scripts/cluster: tests do not need
+# crash safety); PostgreSQL's defaults, and production, have them on.
+DURABILITY = ("fsync", "synchronous_commit", "full_page_writes")
+
+
+def add_durable_arg(ap):
+    ap.add_argument("--durable", action="store_true",
+                    help="run with PostgreSQL's default durability (fsync, synchronous_commit, "
+                         "full_page_writes on) instead of the scratch cluster's (off); restored after")
+
+
+@contextlib.contextmanager
+def durable_commits(enabled):
+    """--durable: the run flushes every commit, as a default PostgreSQL does.
+
+    Matters for the fenced/optimistic comparison: a writer's latches are
+    released after its commit is durable, so with flushing on every fenced
+    reader that meets an in-flight writer waits out a WAL flush, while an
+    optimistic reader only waits when the writer is inside the rows it read.
+    Set with ALTER SYSTEM and reset afterwards, even when interrupted."""
+    if not enabled:
+        yield
+        return
+
+    def apply(stmt):
+        with connect("postgres") as c:
+            for name in DURABILITY:
+                c.execute(stmt.format(name))
+            c.execute("SELECT pg_reload_conf()")
+
+    apply("ALTER SYSTEM SET {} = on")
+    try:
+        # The reload is asynchronous: wait until new sessions see it.
+        for _ in range(50):
+            with connect("postgres") as c:
+                if c.execute("SHOW fsync").fetchone()[0] == "on":
+                    break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("--durable: the server did not pick up fsync = on")
+        yield
+    finally:
+        apply("ALTER SYSTEM RESET {}")
 
 
 def machine(conn):

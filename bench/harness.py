@@ -18,7 +18,8 @@ import psycopg
 import kvbench
 import report
 import tail
-from common import connect, detect, interrupt, log as _log, machine, pg_bindir, recreate_database
+from common import (add_durable_arg, connect, detect, durable_commits, interrupt, log as _log, machine,
+                    pg_bindir, recreate_database)
 
 
 @dataclass
@@ -47,6 +48,7 @@ def parse_args(argv):
                                         f"(default all: {', '.join(kvbench.WORKLOADS)}, tail)")
     ap.add_argument("--modes", help="comma list of modes to run (default all: "
                                     "plain, latched-off, fenced, optimistic, horizon)")
+    add_durable_arg(ap)
     args = ap.parse_args(argv)
     quick = args.quick
     args.duration = args.duration or (5 if quick else 20)
@@ -164,9 +166,14 @@ def run_tail(result, modes, tcfg, reps, caps):
 def main(argv):
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, interrupt)
+    with durable_commits(args.durable):
+        return _run(args)
+
+
+def _run(args):
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now()
-    base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S"))
+    base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S") + ("-durable" if args.durable else ""))
     t_start = time.monotonic()
 
     recreate_database()
@@ -182,7 +189,7 @@ def main(argv):
     do_tail = "tail" in args.workloads
     result = {
         "started": started.strftime("%Y-%m-%d %H:%M:%S"),
-        "config": {"quick": args.quick, "kv": asdict(kvcfg),
+        "config": {"quick": args.quick, "durable": args.durable, "kv": asdict(kvcfg),
                    "tail": {**asdict(tcfg), "reps": args.tail_reps}},
         "machine": mach,
         "capabilities": caps.as_dict(),

@@ -28,7 +28,8 @@ import subprocess
 import sys
 
 import kvbench
-from common import connect, detect, interrupt, log as _log, machine, pg_bindir, recreate_database
+from common import (DURABILITY, add_durable_arg, connect, detect, durable_commits, interrupt, log as _log,
+                    machine, pg_bindir, recreate_database)
 
 SCHEMAS = ("pgkvx_side_a", "pgkvx_side_b")
 MODES = {m.name: m for m in kvbench.KV_MODES}
@@ -48,6 +49,7 @@ def parse_args(argv):
     ap.add_argument("--clients", type=int, default=16, help="clients in all, half per side (16)")
     ap.add_argument("--keys", type=int, default=100_000, help="kv preload (random keys)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    add_durable_arg(ap)
     args = ap.parse_args(argv)
     args.pairs = [_pair(p) for p in args.pairs.split(",") if p.strip()]
     if args.clients < 2 or args.clients % 2:
@@ -111,7 +113,10 @@ def render(result):
         f"# pgkvx paired benchmark, {result['started']}",
         "",
         f"{m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB; {m['postgres'].split(' on ')[0]}; "
-        f"load average {m['loadavg']:.2f} at start; pgkvx {result['capabilities'].get('version', '?')}.",
+        f"load average {m['loadavg']:.2f} at start; pgkvx {result['capabilities'].get('version', '?')}; "
+        + ", ".join(f"{k}={m['settings'].get(k, '?')}" for k in DURABILITY)
+        + (" (`--durable`: every commit flushed)." if result["config"].get("durable")
+           else " (the scratch cluster's; `--durable` flushes commits)."),
         "",
         f"Each round runs plain PostgreSQL and the mode at the same time, {result['config']['clients'] // 2} "
         f"pgbench clients each (`-M prepared`, one thread per client, {result['config']['duration']} s), "
@@ -139,14 +144,20 @@ def render(result):
 def main(argv):
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, interrupt)
+    with durable_commits(args.durable):
+        return _run(args)
+
+
+def _run(args):
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now()
-    base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S") + "-paired")
+    base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S") + "-paired"
+                        + ("-durable" if args.durable else ""))
     recreate_database()
     pgbench = os.path.join(pg_bindir(), "pgbench")
     result = {"started": started.strftime("%Y-%m-%d %H:%M:%S"),
               "config": {"rounds": args.rounds, "duration": args.duration,
-                         "clients": args.clients, "keys": args.keys},
+                         "clients": args.clients, "keys": args.keys, "durable": args.durable},
               "pairs": []}
     interrupted = False
     with connect() as conn:
