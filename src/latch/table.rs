@@ -655,7 +655,9 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let ent = self.entry(e);
         ent.state.store(state as u8, Release);
         let r = ent.range.load(Acquire);
-        if let Some(_g) = Held::try_new(&self.locks, LockId::Range(r), Mode::Exclusive) {
+        // (A chained entry is always in a range; NIL is checked anyway, as
+        // this runs in the commit callback where a panic would be a PANIC.)
+        if let Some(_g) = (r != NIL).then(|| Held::try_new(&self.locks, LockId::Range(r), Mode::Exclusive)).flatten() {
             // A split or merge moves entries only under both ranges' locks:
             // with `r`'s held, `e` is still in `r` if its field says so.
             if ent.range.load(Acquire) == r {
