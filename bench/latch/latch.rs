@@ -40,7 +40,9 @@ fn key(k: u64) -> [u8; 8] {
 }
 
 /// A table holding `live` point latches on random keys from 64 holders,
-/// split into ranges of at most 1024 latches as the maintenance queue would.
+/// split as finely as one table can be (`MAX_RANGES_PER_TABLE` = 128 ranges:
+/// ~78 latches each at 10k) — where contention-driven splitting takes a
+/// busy table.
 fn populated(live: u32) -> &'static LatchTable<'static, StdLocks> {
     let t = heap_table(Config { max_entries: 80_000, max_ranges: 1024, max_tables: 8, max_backends: 72 });
     let mut r = Rng(0x9E37_79B9_7F4A_7C15);
@@ -61,6 +63,25 @@ fn populated(live: u32) -> &'static LatchTable<'static, StdLocks> {
         }
         if t.ranges_of(REL).len() == before || before * 1024 > live as usize * 2 {
             break;
+        }
+    }
+    t
+}
+
+/// The same latches split only as far as the default
+/// `pgkvx.range_max_latches` (1024) makes the maintenance workers split:
+/// ranges of 512–1024, so each tree is a few levels deeper.
+fn populated_default_ranges(live: u32) -> &'static LatchTable<'static, StdLocks> {
+    let t = heap_table(Config { max_entries: 80_000, max_ranges: 1024, max_tables: 8, max_backends: 72 });
+    let mut r = Rng(0x9E37_79B9_7F4A_7C15);
+    for i in 0..live {
+        let slot = i % 64;
+        let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0 };
+        t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
+        for range in t.ranges_of(REL) {
+            if t.load(range) > 1024 {
+                t.split(70, range);
+            }
         }
     }
     t
@@ -127,6 +148,13 @@ fn bench(c: &mut Criterion) {
                     let mine = run(67, 11);
                     mine.max(other.join().unwrap())
                 })
+            });
+        }
+        if live == 10_000 {
+            let d = populated_default_ranges(live);
+            println!("default-sized ranges at 10k: {}", d.ranges_of(REL).len());
+            g.bench_function(BenchmarkId::new("acquire_release", "abort, ranges <= 1024"), |b| {
+                b.iter(|| acquire_release(d, 65, &mut r, 1500, false))
             });
         }
         g.finish();
