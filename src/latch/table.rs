@@ -657,7 +657,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let r = ent.range.load(Acquire);
         // (A chained entry is always in a range; NIL is checked anyway, as
         // this runs in the commit callback where a panic would be a PANIC.)
-        if let Some(_g) = (r != NIL).then(|| Held::try_new(&self.locks, LockId::Range(r), Mode::Exclusive)).flatten() {
+        let held = if r == NIL { None } else { Held::try_new(&self.locks, LockId::Range(r), Mode::Exclusive) };
+        if let Some(_g) = held {
             // A split or merge moves entries only under both ranges' locks:
             // with `r`'s held, `e` is still in `r` if its field says so.
             if ent.range.load(Acquire) == r {

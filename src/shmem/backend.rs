@@ -34,10 +34,15 @@ thread_local! {
 
 /// This backend's slot: its PGPROC number.
 pub fn my_slot() -> u32 {
-    // SAFETY: MyProc is set for every backend before any SQL runs.
-    let n = unsafe { (*pg_sys::MyProc).pgprocno } as u32;
-    assert!(n < table().config().max_backends, "pgprocno {n} beyond the latch table's backend slots");
-    n
+    slot_in(table()).expect("this backend's PGPROC number is beyond the latch table's backend slots")
+}
+
+/// This process's backend slot in `t`: its PGPROC number, if it has a
+/// PGPROC and the number fits.  Panic-free (see `xact_callback`).
+fn slot_in(t: &super::Table) -> Option<u32> {
+    // SAFETY: plain read of a backend global; checked for NULL.
+    let n = unsafe { pg_sys::MyProc.as_ref() }?.pgprocno;
+    u32::try_from(n).ok().filter(|&n| n < t.config().max_backends)
 }
 
 pub fn my_db() -> u32 {
@@ -117,12 +122,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *
 /// or no backend slot.  Panic-free (see `xact_callback`).
 fn holds_latches() -> bool {
     let Some(t) = super::table_if_attached() else { return false };
-    // SAFETY: plain read of a backend global; checked for NULL.
-    let proc_no = unsafe { pg_sys::MyProc.as_ref() }.map(|p| p.pgprocno);
-    match proc_no.and_then(|n| u32::try_from(n).ok()) {
-        Some(slot) if slot < t.config().max_backends => t.holds_any(slot),
-        _ => false,
-    }
+    slot_in(t).is_some_and(|slot| t.holds_any(slot))
 }
 
 /// Whether a purge waits for this transaction's end.  Panic-free.
