@@ -9,6 +9,7 @@ import datetime
 import os
 import platform
 import re
+import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -172,6 +173,24 @@ def durable_commits(enabled):
         yield
     finally:
         apply("ALTER SYSTEM RESET {}")
+
+
+def run_engine(argv, parse_args, run):
+    """An engine's main(): SIGTERM ends it like Ctrl-C (the report of what
+    finished is still written), and --durable holds for the whole run."""
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, interrupt)
+    with durable_commits(args.durable):
+        return run(args)
+
+
+def report_base(args, kind=""):
+    """When the run started, and its report files' path without extension:
+    `<out>/<date>[-kind][-durable]`."""
+    os.makedirs(args.out, exist_ok=True)
+    started = datetime.datetime.now()
+    name = started.strftime("%Y-%m-%d-%H%M%S") + kind + ("-durable" if args.durable else "")
+    return started, os.path.join(args.out, name)
 
 
 def machine(conn):

@@ -4,10 +4,8 @@ chart (report.py).  Modes whose pgkvx features are not built yet are recorded
 as such and skipped.  Timings are reported, never asserted.
 """
 import argparse
-import datetime
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -18,8 +16,8 @@ import psycopg
 import kvbench
 import report
 import tail
-from common import (add_durable_arg, connect, detect, durable_commits, interrupt, log as _log, machine,
-                    pg_bindir, recreate_database)
+from common import (add_durable_arg, connect, detect, log as _log, machine, pg_bindir, recreate_database,
+                    report_base, run_engine)
 
 
 @dataclass
@@ -164,16 +162,11 @@ def run_tail(result, modes, tcfg, reps, caps):
 
 
 def main(argv):
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, interrupt)
-    with durable_commits(args.durable):
-        return _run(args)
+    return run_engine(argv, parse_args, _run)
 
 
 def _run(args):
-    os.makedirs(args.out, exist_ok=True)
-    started = datetime.datetime.now()
-    base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S") + ("-durable" if args.durable else ""))
+    started, base = report_base(args)
     t_start = time.monotonic()
 
     recreate_database()

@@ -19,17 +19,15 @@ reached through search_path, so the workload files in bench/pgbench/ run
 unchanged.  Timings are reported, never asserted.
 """
 import argparse
-import datetime
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 
 import kvbench
-from common import (DURABILITY, add_durable_arg, connect, detect, durable_commits, interrupt, log as _log,
-                    machine, pg_bindir, recreate_database)
+from common import (DURABILITY, add_durable_arg, connect, detect, log as _log, machine, pg_bindir,
+                    recreate_database, report_base, run_engine)
 
 SCHEMAS = ("pgkvx_side_a", "pgkvx_side_b")
 MODES = {m.name: m for m in kvbench.KV_MODES}
@@ -142,17 +140,11 @@ def render(result):
 
 
 def main(argv):
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, interrupt)
-    with durable_commits(args.durable):
-        return _run(args)
+    return run_engine(argv, parse_args, _run)
 
 
 def _run(args):
-    os.makedirs(args.out, exist_ok=True)
-    started = datetime.datetime.now()
-    base = os.path.join(args.out, started.strftime("%Y-%m-%d-%H%M%S") + "-paired"
-                        + ("-durable" if args.durable else ""))
+    started, base = report_base(args, "-paired")
     recreate_database()
     pgbench = os.path.join(pg_bindir(), "pgbench")
     result = {"started": started.strftime("%Y-%m-%d %H:%M:%S"),

@@ -39,23 +39,33 @@ fn key(k: u64) -> [u8; 8] {
     (k ^ (1 << 63)).to_be_bytes()
 }
 
+type Table = &'static LatchTable<'static, StdLocks>;
+
 /// A table holding `live` point latches on random keys from 64 holders,
-/// split as finely as one table can be (`MAX_RANGES_PER_TABLE` = 128 ranges:
-/// ~78 latches each at 10k) — where contention-driven splitting takes a
-/// busy table.
-fn populated(live: u32) -> &'static LatchTable<'static, StdLocks> {
+/// `split` called after the `i`-th.
+fn filled(live: u32, mut split: impl FnMut(Table, u32)) -> Table {
     let t = heap_table(Config { max_entries: 80_000, max_ranges: 1024, max_tables: 8, max_backends: 72 });
     let mut r = Rng(0x9E37_79B9_7F4A_7C15);
     for i in 0..live {
         let slot = i % 64;
         let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0 };
         t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
+        split(t, i);
+    }
+    t
+}
+
+/// `live` latches split as finely as one table can be
+/// (`MAX_RANGES_PER_TABLE` = 128 ranges: ~78 latches each at 10k) — where
+/// contention-driven splitting takes a busy table.
+fn populated(live: u32) -> Table {
+    let t = filled(live, |t, i| {
         if i % 512 == 511 {
             for range in t.ranges_of(REL) {
                 while t.split(70, range).is_some() && t.ranges_of(REL).len() < 1000 {}
             }
         }
-    }
+    });
     loop {
         let before = t.ranges_of(REL).len();
         for range in t.ranges_of(REL) {
@@ -71,20 +81,14 @@ fn populated(live: u32) -> &'static LatchTable<'static, StdLocks> {
 /// The same latches split only as far as the default
 /// `pgkvx.range_max_latches` (1024) makes the maintenance workers split:
 /// ranges of 512–1024, so each tree is a few levels deeper.
-fn populated_default_ranges(live: u32) -> &'static LatchTable<'static, StdLocks> {
-    let t = heap_table(Config { max_entries: 80_000, max_ranges: 1024, max_tables: 8, max_backends: 72 });
-    let mut r = Rng(0x9E37_79B9_7F4A_7C15);
-    for i in 0..live {
-        let slot = i % 64;
-        let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0 };
-        t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
+fn populated_default_ranges(live: u32) -> Table {
+    filled(live, |t, _| {
         for range in t.ranges_of(REL) {
             if t.load(range) > 1024 {
                 t.split(70, range);
             }
         }
-    }
-    t
+    })
 }
 
 fn acquire_release(t: &LatchTable<'_, StdLocks>, slot: u32, r: &mut Rng, xid: u32, commit: bool) {
