@@ -104,7 +104,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         let nodes = self.nodes();
         // Move every entry starting at or after the split point.
         loop {
-            let m = max_node(&nodes, b1.root);
+            let m = tree::last(&nodes, b1.root);
             if m == NIL || *nodes.start(m) < at {
                 break;
             }
@@ -203,7 +203,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             let (bl, br) = unsafe { (self.body(left), self.body(right)) };
             let nodes = self.nodes();
             while br.root != NIL {
-                let m = br.root;
+                let m = tree::first(&nodes, br.root);
                 br.root = tree::remove(&nodes, br.root, m);
                 bl.root = tree::insert(&nodes, bl.root, m);
                 self.entry(m).range.store(left, Release);
@@ -353,16 +353,6 @@ impl<L: LockSet> LatchTable<'_, L> {
         }
         total
     }
-}
-
-fn max_node<S: NodeStore>(s: &S, mut n: u32) -> u32 {
-    if n == NIL {
-        return NIL;
-    }
-    while s.right(n) != NIL {
-        n = s.right(n);
-    }
-    n
 }
 
 #[cfg(test)]

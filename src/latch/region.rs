@@ -1,13 +1,15 @@
 //! The latch table's memory: one fixed-size region holding every structure
-//! (headers, tables, ranges, entries, backend slots), addressed by index.
+//! (headers, tables, ranges, entries, tree nodes, backend slots), addressed
+//! by index.
 //! Nothing is allocated after `init`, so the region can be Postgres shared
 //! memory mapped at different addresses in different processes.
 //!
 //! Field protection, in one place:
 //! - `TableSlot` and `RangeMeta`: the Directory lock (read shared, written
 //!   exclusive; a range's bounds change only while its Range lock is also held).
-//! - `RangeBody`, and `EntryData` of every entry in that range's tree: the
-//!   Range lock.
+//! - `RangeBody`, the tree nodes reachable from its root, and `EntryData`
+//!   of every entry in that range's tree: the Range lock.
+//! - A free tree node: whoever popped it from the node pool.
 //! - `EntryData` of a free entry: whoever popped it from the free list.
 //! - `Entry::range`: written only under the Range lock it names (and, when
 //!   moving between ranges, both); read without locks and re-checked.
@@ -15,13 +17,13 @@
 //! - Everything else is atomic.
 
 use super::span::{KeyBuf, Span};
-use super::tree::NIL;
+use super::tree::{self, NIL};
 use super::xid::Xid;
 use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-pub const MAGIC: u64 = 0x706b_7678_6c74_0004; // "pkvxlt" v4
+pub const MAGIC: u64 = 0x706b_7678_6c74_0005; // "pkvxlt" v5
 
 /// Most ranges one table can be split into.
 pub const MAX_RANGES_PER_TABLE: usize = 128;
@@ -38,6 +40,14 @@ pub struct Config {
     pub max_tables: u32,
     /// Backend slots (one per PGPROC that can hold latches).
     pub max_backends: u32,
+}
+
+impl Config {
+    /// Tree nodes in the pool: enough for any placement of `max_entries`
+    /// entries in `max_ranges` ranges (tree::pool_size).
+    pub fn tree_nodes(&self) -> u32 {
+        tree::pool_size(self.max_entries, self.max_ranges)
+    }
 }
 
 /// A latched relation: database and relation oid packed as `db << 32 | rel`.
@@ -68,6 +78,8 @@ pub(crate) struct Header {
     /// Free entry stack, tagged against ABA: `tag << 32 | index`.
     pub free_head: AtomicU64,
     pub free_count: AtomicU32,
+    /// Free tree-node stack, tagged like `free_head`; links in `node_next`.
+    pub node_free_head: AtomicU64,
     /// Cached global xmin horizon: tombstones of holders before it go.
     pub horizon: AtomicU32,
     /// Split threshold (mirrors `pgkvx.range_max_latches`).
@@ -264,33 +276,8 @@ pub(crate) struct Entry {
     pub state: AtomicU8,
 }
 
-/// An entry's treap node, kept apart from the entry in a dense array: a
-/// descent reads only the first 24 bytes per level (links and the leading
-/// words, which decide nearly every comparison), so the nodes of tens of
-/// thousands of latches stay in the CPU cache while the entries' full keys
-/// do not need to.  40 bytes, so at most a quarter of the nodes have their
-/// first 24 bytes split across two cache lines.
-#[derive(Clone, Copy)]
-#[repr(C, align(8))]
-pub(crate) struct Node {
-    /// Left and right child, indexable by a descent's direction.
-    pub kids: [u32; 2],
-    /// The entry's start key's leading word.
-    pub start_head: u64,
-    /// `max_end`'s end key's leading word.
-    pub max_end_head: u64,
-    /// The node of greatest end in this subtree (tree.rs).
-    pub max_end: u32,
-    pub prio: u32,
-    /// The entry's own end key's leading word: recomputing a subtree's
-    /// greatest end after a rotation compares it without the entry.
-    pub end_head: u64,
-}
-
-const _: () = assert!(size_of::<Node>() == 40);
-
 #[repr(C)]
-pub(crate) struct TreeNode(pub UnsafeCell<Node>);
+pub(crate) struct TreeNode(pub UnsafeCell<tree::Node>);
 
 #[derive(Clone, Copy)]
 pub(crate) struct EntryData {
@@ -332,6 +319,7 @@ pub(crate) struct Layout {
     pub ranges: usize,
     pub entries: usize,
     pub nodes: usize,
+    pub node_next: usize,
     pub backends: usize,
     pub size: usize,
 }
@@ -354,12 +342,14 @@ impl Layout {
         off += size_of::<Entry>() * cfg.max_entries as usize;
         off = align_up(off, REGION_ALIGN);
         let nodes = off;
-        off += size_of::<TreeNode>() * cfg.max_entries as usize;
+        off += size_of::<TreeNode>() * cfg.tree_nodes() as usize;
+        let node_next = off;
+        off += size_of::<AtomicU32>() * cfg.tree_nodes() as usize;
         off = align_up(off, align_of::<BackendSlot>());
         let backends = off;
         off += size_of::<BackendSlot>() * cfg.max_backends as usize;
         // Slack for aligning a base address that is only 8-byte aligned.
-        Layout { tables, ranges, entries, nodes, backends, size: off + REGION_ALIGN }
+        Layout { tables, ranges, entries, nodes, node_next, backends, size: off + REGION_ALIGN }
     }
 }
 
@@ -380,6 +370,7 @@ pub(crate) struct Parts<'r> {
     pub ranges: &'r [RangeSlot],
     pub entries: &'r [Entry],
     pub nodes: &'r [TreeNode],
+    pub node_next: &'r [AtomicU32],
     pub backends: &'r [BackendSlot],
 }
 
@@ -405,6 +396,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 seq: AtomicU64::new(1),
                 free_head: AtomicU64::new(0),
                 free_count: AtomicU32::new(cfg.max_entries),
+                node_free_head: AtomicU64::new(0),
                 horizon: AtomicU32::new(0),
                 range_max_latches: AtomicU32::new(1024),
                 dir_version: AtomicU64::new(1),
@@ -465,8 +457,11 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
             );
         }
         let nodes = mem.add(lay.nodes) as *mut TreeNode;
-        for i in 0..cfg.max_entries as usize {
-            std::ptr::write(nodes.add(i), TreeNode(UnsafeCell::new(Node::FREE)));
+        let node_next = mem.add(lay.node_next) as *mut AtomicU32;
+        let pool = cfg.tree_nodes();
+        for i in 0..pool {
+            std::ptr::write(nodes.add(i as usize), TreeNode(UnsafeCell::new(tree::Node::EMPTY)));
+            std::ptr::write(node_next.add(i as usize), AtomicU32::new(if i + 1 < pool { i + 1 } else { NIL }));
         }
         let backends = mem.add(lay.backends) as *mut BackendSlot;
         for i in 0..cfg.max_backends as usize {
@@ -505,7 +500,11 @@ pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
             tables: std::slice::from_raw_parts(mem.add(lay.tables) as *const TableSlot, cfg.max_tables as usize),
             ranges: std::slice::from_raw_parts(mem.add(lay.ranges) as *const RangeSlot, cfg.max_ranges as usize),
             entries: std::slice::from_raw_parts(mem.add(lay.entries) as *const Entry, cfg.max_entries as usize),
-            nodes: std::slice::from_raw_parts(mem.add(lay.nodes) as *const TreeNode, cfg.max_entries as usize),
+            nodes: std::slice::from_raw_parts(mem.add(lay.nodes) as *const TreeNode, cfg.tree_nodes() as usize),
+            node_next: std::slice::from_raw_parts(
+                mem.add(lay.node_next) as *const AtomicU32,
+                cfg.tree_nodes() as usize,
+            ),
             backends: std::slice::from_raw_parts(
                 mem.add(lay.backends) as *const BackendSlot,
                 cfg.max_backends as usize,
@@ -517,11 +516,6 @@ pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
 impl RangeBody {
     pub const EMPTY: RangeBody =
         RangeBody { root: NIL, live: 0, tombstones: 0, fifo_head: NIL, fifo_tail: NIL, summary: Summary::EMPTY };
-}
-
-impl Node {
-    pub const FREE: Node =
-        Node { kids: [NIL, NIL], max_end: NIL, prio: 0, start_head: 0, end_head: 0, max_end_head: 0 };
 }
 
 impl EntryData {

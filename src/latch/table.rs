@@ -8,8 +8,8 @@
 
 use super::locks::{Held, LockId, LockSet, Mode};
 use super::region::{
-    self, bump, BackendSlot, Config, Entry, EntryData, Layout, Node, Parts, RangeBody, RangeMeta, RelId, State,
-    TableData, TreeNode, MAX_RANGES_PER_TABLE,
+    self, bump, BackendSlot, Config, Entry, EntryData, Layout, Parts, RangeBody, RangeMeta, RelId, State, TableData,
+    TreeNode, MAX_RANGES_PER_TABLE,
 };
 use super::span::Span;
 use super::stats::{Stat, NSTATS};
@@ -52,114 +52,94 @@ pub struct LatchTable<'r, L: LockSet> {
     pub(crate) locks: L,
 }
 
-/// The treap's view of the entries of one range.  Only built while that
-/// range's lock is held (exclusive when the tree is modified).
+/// The tree's view of the node pool and the entries.  Only built while a
+/// range's lock is held (exclusive when the tree is modified); the pool's
+/// free stack is lock-free, shared by all ranges.
 pub(crate) struct RangeNodes<'a> {
+    hdr: &'a region::Header,
     entries: &'a [Entry],
     nodes: &'a [TreeNode],
+    next: &'a [std::sync::atomic::AtomicU32],
 }
 
 impl RangeNodes<'_> {
     #[inline(always)]
-    fn d(&self, n: u32) -> *mut EntryData {
-        debug_assert!((n as usize) < self.entries.len());
-        // SAFETY: tree links only ever hold indices of entries of this
-        // region (they are written from alloc() results), so `n` is in
-        // bounds; skipping the check matters in the treap's inner loops.
-        unsafe { self.entries.get_unchecked(n as usize) }.data.get()
-    }
-
-    #[inline(always)]
-    fn t(&self, n: u32) -> *mut Node {
-        debug_assert!((n as usize) < self.nodes.len());
-        // SAFETY: as in d(): the node array has one node per entry.
-        unsafe { self.nodes.get_unchecked(n as usize) }.0.get()
+    fn d(&self, e: u32) -> *const EntryData {
+        debug_assert!((e as usize) < self.entries.len());
+        // SAFETY: tree slots only ever hold indices of entries of this
+        // region (written from alloc() results), so `e` is in bounds;
+        // skipping the check matters in the tree's inner loops.
+        unsafe { self.entries.get_unchecked(e as usize) }.data.get()
     }
 }
 
-// SAFETY (all methods): nodes reachable from a range's root belong to that
-// range; RangeNodes exists only while its lock is held, exclusively whenever
-// a setter can run, so no other process touches these fields concurrently.
 impl NodeStore for RangeNodes<'_> {
     #[inline(always)]
-    fn left(&self, n: u32) -> u32 {
-        unsafe { (*self.t(n)).kids[0] }
+    fn node(&self, n: u32) -> *mut tree::Node {
+        debug_assert!((n as usize) < self.nodes.len());
+        // SAFETY: node links only hold ids alloc_node returned, which are
+        // pool indices.
+        unsafe { self.nodes.get_unchecked(n as usize) }.0.get()
     }
+
+    fn alloc_node(&self) -> u32 {
+        let mut head = self.hdr.node_free_head.load(Acquire);
+        loop {
+            let n = head as u32;
+            if n == NIL {
+                return NIL;
+            }
+            let next = self.next[n as usize].load(Relaxed);
+            let new = (((head >> 32) + 1) << 32) | u64::from(next);
+            match self.hdr.node_free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
+                Ok(_) => return n,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    fn free_node(&self, n: u32) {
+        let mut head = self.hdr.node_free_head.load(Acquire);
+        loop {
+            self.next[n as usize].store(head as u32, Relaxed);
+            let new = (((head >> 32) + 1) << 32) | u64::from(n);
+            match self.hdr.node_free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
     #[inline(always)]
-    fn right(&self, n: u32) -> u32 {
-        unsafe { (*self.t(n)).kids[1] }
+    fn start(&self, e: u32) -> &super::span::KeyBuf {
+        // SAFETY: `e` is in the tree of the range whose lock is held, so its
+        // data does not change meanwhile.
+        unsafe { &(*self.d(e)).span.start }
     }
+
     #[inline(always)]
-    fn set_left(&self, n: u32, v: u32) {
-        unsafe { (*self.t(n)).kids[0] = v }
+    fn end(&self, e: u32) -> &super::span::KeyBuf {
+        // SAFETY: as in start().
+        unsafe { &(*self.d(e)).span.end }
     }
-    #[inline(always)]
-    fn set_right(&self, n: u32, v: u32) {
-        unsafe { (*self.t(n)).kids[1] = v }
-    }
+
     #[inline(always)]
     fn prefetch(&self, n: u32) {
         #[cfg(target_arch = "x86_64")]
-        if n != NIL {
-            // SAFETY: `n` is a node index (tree links hold only those), and a
-            // prefetch is a hint that never faults.
+        {
+            let p = self.node(n) as *const i8;
+            // SAFETY: `n` is a pool index; prefetches are hints that never
+            // fault.  The lines a descent reads: heads, kids, ends.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>(self.t(n) as *const i8);
+                for line in 0..5 {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(64 * line));
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = n;
     }
-    #[inline(always)]
-    fn child(&self, n: u32, go_right: bool) -> u32 {
-        unsafe { (*self.t(n)).kids[usize::from(go_right)] }
-    }
-    #[inline(always)]
-    fn max_end(&self, n: u32) -> u32 {
-        unsafe { (*self.t(n)).max_end }
-    }
-    #[inline(always)]
-    fn max_end_head(&self, n: u32) -> u64 {
-        unsafe { (*self.t(n)).max_end_head }
-    }
-    #[inline(always)]
-    fn set_max_end(&self, n: u32, v: u32, head: u64) {
-        unsafe {
-            (*self.t(n)).max_end = v;
-            (*self.t(n)).max_end_head = head;
-        }
-    }
-    #[inline(always)]
-    fn prio(&self, n: u32) -> u32 {
-        unsafe { (*self.t(n)).prio }
-    }
-    #[inline(always)]
-    fn start_head(&self, n: u32) -> u64 {
-        unsafe { (*self.t(n)).start_head }
-    }
-    #[inline(always)]
-    fn end_head(&self, n: u32) -> u64 {
-        unsafe { (*self.t(n)).end_head }
-    }
-    #[inline(always)]
-    fn start(&self, n: u32) -> &super::span::KeyBuf {
-        unsafe { &(*self.d(n)).span.start }
-    }
-    #[inline(always)]
-    fn end(&self, n: u32) -> &super::span::KeyBuf {
-        unsafe { &(*self.d(n)).span.end }
-    }
-}
-
-/// Treap priority from the entry index and the publication sequence: cheap,
-/// well mixed, and different each time an entry is reused.
-fn prio_for(idx: u32, seq: u64) -> u32 {
-    let mut x = (u64::from(idx) << 32) ^ seq ^ 0x9E37_79B9_7F4A_7C15;
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x as u32
 }
 
 impl<'r, L: LockSet> LatchTable<'r, L> {
@@ -291,7 +271,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     }
 
     pub(crate) fn nodes(&self) -> RangeNodes<'r> {
-        RangeNodes { entries: self.p.entries, nodes: self.p.nodes }
+        RangeNodes { hdr: self.p.hdr, entries: self.p.entries, nodes: self.p.nodes, next: self.p.node_next }
     }
 
     pub(crate) fn backend(&self, slot: u32) -> &BackendSlot {
@@ -554,15 +534,6 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             let d = unsafe { self.data(e) };
             let seq = self.p.hdr.seq.fetch_add(1, Relaxed);
             *d = EntryData { span: *span, xid: h.xid, seq, pid: h.pid, acquired_at: h.now_us, ..EntryData::FREE };
-            // SAFETY: as for `d`: the entry's node is ours too.
-            unsafe {
-                *self.p.nodes[e as usize].0.get() = Node {
-                    prio: prio_for(e, seq),
-                    start_head: span.start.head(),
-                    end_head: span.end.head(),
-                    ..Node::FREE
-                };
-            }
             self.entry(e).state.store(State::Live as u8, Release);
             let (_g, waited) = Held::new_counting(&self.locks, LockId::Range(r), Mode::Exclusive);
             let rs = &self.p.ranges[r as usize];

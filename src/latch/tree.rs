@@ -1,10 +1,20 @@
-//! The interval index of one latch range: a treap ordered by (start, node id)
-//! and augmented with the node of greatest end in each subtree, so an overlap
-//! query visits O(log n + matches) nodes.
+//! The interval index of one latch range: a B+tree of entry ids ordered by
+//! (start key, entry id).  Each slot of an inner node summarises its child
+//! by the least start and the greatest end below it, so an overlap query
+//! descends only into subtrees that can hold a match.
 //!
-//! Nodes are entry indices (u32) into the fixed entry arena; the tree stores
-//! only links, so it needs no allocation and lives in shared memory as is.
-//! Callers hold the range's lock (exclusive to modify, shared to query).
+//! Why a B-tree and not a binary tree: a latch is taken on a random key, so
+//! every level of a descent is a cache miss.  A binary tree of a range's
+//! thousand latches is ~20 levels deep; with 16 slots a node it is three,
+//! and the root stays cached.  Every slot keeps the leading eight bytes of
+//! its keys beside the links, which decide nearly every comparison, so a
+//! descent reads the entries' full keys only on ties.
+//!
+//! Nodes come from a fixed pool ([`NodeStore::alloc_node`]); the tree needs
+//! no allocation and lives in shared memory as is.  Callers hold the range's
+//! lock (exclusive to modify, shared to query).  Every node but the root is
+//! at least half full, which bounds the pool a table of `n` entries in `r`
+//! ranges can need ([`pool_size`]).
 
 use super::span::{KeyBuf, Span};
 use std::cmp::Ordering;
@@ -12,474 +22,549 @@ use std::cmp::Ordering;
 /// The empty link.
 pub const NIL: u32 = u32::MAX;
 
-/// Node storage the treap manipulates.  Keys (`start`, `end`) must not change
-/// while a node is in a tree.
-pub trait NodeStore {
-    fn left(&self, n: u32) -> u32;
-    fn right(&self, n: u32) -> u32;
-    fn set_left(&self, n: u32, v: u32);
-    fn set_right(&self, n: u32, v: u32);
-    /// `right(n)` if `go_right`, else `left(n)`.  Stores that keep the two
-    /// links in an array index it, so a descent's direction (a coin toss
-    /// for random keys) is data, not a branch the CPU mispredicts half the
-    /// time.
-    #[inline(always)]
-    fn child(&self, n: u32, go_right: bool) -> u32 {
-        if go_right {
-            self.right(n)
-        } else {
-            self.left(n)
+/// Slots a node holds between operations.
+pub const FANOUT: usize = 16;
+/// Slots every node but the root keeps.
+const MIN: usize = FANOUT / 2;
+/// One slot more than [`FANOUT`]: an insert lands first, then splits.
+const CAP: usize = FANOUT + 1;
+/// Deeper than any tree the pool can hold (8^12 entries).
+const MAX_DEPTH: usize = 12;
+
+/// Pool nodes a table of `entries` entries in `ranges` ranges can need: at
+/// most one node per [`MIN`] entries at each level (so `entries / 7` over
+/// all levels), plus for each range a root and one partly filled node per
+/// level.
+pub const fn pool_size(entries: u32, ranges: u32) -> u32 {
+    entries / 7 + 6 * ranges + 16
+}
+
+/// One B-tree node.  In a leaf, slot `i` is an entry: `start_ids[i]` =
+/// `end_ids[i]` = the entry and the heads are its keys' leading words.  In
+/// an inner node, slot `i` is child `kids[i]`, `start_ids[i]` is the entry
+/// with the least (start, id) below it and `end_ids[i]` an entry with the
+/// greatest end below it.  Fields in the order a descent reads them.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct Node {
+    pub len: u16,
+    /// 0 for a leaf, else the height above the leaves.
+    pub height: u16,
+    pub start_heads: [u64; CAP],
+    pub kids: [u32; CAP],
+    pub end_heads: [u64; CAP],
+    pub start_ids: [u32; CAP],
+    pub end_ids: [u32; CAP],
+}
+
+const _: () = assert!(size_of::<Node>() == 512);
+
+impl Node {
+    pub const EMPTY: Node = Node {
+        len: 0,
+        height: 0,
+        start_heads: [0; CAP],
+        kids: [NIL; CAP],
+        end_heads: [0; CAP],
+        start_ids: [NIL; CAP],
+        end_ids: [NIL; CAP],
+    };
+
+    fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    fn is_leaf(&self) -> bool {
+        self.height == 0
+    }
+
+    fn slot(&self, i: usize) -> Slot {
+        Slot {
+            start_head: self.start_heads[i],
+            start_id: self.start_ids[i],
+            end_head: self.end_heads[i],
+            end_id: self.end_ids[i],
+            kid: self.kids[i],
         }
     }
-    /// The node of greatest `end` in `n`'s subtree.
-    fn max_end(&self, n: u32) -> u32;
-    /// `end(max_end(n)).head()`, kept beside `n`'s links so that most
-    /// comparisons with the subtree's greatest end stay in `n`'s cache line.
-    fn max_end_head(&self, n: u32) -> u64;
-    /// Sets `max_end(n) = v`; `head` is `end(v).head()`.
-    fn set_max_end(&self, n: u32, v: u32, head: u64);
-    fn prio(&self, n: u32) -> u32;
-    /// `start(n).head()`, beside the links for the same reason.
-    fn start_head(&self, n: u32) -> u64;
-    /// Hints that `n`'s node will be read soon (NIL allowed).  A descent
-    /// hints both children before deciding between them, so the next
-    /// level's cache miss overlaps this level's comparison.
+
+    fn set(&mut self, i: usize, s: Slot) {
+        self.start_heads[i] = s.start_head;
+        self.start_ids[i] = s.start_id;
+        self.end_heads[i] = s.end_head;
+        self.end_ids[i] = s.end_id;
+        self.kids[i] = s.kid;
+    }
+
+    // The shifts below move one slot at a time on purpose: five short
+    // copy_within calls per insert cost more in call overhead than the
+    // few slots they move.
+    fn insert_at(&mut self, i: usize, s: Slot) {
+        let n = self.len();
+        debug_assert!(n < CAP);
+        for j in (i..n).rev() {
+            self.set(j + 1, self.slot(j));
+        }
+        self.set(i, s);
+        self.len += 1;
+    }
+
+    fn remove_at(&mut self, i: usize) {
+        let n = self.len();
+        for j in i + 1..n {
+            self.set(j - 1, self.slot(j));
+        }
+        self.len -= 1;
+    }
+}
+
+/// A slot's contents, moved between nodes when they split or rebalance.
+#[derive(Clone, Copy)]
+struct Slot {
+    start_head: u64,
+    start_id: u32,
+    end_head: u64,
+    end_id: u32,
+    kid: u32,
+}
+
+/// Node pool and entry keys the tree works on.
+///
+/// Contract: `node(n)` points to pool node `n` for any id `alloc_node`
+/// returned; the caller of the tree functions holds the range's lock
+/// (exclusive for [`insert`] and [`remove`]), so no one else reads or writes
+/// the nodes of this tree meanwhile.  Entry keys do not change while an
+/// entry is in a tree.
+pub trait NodeStore {
+    fn node(&self, n: u32) -> *mut Node;
+    /// A node from the pool; its contents are overwritten by the caller.
+    fn alloc_node(&self) -> u32;
+    fn free_node(&self, n: u32);
+    fn start(&self, e: u32) -> &KeyBuf;
+    fn end(&self, e: u32) -> &KeyBuf;
+    /// Hints that node `n` will be read soon.
     #[inline(always)]
     fn prefetch(&self, _n: u32) {}
-    /// `end(n).head()`; stores may keep it beside the links too.
-    #[inline(always)]
-    fn end_head(&self, n: u32) -> u64 {
-        self.end(n).head()
-    }
-    fn start(&self, n: u32) -> &KeyBuf;
-    fn end(&self, n: u32) -> &KeyBuf;
 }
 
+/// Node `n`, mutable.  Callers never hold two references to one node.
 #[inline(always)]
-fn less<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> bool {
-    let (x, y) = (s.start_head(a), s.start_head(b));
-    if x != y {
-        return x < y;
-    }
-    less_tied(s, a, b)
+#[allow(clippy::mut_from_ref)]
+fn at<S: NodeStore + ?Sized>(s: &S, n: u32) -> &mut Node {
+    // SAFETY: per the NodeStore contract the pointer is valid and this tree
+    // is ours (its range lock is held); within this module no two live
+    // references to one node exist at a time.
+    unsafe { &mut *s.node(n) }
 }
 
-/// [`less`] when the leading words tie: rare for most keys, so kept out of
-/// line to leave the descent loops branch-free.
-#[cold]
-#[inline(never)]
-fn less_tied<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> bool {
-    match s.start(a).cmp(s.start(b)) {
-        Ordering::Less => true,
-        Ordering::Greater => false,
-        Ordering::Equal => a < b,
-    }
-}
-
-/// `k` against the greatest end in `n`'s subtree; visits the node holding
-/// that end only when the cached leading words tie.
+/// Node `n`, read-only (shared range lock suffices).
 #[inline(always)]
-fn cmp_max_end<S: NodeStore + ?Sized>(s: &S, n: u32, k: &KeyBuf) -> Ordering {
-    match k.head().cmp(&s.max_end_head(n)) {
-        Ordering::Equal => k.cmp(s.end(s.max_end(n))),
+fn rd<S: NodeStore + ?Sized>(s: &S, n: u32) -> &Node {
+    // SAFETY: as in at(); readers hold at least the shared range lock, under
+    // which nobody modifies the tree.
+    unsafe { &*s.node(n) }
+}
+
+/// Slot `i`'s least (start, id) against (`k`, `id`), by the cached head first.
+#[inline(always)]
+fn cmp_key<S: NodeStore + ?Sized>(s: &S, x: &Node, i: usize, k: &KeyBuf, id: u32) -> Ordering {
+    match x.start_heads[i].cmp(&k.head()) {
+        Ordering::Equal => s.start(x.start_ids[i]).cmp(k).then(x.start_ids[i].cmp(&id)),
         o => o,
     }
 }
 
-/// `k` against `n`'s start, by the cached leading word first.
+/// Slot `i`'s least start against `k` (ids aside).
 #[inline(always)]
-fn cmp_start<S: NodeStore + ?Sized>(s: &S, n: u32, k: &KeyBuf) -> Ordering {
-    match k.head().cmp(&s.start_head(n)) {
-        Ordering::Equal => k.cmp(s.start(n)),
+fn cmp_start<S: NodeStore + ?Sized>(s: &S, x: &Node, i: usize, k: &KeyBuf) -> Ordering {
+    match x.start_heads[i].cmp(&k.head()) {
+        Ordering::Equal => s.start(x.start_ids[i]).cmp(k),
         o => o,
     }
 }
 
-/// Whether `m` should stand for a subtree's greatest end instead of `best`:
-/// the greater end, and among equal ends the lower node id.  Making the
-/// choice canonical means it depends only on which nodes a subtree holds,
-/// not on the order of rotations that built it, so a node's `max_end` is
-/// always its own id or one of its children's `max_end` — which lets
-/// [`remove`] stop at the first ancestor that did not pick the removed node.
+/// Slot `i`'s greatest end against `k`.
 #[inline(always)]
-fn beats<S: NodeStore + ?Sized>(s: &S, m: u32, best: u32) -> bool {
-    match s.end(m).cmp(s.end(best)) {
-        Ordering::Greater => true,
-        Ordering::Equal => m < best,
-        Ordering::Less => false,
+fn cmp_end<S: NodeStore + ?Sized>(s: &S, x: &Node, i: usize, k: &KeyBuf) -> Ordering {
+    match x.end_heads[i].cmp(&k.head()) {
+        Ordering::Equal => s.end(x.end_ids[i]).cmp(k),
+        o => o,
     }
 }
 
-/// Whether inserting `n` (end `end`) below `cur` makes `n` `cur`'s
-/// greatest end.
+/// How many of `x`'s slots hold keys at or below (`k`, `id`).  Heads are
+/// sorted, so the slots whose head ties with `k`'s are contiguous and only
+/// they need the full key.
 #[inline(always)]
-fn raises_max<S: NodeStore + ?Sized>(s: &S, cur: u32, n: u32, end: &KeyBuf) -> bool {
-    match cmp_max_end(s, cur, end) {
-        Ordering::Greater => true,
-        Ordering::Equal => n < s.max_end(cur),
-        Ordering::Less => false,
+fn count_le<S: NodeStore + ?Sized>(s: &S, x: &Node, k: &KeyBuf, id: u32) -> usize {
+    let h = k.head();
+    let n = x.len();
+    let (mut lt, mut le) = (0, 0);
+    for &sh in &x.start_heads[..n] {
+        lt += usize::from(sh < h);
+        le += usize::from(sh <= h);
     }
+    while lt < le && cmp_key(s, x, lt, k, id) != Ordering::Greater {
+        lt += 1;
+    }
+    lt
 }
 
-fn fix<S: NodeStore + ?Sized>(s: &S, n: u32) {
-    let mut best = n;
-    let mut head = s.end_head(n);
-    for c in [s.left(n), s.right(n)] {
-        if c != NIL {
-            let (m, h) = (s.max_end(c), s.max_end_head(c));
-            if h > head || (h == head && beats(s, m, best)) {
-                best = m;
-                head = h;
-            }
+/// `x`'s own summary as a slot of its parent pointing to `n`: its least
+/// key and its greatest end.
+fn summarize<S: NodeStore + ?Sized>(s: &S, n: u32) -> Slot {
+    let x = rd(s, n);
+    let mut best = 0;
+    for i in 1..x.len() {
+        let better = match x.end_heads[i].cmp(&x.end_heads[best]) {
+            Ordering::Equal => s.end(x.end_ids[i]) > s.end(x.end_ids[best]),
+            o => o == Ordering::Greater,
+        };
+        if better {
+            best = i;
         }
     }
-    s.set_max_end(n, best, head);
+    Slot {
+        start_head: x.start_heads[0],
+        start_id: x.start_ids[0],
+        end_head: x.end_heads[best],
+        end_id: x.end_ids[best],
+        kid: n,
+    }
 }
 
-fn rotate_right<S: NodeStore + ?Sized>(s: &S, y: u32) -> u32 {
-    let x = s.left(y);
-    s.set_left(y, s.right(x));
-    s.set_right(x, y);
-    fix(s, y);
-    fix(s, x);
-    x
+fn alloc<S: NodeStore + ?Sized>(s: &S, height: u16) -> u32 {
+    let n = s.alloc_node();
+    assert!(n != NIL, "latch tree node pool exhausted (sized by tree::pool_size)");
+    *at(s, n) = Node { height, ..Node::EMPTY };
+    n
 }
 
-fn rotate_left<S: NodeStore + ?Sized>(s: &S, x: u32) -> u32 {
-    let y = s.right(x);
-    s.set_right(x, s.left(y));
-    s.set_left(y, x);
-    fix(s, x);
-    fix(s, y);
-    y
+/// Moves the upper half of overfull node `n` to a new right sibling.
+fn split<S: NodeStore + ?Sized>(s: &S, n: u32) -> u32 {
+    let r = alloc(s, rd(s, n).height);
+    let (x, y) = (at(s, n), at(s, r));
+    let keep = x.len() - x.len() / 2;
+    for i in keep..x.len() {
+        y.set(i - keep, x.slot(i));
+    }
+    y.len = (x.len() - keep) as u16;
+    x.len = keep as u16;
+    r
 }
 
-/// Longest root-to-node path the iterative operations track; a treap of a
-/// range's few thousand latches is far shallower (deeper paths fall back to
-/// recursion).
-const MAX_PATH: usize = 48;
-
-/// Inserts node `n` (its links are overwritten) and returns the new root.
-///
-/// Iterative: descend to a leaf position updating each ancestor's greatest
-/// end on the way (n can only raise it), then rotate n up while its
-/// priority beats its parent's.
-pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
-    let end = *s.end(n);
-    s.set_left(n, NIL);
-    s.set_right(n, NIL);
-    s.set_max_end(n, n, end.head());
+/// Inserts entry `e` (its keys read through the store) and returns the new
+/// root.
+pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
+    let (start, end) = (s.start(e), s.end(e));
+    let new = Slot { start_head: start.head(), start_id: e, end_head: end.head(), end_id: e, kid: NIL };
     if root == NIL {
+        let n = alloc(s, 0);
+        at(s, n).insert_at(0, new);
         return n;
     }
-    let mut path = [NIL; MAX_PATH];
+    // Descend, widening each summary on the way: `e` joins every subtree
+    // on the path, so only its keys can move their bounds.
+    let mut path = [(NIL, 0usize); MAX_DEPTH];
     let mut depth = 0;
-    let mut cur = root;
+    let mut n = root;
     loop {
-        if depth == MAX_PATH {
-            return insert_rec(s, root, n);
+        let x = at(s, n);
+        let pos = count_le(s, x, start, e);
+        if x.is_leaf() {
+            x.insert_at(pos, new);
+            break;
         }
-        s.prefetch(s.left(cur));
-        s.prefetch(s.right(cur));
-        if raises_max(s, cur, n, &end) {
-            s.set_max_end(cur, n, end.head());
+        let c = pos.saturating_sub(1);
+        if pos == 0 {
+            (x.start_heads[0], x.start_ids[0]) = (new.start_head, e);
         }
-        path[depth] = cur;
+        if cmp_end(s, x, c, end) == Ordering::Less {
+            (x.end_heads[c], x.end_ids[c]) = (new.end_head, e);
+        }
+        path[depth] = (n, c);
         depth += 1;
-        let go_right = !less(s, n, cur);
-        let next = s.child(cur, go_right);
-        if next == NIL {
-            if go_right {
-                s.set_right(cur, n);
-            } else {
-                s.set_left(cur, n);
-            }
-            break;
-        }
-        cur = next;
+        n = x.kids[c];
+        s.prefetch(n);
     }
-    let mut root = root;
-    while depth > 0 {
-        let p = path[depth - 1];
-        if s.prio(n) <= s.prio(p) {
-            break;
-        }
-        if s.left(p) == n {
-            rotate_right(s, p);
-        } else {
-            rotate_left(s, p);
+    // Split overfull nodes bottom up.
+    while rd(s, n).len() > FANOUT {
+        let r = split(s, n);
+        let (left, right) = (summarize(s, n), summarize(s, r));
+        if depth == 0 {
+            let top = alloc(s, rd(s, n).height + 1);
+            let t = at(s, top);
+            t.insert_at(0, left);
+            t.insert_at(1, right);
+            return top;
         }
         depth -= 1;
-        if depth == 0 {
-            root = n;
-        } else {
-            let g = path[depth - 1];
-            if s.left(g) == p {
-                s.set_left(g, n);
-            } else {
-                s.set_right(g, n);
-            }
-        }
+        let (p, c) = path[depth];
+        let x = at(s, p);
+        x.set(c, left);
+        x.insert_at(c + 1, right);
+        n = p;
     }
     root
 }
 
-/// The recursive form of [`insert`], for paths deeper than its stack.
-fn insert_rec<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
-    let end = *s.end(n);
-    if root == NIL {
-        s.set_left(n, NIL);
-        s.set_right(n, NIL);
-        s.set_max_end(n, n, end.head());
-        return n;
-    }
-    // n joins root's subtree: only its end can raise the subtree's maximum,
-    // so one comparison keeps the augmentation right on the way down;
-    // rotations recompute the two nodes they move.
-    if raises_max(s, root, n, &end) {
-        s.set_max_end(root, n, end.head());
-    }
-    if less(s, n, root) {
-        let l = insert_rec(s, s.left(root), n);
-        s.set_left(root, l);
-        if s.prio(l) > s.prio(root) {
-            return rotate_right(s, root);
-        }
-    } else {
-        let r = insert_rec(s, s.right(root), n);
-        s.set_right(root, r);
-        if s.prio(r) > s.prio(root) {
-            return rotate_left(s, root);
-        }
-    }
-    root
-}
-
-fn merge<S: NodeStore + ?Sized>(s: &S, a: u32, b: u32) -> u32 {
-    if a == NIL {
-        return b;
-    }
-    if b == NIL {
-        return a;
-    }
-    if s.prio(a) > s.prio(b) {
-        let r = merge(s, s.right(a), b);
-        s.set_right(a, r);
-        fix(s, a);
-        a
-    } else {
-        let l = merge(s, a, s.left(b));
-        s.set_left(b, l);
-        fix(s, b);
-        b
-    }
-}
-
-/// Removes node `n`, which must be in the tree, and returns the new root.
-///
-/// Iterative: find n's parent, replace n by the merge of its children, then
-/// recompute the greatest end of those ancestors whose greatest end was n
-/// (no other ancestor lost a node).  Those ancestors are n's nearest ones:
-/// a node's greatest end is its own or one of its children's, so an
-/// ancestor holding n's end implies every node between them does too.
-pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
-    let mut path = [NIL; MAX_PATH];
+/// Removes entry `e`, which must be in the tree, and returns the new root.
+pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
+    let start = s.start(e);
+    let mut path = [(NIL, 0usize); MAX_DEPTH];
     let mut depth = 0;
-    let mut cur = root;
-    while cur != n {
-        assert!(cur != NIL, "latch tree: node {n} not found");
-        if depth == MAX_PATH {
-            return remove_rec(s, root, n);
-        }
-        path[depth] = cur;
-        depth += 1;
-        s.prefetch(s.left(cur));
-        s.prefetch(s.right(cur));
-        cur = s.child(cur, !less(s, n, cur));
-    }
-    let sub = merge(s, s.left(n), s.right(n));
-    if depth == 0 {
-        return sub;
-    }
-    let p = path[depth - 1];
-    if s.left(p) == n {
-        s.set_left(p, sub);
-    } else {
-        s.set_right(p, sub);
-    }
-    for &a in path[..depth].iter().rev() {
-        if s.max_end(a) != n {
+    let mut n = root;
+    assert!(n != NIL, "latch tree: entry {e} not found");
+    loop {
+        let x = at(s, n);
+        if x.is_leaf() {
+            let i = x.start_ids[..x.len()].iter().position(|&id| id == e);
+            x.remove_at(i.unwrap_or_else(|| panic!("latch tree: entry {e} not found")));
             break;
         }
-        fix(s, a);
+        let c = count_le(s, x, start, e);
+        assert!(c > 0, "latch tree: entry {e} not found");
+        path[depth] = (n, c - 1);
+        depth += 1;
+        n = x.kids[c - 1];
+        s.prefetch(n);
+    }
+    // Walk up: refill an underfull node from a sibling, and recompute the
+    // summaries that named `e` (no other bound can have moved).
+    while depth > 0 {
+        depth -= 1;
+        let (p, c) = path[depth];
+        if rd(s, n).len() < MIN {
+            rebalance(s, p, c);
+        } else if rd(s, p).start_ids[c] == e || rd(s, p).end_ids[c] == e {
+            at(s, p).set(c, summarize(s, n));
+        }
+        n = p;
+    }
+    let x = rd(s, root);
+    if x.len() == 0 {
+        s.free_node(root);
+        return NIL;
+    }
+    if !x.is_leaf() && x.len() == 1 {
+        let only = x.kids[0];
+        s.free_node(root);
+        return only;
     }
     root
 }
 
-/// The recursive form of [`remove`], for paths deeper than its stack.
-fn remove_rec<S: NodeStore + ?Sized>(s: &S, root: u32, n: u32) -> u32 {
-    assert!(root != NIL, "latch tree: node {n} not found");
-    if root == n {
-        return merge(s, s.left(n), s.right(n));
+/// Child `c` of `p` fell below [`MIN`]: merge it with a neighbour when the
+/// two fit in one node, else even them out.
+fn rebalance<S: NodeStore + ?Sized>(s: &S, p: u32, c: usize) {
+    let x = rd(s, p);
+    let li = if c + 1 < x.len() { c } else { c - 1 };
+    let (l, r) = (x.kids[li], x.kids[li + 1]);
+    let (a, b) = (at(s, l), at(s, r));
+    let total = a.len() + b.len();
+    if total <= FANOUT {
+        for i in 0..b.len() {
+            a.set(a.len() + i, b.slot(i));
+        }
+        a.len = total as u16;
+        s.free_node(r);
+        let x = at(s, p);
+        x.remove_at(li + 1);
+        x.set(li, summarize(s, l));
+        return;
     }
-    if less(s, n, root) {
-        let l = remove_rec(s, s.left(root), n);
-        s.set_left(root, l);
+    let want = total / 2;
+    if a.len() < want {
+        let k = want - a.len();
+        for i in 0..k {
+            a.set(a.len() + i, b.slot(i));
+        }
+        a.len = want as u16;
+        for i in k..b.len() {
+            b.set(i - k, b.slot(i));
+        }
+        b.len -= k as u16;
     } else {
-        let r = remove_rec(s, s.right(root), n);
-        s.set_right(root, r);
+        let k = a.len() - want;
+        for i in (0..b.len()).rev() {
+            b.set(i + k, b.slot(i));
+        }
+        for i in 0..k {
+            b.set(i, a.slot(want + i));
+        }
+        b.len += k as u16;
+        a.len = want as u16;
     }
-    // Only an ancestor whose greatest end was n's can see its maximum drop;
-    // the rest of the subtree kept its nodes.
-    if s.max_end(root) == n {
-        fix(s, root);
-    }
-    root
+    let (left, right) = (summarize(s, l), summarize(s, r));
+    let x = at(s, p);
+    x.set(li, left);
+    x.set(li + 1, right);
 }
 
-/// Calls `f` for every node overlapping `q`, in start order, until `f`
+/// Calls `f` for every entry overlapping `q`, in start order, until `f`
 /// returns false.  Returns false when stopped early.
 pub fn for_each_overlap<S: NodeStore + ?Sized>(s: &S, root: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
-    if q.is_empty() {
+    if q.is_empty() || root == NIL {
         return true;
     }
     visit(s, root, q, f)
 }
 
-/// In-order overlap search.  Descents that can only continue one way loop
-/// instead of recursing, so a query among point latches walks one path.
-fn visit<S: NodeStore + ?Sized>(s: &S, mut n: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
-    loop {
-        if n == NIL || cmp_max_end(s, n, &q.start) != Ordering::Less {
-            return true; // nothing below ends after the query starts
+fn visit<S: NodeStore + ?Sized>(s: &S, n: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
+    let x = rd(s, n);
+    for i in 0..x.len() {
+        if cmp_start(s, x, i, &q.end) != Ordering::Less {
+            break; // this slot and the later ones start at or after the end
         }
-        s.prefetch(s.left(n));
-        s.prefetch(s.right(n));
-        if cmp_start(s, n, &q.end) != Ordering::Greater {
-            // n and its right subtree start at or after the query's end.
-            n = s.left(n);
-            continue;
+        if cmp_end(s, x, i, &q.start) != Ordering::Greater {
+            continue; // everything below ends by the query's start
         }
-        let l = s.left(n);
-        if l != NIL && cmp_max_end(s, l, &q.start) == Ordering::Less && !visit(s, l, q, f) {
+        let more = if x.is_leaf() { f(x.start_ids[i]) } else { visit(s, x.kids[i], q, f) };
+        if !more {
             return false;
         }
-        // A span starting at or after the query's start ends after it (spans
-        // in the tree are not empty): only earlier starts need the end key.
-        let overlaps = cmp_start(s, n, &q.start) != Ordering::Greater || *s.end(n) > q.start;
-        if overlaps && !f(n) {
-            return false;
-        }
-        n = s.right(n);
     }
+    true
 }
 
-/// Calls `f` for every node in start order.
+/// Calls `f` for every entry in start order.
 pub fn for_each<S: NodeStore + ?Sized>(s: &S, root: u32, f: &mut dyn FnMut(u32)) {
     if root == NIL {
         return;
     }
-    for_each(s, s.left(root), f);
-    f(root);
-    for_each(s, s.right(root), f);
-}
-
-/// Checks every invariant of the subtree at `n` (order, heap, canonical
-/// greatest ends, cached heads) and returns its size.
-#[cfg(test)]
-pub(crate) fn check<S: NodeStore + ?Sized>(s: &S, n: u32) -> usize {
-    if n == NIL {
-        return 0;
-    }
-    let (l, r) = (s.left(n), s.right(n));
-    // The canonical greatest end: greatest key, lowest id among ties.
-    let mut best = *s.end(n);
-    let mut best_id = n;
-    for c in [l, r] {
-        if c != NIL {
-            assert!(s.prio(c) <= s.prio(n), "heap order");
-            let m = s.max_end(c);
-            if (*s.end(m), std::cmp::Reverse(m)) > (best, std::cmp::Reverse(best_id)) {
-                (best, best_id) = (*s.end(m), m);
-            }
+    let x = rd(s, root);
+    for i in 0..x.len() {
+        if x.is_leaf() {
+            f(x.start_ids[i]);
+        } else {
+            for_each(s, x.kids[i], f);
         }
     }
-    if l != NIL {
-        assert!(less(s, l, n));
+}
+
+/// The entry with the greatest (start, id), or NIL when empty.
+pub fn last<S: NodeStore + ?Sized>(s: &S, root: u32) -> u32 {
+    let mut n = root;
+    while n != NIL {
+        let x = rd(s, n);
+        if x.is_leaf() {
+            return x.start_ids[x.len() - 1];
+        }
+        n = x.kids[x.len() - 1];
     }
-    if r != NIL {
-        assert!(less(s, n, r));
+    NIL
+}
+
+/// The entry with the least (start, id), or NIL when empty.
+pub fn first<S: NodeStore + ?Sized>(s: &S, root: u32) -> u32 {
+    if root == NIL {
+        NIL
+    } else {
+        rd(s, root).start_ids[0]
     }
-    assert_eq!(s.max_end(n), best_id, "max_end augmentation (canonical node)");
-    assert_eq!(s.max_end_head(n), best.head(), "cached head of the greatest end");
-    assert_eq!(s.start_head(n), s.start(n).head(), "cached head of the start");
-    assert_eq!(s.end_head(n), s.end(n).head(), "cached head of the end");
-    1 + check(s, l) + check(s, r)
+}
+
+/// Checks every invariant of the tree (key order, fill, exact summaries,
+/// cached heads, equal leaf depth) and returns its entry count.
+#[cfg(test)]
+pub(crate) fn check<S: NodeStore + ?Sized>(s: &S, root: u32) -> usize {
+    if root == NIL {
+        return 0;
+    }
+    let x = rd(s, root);
+    assert!(x.len() >= if x.is_leaf() { 1 } else { 2 }, "root fill");
+    check_node(s, root).0
+}
+
+/// (entries, nodes) below `n`.
+#[cfg(test)]
+fn check_node<S: NodeStore + ?Sized>(s: &S, n: u32) -> (usize, usize) {
+    let x = rd(s, n);
+    assert!(x.len() <= FANOUT, "overfull node");
+    let key = |i: usize| (*s.start(x.start_ids[i]), x.start_ids[i]);
+    for i in 1..x.len() {
+        assert!(key(i - 1) < key(i), "slots out of order");
+    }
+    let (mut entries, mut nodes) = (0, 1);
+    for i in 0..x.len() {
+        assert_eq!(x.start_heads[i], s.start(x.start_ids[i]).head(), "cached start head");
+        assert_eq!(x.end_heads[i], s.end(x.end_ids[i]).head(), "cached end head");
+        if x.is_leaf() {
+            assert_eq!(x.start_ids[i], x.end_ids[i]);
+            entries += 1;
+            continue;
+        }
+        let child = rd(s, x.kids[i]);
+        assert_eq!(child.height + 1, x.height, "leaves at one depth");
+        assert!(child.len() >= MIN, "underfull node");
+        let (mut least, mut greatest) = (NIL, NIL);
+        for_each(s, x.kids[i], &mut |e| {
+            if least == NIL {
+                least = e;
+            }
+            if greatest == NIL || s.end(e) > s.end(greatest) {
+                greatest = e;
+            }
+        });
+        assert_eq!(x.start_ids[i], least, "least key below a slot");
+        assert!(s.end(x.end_ids[i]) == s.end(greatest), "greatest end below a slot");
+        let (e, k) = check_node(s, x.kids[i]);
+        entries += e;
+        nodes += k;
+    }
+    (entries, nodes)
+}
+
+/// Pool nodes the tree uses.
+#[cfg(test)]
+pub(crate) fn node_count<S: NodeStore + ?Sized>(s: &S, root: u32) -> usize {
+    if root == NIL {
+        0
+    } else {
+        check_node(s, root).1
+    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::cell::RefCell;
+    use std::cell::{RefCell, UnsafeCell};
 
-    #[derive(Clone, Copy)]
-    struct Node {
-        l: u32,
-        r: u32,
-        m: u32,
-        h: u64,
-    }
-
-    /// A Vec-backed store for exercising the treap alone; spans and
-    /// priorities are fixed up front, links change.
+    /// A Vec-backed store for exercising the tree alone: spans fixed up
+    /// front, nodes from a preallocated pool.
     pub(crate) struct VecStore {
-        links: RefCell<Vec<Node>>,
+        nodes: Vec<UnsafeCell<Node>>,
+        free: RefCell<Vec<u32>>,
         spans: Vec<Span>,
-        prios: Vec<u32>,
     }
 
     impl VecStore {
-        fn new(spans: Vec<Span>, prios: Vec<u32>) -> Self {
-            let links = RefCell::new(vec![Node { l: NIL, r: NIL, m: NIL, h: 0 }; spans.len()]);
-            VecStore { links, spans, prios }
+        fn new(spans: Vec<Span>) -> Self {
+            let pool = pool_size(spans.len() as u32, 1) as usize;
+            let nodes = (0..pool).map(|_| UnsafeCell::new(Node::EMPTY)).collect();
+            VecStore { nodes, free: RefCell::new((0..pool as u32).rev().collect()), spans }
+        }
+
+        fn in_use(&self) -> usize {
+            self.nodes.len() - self.free.borrow().len()
         }
     }
 
     impl NodeStore for VecStore {
-        fn left(&self, n: u32) -> u32 {
-            self.links.borrow()[n as usize].l
+        fn node(&self, n: u32) -> *mut Node {
+            self.nodes[n as usize].get()
         }
-        fn right(&self, n: u32) -> u32 {
-            self.links.borrow()[n as usize].r
+        fn alloc_node(&self) -> u32 {
+            self.free.borrow_mut().pop().unwrap_or(NIL)
         }
-        fn set_left(&self, n: u32, v: u32) {
-            self.links.borrow_mut()[n as usize].l = v
+        fn free_node(&self, n: u32) {
+            self.free.borrow_mut().push(n)
         }
-        fn set_right(&self, n: u32, v: u32) {
-            self.links.borrow_mut()[n as usize].r = v
+        fn start(&self, e: u32) -> &KeyBuf {
+            &self.spans[e as usize].start
         }
-        fn max_end(&self, n: u32) -> u32 {
-            self.links.borrow()[n as usize].m
-        }
-        fn max_end_head(&self, n: u32) -> u64 {
-            self.links.borrow()[n as usize].h
-        }
-        fn set_max_end(&self, n: u32, v: u32, head: u64) {
-            let mut links = self.links.borrow_mut();
-            links[n as usize].m = v;
-            links[n as usize].h = head;
-        }
-        fn prio(&self, n: u32) -> u32 {
-            self.prios[n as usize]
-        }
-        fn start_head(&self, n: u32) -> u64 {
-            self.spans[n as usize].start.head()
-        }
-        fn start(&self, n: u32) -> &KeyBuf {
-            &self.spans[n as usize].start
-        }
-        fn end(&self, n: u32) -> &KeyBuf {
-            &self.spans[n as usize].end
+        fn end(&self, e: u32) -> &KeyBuf {
+            &self.spans[e as usize].end
         }
     }
 
@@ -492,53 +577,51 @@ pub(crate) mod tests {
         k
     }
 
-    fn key(v: u16) -> Vec<u8> {
-        key_after(0, v)
-    }
-
     fn span(a: u16, b: u16) -> Span {
-        Span::new(&key(a), Some(&key(b)))
-    }
-
-    fn check_invariants(s: &VecStore, n: u32) -> usize {
-        check(s, n)
+        Span::new(&key_after(0, a), Some(&key_after(0, b)))
     }
 
     #[test]
     fn random_ops_match_naive_overlap() {
-        // Heads decide every comparison / heads always tie / a mix.
-        for prefix in [0, 8, 7] {
-            random_ops_match_naive_overlap_with(prefix);
+        // Heads decide every comparison / heads always tie / a mix; small
+        // trees (root a leaf) and deep ones (three and four levels).
+        for (prefix, target) in [(0, 40), (0, 1500), (8, 1500), (7, 1500), (0, 6000)] {
+            random_ops_match_naive_overlap_with(prefix, target);
         }
     }
 
-    fn random_ops_match_naive_overlap_with(prefix: usize) {
+    fn random_ops_match_naive_overlap_with(prefix: usize, target: usize) {
         let mut rng = crate::latch::rng::XorShift64(0x2545F4914F6CDD1D);
         let mut rnd = move || rng.next();
         let span = |a: u16, b: u16| Span::new(&key_after(prefix, a), Some(&key_after(prefix, b)));
-        let (mut spans, mut prios) = (Vec::new(), Vec::new());
-        for _ in 0..4000 {
-            let a = (rnd() % 1000) as u16;
-            spans.push(span(a, a + 1 + (rnd() % 40) as u16));
-            prios.push(rnd() as u32);
-        }
-        let s = VecStore::new(spans, prios);
+        let total = 4 * target + 2000;
+        let spans: Vec<Span> = (0..total)
+            .map(|_| {
+                let a = (rnd() % 1000) as u16;
+                span(a, a + 1 + (rnd() % 40) as u16)
+            })
+            .collect();
+        let s = VecStore::new(spans);
         let mut root = NIL;
         let mut live: Vec<u32> = Vec::new();
         let mut next = 0u32;
-        for step in 0..4000 {
-            if live.len() < 50 || rnd() % 3 != 0 {
+        for step in 0..total {
+            // Grow to the target, then churn, then drain to empty.
+            let grow = if step < total - target - 200 { live.len() < target || rnd() % 2 == 0 } else { false };
+            if grow && (next as usize) < total {
                 let n = next;
                 next += 1;
                 root = insert(&s, root, n);
                 live.push(n);
-            } else {
+            } else if !live.is_empty() {
                 let i = (rnd() as usize) % live.len();
                 let n = live.swap_remove(i);
                 root = remove(&s, root, n);
             }
-            if step % 7 == 0 {
-                assert_eq!(check_invariants(&s, root), live.len());
+            if step % 97 == 0 || live.len() < 40 {
+                assert_eq!(check(&s, root), live.len());
+                assert_eq!(node_count(&s, root), s.in_use(), "pool nodes leak");
+                assert!(s.in_use() as u32 <= pool_size(live.len() as u32, 1), "pool bound");
             }
             let qa = (rnd() % 1000) as u16;
             let q = span(qa, qa + (rnd() % 60) as u16);
@@ -548,27 +631,37 @@ pub(crate) mod tests {
                 true
             });
             let mut want: Vec<u32> = live.iter().copied().filter(|&n| s.spans[n as usize].overlaps(&q)).collect();
-            got.sort();
-            want.sort();
+            want.sort_by_key(|&n| (s.spans[n as usize].start, n));
             assert_eq!(got, want, "prefix {prefix} step {step} query {q:?}");
         }
+        assert_eq!(root, NIL, "drained");
+        assert_eq!(s.in_use(), 0, "every node back in the pool");
+    }
+
+    #[test]
+    fn first_and_last_are_the_extremes() {
+        let s = VecStore::new((0..200u16).map(|i| span(1000 - i * 3, 1001 - i * 3)).collect());
+        let mut root = NIL;
+        assert_eq!((first(&s, root), last(&s, root)), (NIL, NIL));
+        for n in 0..200 {
+            root = insert(&s, root, n);
+        }
+        assert_eq!((first(&s, root), last(&s, root)), (199, 0));
     }
 
     #[test]
     fn early_stop_is_honoured() {
-        let spans = (0..10u16).map(|i| span(i * 10, i * 10 + 5)).collect();
-        let prios = (0..10u32).map(|i| i * 7919 % 101).collect();
-        let s = VecStore::new(spans, prios);
+        let s = VecStore::new((0..40u16).map(|i| span(i * 10, i * 10 + 5)).collect());
         let mut root = NIL;
-        for n in 0..10 {
+        for n in 0..40 {
             root = insert(&s, root, n);
         }
         let mut seen = 0;
         let done = for_each_overlap(&s, root, &span(0, 1000), &mut |_| {
             seen += 1;
-            seen < 3
+            seen < 20
         });
         assert!(!done);
-        assert_eq!(seen, 3);
+        assert_eq!(seen, 20);
     }
 }
