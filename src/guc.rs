@@ -68,7 +68,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"pgkvx.max_latches",
         c"Capacity of the shared latch table (live latches plus retained tombstones).",
-        c"Each entry takes about 150 bytes of shared memory.",
+        c"Each entry takes about 250 bytes of shared memory (the entry and its share of the tree nodes).",
         &MAX_LATCHES,
         64,
         64 * 1024 * 1024,

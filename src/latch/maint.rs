@@ -258,7 +258,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                 let body = unsafe { self.body(r) };
                 let nodes = self.nodes();
                 while body.root != NIL {
-                    let m = body.root;
+                    let m = tree::first(&nodes, body.root);
                     body.root = tree::remove(&nodes, body.root, m);
                     // SAFETY: tombstones only (no live latches): on no chain.
                     unsafe { self.free(m) };
@@ -324,6 +324,18 @@ impl<L: LockSet> LatchTable<'_, L> {
         // SAFETY: Directory lock held.
         let td = unsafe { self.table_data(t) };
         td.ranges[..td.nranges as usize].to_vec()
+    }
+
+    /// Tree nodes on the pool's free stack (walked; call while quiet).
+    #[cfg(test)]
+    pub(crate) fn free_tree_nodes(&self) -> u32 {
+        use std::sync::atomic::Ordering::Acquire;
+        let (mut n, mut count) = (self.p.hdr.node_free_head.load(Acquire) as u32, 0);
+        while n != NIL {
+            count += 1;
+            n = self.p.node_next[n as usize].load(Acquire);
+        }
+        count
     }
 
     /// Checks `rel`'s ranges and their trees: ranges in key order with their

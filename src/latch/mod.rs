@@ -2,7 +2,7 @@
 //!
 //! Files, one concept each: `xid` (modular xid order), `span` (bounded keys
 //! and half-open spans), `snapshot` (the conflict rule), `tree` (per-range
-//! interval treap), `region` (the fixed shared-memory layout), `locks` (the
+//! interval B+tree), `region` (the fixed shared-memory layout), `locks` (the
 //! lock abstraction), `table` (acquire and release), `validate` (the read
 //! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
 //! (views), `stats` (counters), `rng` (the tests' and benchmarks' generator).

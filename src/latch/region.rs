@@ -173,6 +173,7 @@ pub(crate) struct RangeMeta {
 
 #[derive(Clone, Copy)]
 pub(crate) struct RangeBody {
+    /// The range's tree: a node of the pool (not an entry), or NIL.
     pub root: u32,
     pub live: u32,
     pub tombstones: u32,

@@ -17,7 +17,7 @@ const INFINITE: u8 = u8::MAX;
 /// A bounded key: up to [`KEY_MAX`] bytes, or +∞ (only meaningful as an end).
 ///
 /// `head` caches the first eight bytes as a big-endian number: almost every
-/// comparison in the treap is decided by it alone.
+/// comparison in the tree is decided by it alone.
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct KeyBuf {
@@ -122,7 +122,7 @@ impl Ord for KeyBuf {
     /// past `len` zero (and +∞ is all 0xFF with the largest length), so
     /// comparing the whole buffers word by word and then the lengths is the
     /// same as comparing the keys — and, unlike a memcmp call per
-    /// comparison, cheap enough for the treap's inner loops.
+    /// comparison, cheap enough for the tree's inner loops.
     #[inline]
     fn cmp(&self, other: &Self) -> Ordering {
         if self.head != other.head {

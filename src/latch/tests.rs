@@ -247,6 +247,34 @@ fn capacity_exhaustion_and_recovery() {
     assert_eq!(conflicts_of(t, REL, &pt(2), &[203], 400), set(&[203]));
 }
 
+/// The tree-node pool is sized by a bound (tree::pool_size), not grown: a
+/// full table split into as many ranges as it can take must fit, and every
+/// node must come back once the latches go.
+#[test]
+fn tree_node_pool_holds_a_full_table_in_any_split() {
+    let cfg = Config { max_entries: 4000, max_ranges: 128, max_tables: 2, max_backends: 2 };
+    let t = table(cfg);
+    let pool = t.free_tree_nodes();
+    assert_eq!(pool, cfg.tree_nodes());
+    // Ascending keys leave every split leaf as empty as the tree allows.
+    let mut n = 0;
+    while t.acquire(0, REL, &pt(n as u16), &holder(100)).is_ok() {
+        n += 1;
+        if n % 64 == 0 {
+            for r in t.ranges_of(REL) {
+                t.split(0, r);
+            }
+        }
+    }
+    assert_eq!(n, cfg.max_entries, "the entries ran out first, not the nodes");
+    assert!(t.ranges_of(REL).len() > 64, "split into many small ranges");
+    assert_eq!(t.check_structure(REL), n as usize);
+    assert_eq!(t.release_all(0, Outcome::Aborted), n);
+    t.drain_released(0);
+    assert_eq!(t.check_structure(REL), 0);
+    assert_eq!(t.free_tree_nodes(), pool, "every tree node back in the pool");
+}
+
 #[test]
 fn coalesced_summary_asks_whether_the_holder_committed() {
     let t = small();
@@ -318,12 +346,21 @@ fn split_and_merge_preserve_every_conflict() {
 #[test]
 fn purge_waits_for_live_latches() {
     let t = small();
-    t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
+    let nodes = t.free_tree_nodes();
+    // An unrelated latch first, so entry and node ids differ; then enough
+    // tombstones for a tree of several nodes.
+    t.acquire(1, OTHER_REL, &pt(1), &holder(49)).unwrap();
+    for v in 0..40 {
+        t.acquire(0, REL, &pt(v * 7 % 40), &holder(50)).unwrap();
+    }
     assert!(!t.purge_table(REL), "a live latch blocks the purge");
     t.release_all(0, Outcome::Committed);
     assert!(t.purge_table(REL));
-    assert_eq!(t.usage().tables_used, 0);
-    assert_eq!(t.free_entries(), 256);
+    assert_eq!(t.usage().tables_used, 1);
+    assert_eq!(t.free_entries(), 255);
+    t.release_all(1, Outcome::Aborted);
+    t.drain_released(1);
+    assert_eq!(t.free_tree_nodes(), nodes, "the purged trees' nodes are back in the pool");
     assert!(conflicts_of(t, REL, &pt(1), &[50], 60).is_empty());
 }
 
