@@ -48,7 +48,11 @@ CREATE TABLE notunique (k int NOT NULL);
 CREATE INDEX notunique_k ON notunique (k);
 SELECT pgkvx.enable('notunique', 'notunique_k');
 SELECT pgkvx.enable('kv', 'byidx_code');
--- only the owner may enable or disable
+-- only the owner may enable or disable (a crashed earlier run may have
+-- left the cluster-wide role behind)
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS pgkvx_stranger;
+RESET client_min_messages;
 CREATE ROLE pgkvx_stranger;
 GRANT ALL ON kv TO pgkvx_stranger;
 SET ROLE pgkvx_stranger;
