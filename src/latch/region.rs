@@ -531,6 +531,40 @@ impl EntryData {
     };
 }
 
+/// Pops the top index of a lock-free stack whose head is `tag << 32 |
+/// index` (the tag, bumped on every change, defeats ABA); `link(i)` is
+/// index `i`'s successor.  None when empty.  Entries and tree nodes each
+/// keep their free list this way.
+pub(crate) fn stack_pop<'a>(head: &AtomicU64, link: impl Fn(u32) -> &'a AtomicU32) -> Option<u32> {
+    let mut h = head.load(Ordering::Acquire);
+    loop {
+        let top = h as u32;
+        if top == NIL {
+            return None;
+        }
+        let next = link(top).load(Ordering::Relaxed);
+        let new = (((h >> 32) + 1) << 32) | u64::from(next);
+        match head.compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(top),
+            Err(cur) => h = cur,
+        }
+    }
+}
+
+/// Pushes `i`, whose successor link is `link`, onto the stack at `head`
+/// (see [`stack_pop`]).
+pub(crate) fn stack_push(head: &AtomicU64, i: u32, link: &AtomicU32) {
+    let mut h = head.load(Ordering::Acquire);
+    loop {
+        link.store(h as u32, Ordering::Relaxed);
+        let new = (((h >> 32) + 1) << 32) | u64::from(i);
+        match head.compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(cur) => h = cur,
+        }
+    }
+}
+
 /// Relaxed is enough for statistics counters.
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);

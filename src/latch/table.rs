@@ -83,31 +83,11 @@ impl NodeStore for RangeNodes<'_> {
     }
 
     fn alloc_node(&self) -> u32 {
-        let mut head = self.hdr.node_free_head.load(Acquire);
-        loop {
-            let n = head as u32;
-            if n == NIL {
-                return NIL;
-            }
-            let next = self.next[n as usize].load(Relaxed);
-            let new = (((head >> 32) + 1) << 32) | u64::from(next);
-            match self.hdr.node_free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
-                Ok(_) => return n,
-                Err(h) => head = h,
-            }
-        }
+        region::stack_pop(&self.hdr.node_free_head, |n| &self.next[n as usize]).unwrap_or(NIL)
     }
 
     fn free_node(&self, n: u32) {
-        let mut head = self.hdr.node_free_head.load(Acquire);
-        loop {
-            self.next[n as usize].store(head as u32, Relaxed);
-            let new = (((head >> 32) + 1) << 32) | u64::from(n);
-            match self.hdr.node_free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
-                Ok(_) => return,
-                Err(h) => head = h,
-            }
-        }
+        region::stack_push(&self.hdr.node_free_head, n, &self.next[n as usize]);
     }
 
     #[inline(always)]
@@ -285,23 +265,9 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     // ---- free list --------------------------------------------------------
 
     pub(crate) fn alloc(&self) -> Option<u32> {
-        let hdr = self.p.hdr;
-        let mut head = hdr.free_head.load(Acquire);
-        loop {
-            let idx = head as u32;
-            if idx == NIL {
-                return None;
-            }
-            let next = self.entry(idx).free_next.load(Relaxed);
-            let new = (((head >> 32) + 1) << 32) | u64::from(next);
-            match hdr.free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
-                Ok(_) => {
-                    hdr.free_count.fetch_sub(1, Relaxed);
-                    return Some(idx);
-                }
-                Err(h) => head = h,
-            }
-        }
+        let idx = region::stack_pop(&self.p.hdr.free_head, |i| &self.entry(i).free_next)?;
+        self.p.hdr.free_count.fetch_sub(1, Relaxed);
+        Some(idx)
     }
 
     /// Returns entry `i` to the free list.
@@ -315,17 +281,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let e = self.entry(i);
         e.state.store(State::Free as u8, Release);
         e.range.store(NIL, Release);
-        let hdr = self.p.hdr;
-        let mut head = hdr.free_head.load(Acquire);
-        loop {
-            e.free_next.store(head as u32, Relaxed);
-            let new = (((head >> 32) + 1) << 32) | u64::from(i);
-            match hdr.free_head.compare_exchange_weak(head, new, AcqRel, Acquire) {
-                Ok(_) => break,
-                Err(h) => head = h,
-            }
-        }
-        hdr.free_count.fetch_add(1, Relaxed);
+        region::stack_push(&self.p.hdr.free_head, i, &e.free_next);
+        self.p.hdr.free_count.fetch_add(1, Relaxed);
     }
 
     // ---- directory --------------------------------------------------------
