@@ -337,6 +337,9 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// Returns an empty range to the free list.  Exclusive Directory lock held.
     pub(crate) fn free_range(&self, r: u32) {
+        // SAFETY: exclusive Directory lock held and `r` already unlinked
+        // from its table, so no one else can reach its body.
+        debug_assert!(unsafe { self.body(r) }.root == NIL, "freeing range {r} with tree nodes");
         self.dequeue_freed(r);
         // SAFETY: exclusive Directory lock held by the caller.
         let dir = unsafe { self.dir() };

@@ -31,12 +31,15 @@ const CAP: usize = FANOUT + 1;
 /// Deeper than any tree the pool can hold (8^12 entries).
 const MAX_DEPTH: usize = 12;
 
-/// Pool nodes a table of `entries` entries in `ranges` ranges can need: at
-/// most one node per [`MIN`] entries at each level (so `entries / 7` over
-/// all levels), plus for each range a root and one partly filled node per
-/// level.
+/// Pool nodes a table of `entries` entries in `ranges` ranges can need.
+/// Every node but a root holds at least [`MIN`] slots, so a tree of `n`
+/// entries has at most n/8 non-root leaves, n/64 non-root nodes one level
+/// up, and so on: fewer than n/7 in all, plus its root.  Summed over the
+/// trees that is at most `entries / 7 + ranges`.  An insert splits only
+/// when its new count needs the node, and split/merge move one entry at a
+/// time (remove, then insert), so no moment needs more.
 pub const fn pool_size(entries: u32, ranges: u32) -> u32 {
-    entries / 7 + 6 * ranges + 16
+    entries / 7 + ranges
 }
 
 /// One B-tree node.  In a leaf, slot `i` is an entry: `start_ids[i]` =
@@ -473,7 +476,12 @@ pub(crate) fn check<S: NodeStore + ?Sized>(s: &S, root: u32) -> usize {
     }
     let x = rd(s, root);
     assert!(x.len() >= if x.is_leaf() { 1 } else { 2 }, "root fill");
-    check_node(s, root).0
+    let mut all = Vec::new();
+    for_each(s, root, &mut |e| all.push((*s.start(e), e)));
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "entries out of (start, id) order");
+    let (entries, _) = check_node(s, root);
+    assert_eq!(entries, all.len());
+    entries
 }
 
 /// (entries, nodes) below `n`.
@@ -497,17 +505,15 @@ fn check_node<S: NodeStore + ?Sized>(s: &S, n: u32) -> (usize, usize) {
         let child = rd(s, x.kids[i]);
         assert_eq!(child.height + 1, x.height, "leaves at one depth");
         assert!(child.len() >= MIN, "underfull node");
-        let (mut least, mut greatest) = (NIL, NIL);
-        for_each(s, x.kids[i], &mut |e| {
-            if least == NIL {
-                least = e;
-            }
-            if greatest == NIL || s.end(e) > s.end(greatest) {
-                greatest = e;
-            }
-        });
-        assert_eq!(x.start_ids[i], least, "least key below a slot");
-        assert!(s.end(x.end_ids[i]) == s.end(greatest), "greatest end below a slot");
+        let mut below = Vec::new();
+        for_each(s, x.kids[i], &mut |e| below.push(e));
+        let greatest = below.iter().map(|&e| s.end(e)).max();
+        assert_eq!(x.start_ids[i], below[0], "least key below a slot");
+        // The summary must name an entry below the slot, not merely one
+        // with an equal end: remove() recomputes a summary only when it
+        // names the entry going away.
+        assert!(below.contains(&x.end_ids[i]), "greatest end names an entry below its slot");
+        assert!(Some(s.end(x.end_ids[i])) == greatest, "greatest end below a slot");
         let (e, k) = check_node(s, x.kids[i]);
         entries += e;
         nodes += k;
@@ -535,14 +541,29 @@ pub(crate) mod tests {
     pub(crate) struct VecStore {
         nodes: Vec<UnsafeCell<Node>>,
         free: RefCell<Vec<u32>>,
-        spans: Vec<Span>,
+        spans: Vec<UnsafeCell<Span>>,
     }
 
     impl VecStore {
         fn new(spans: Vec<Span>) -> Self {
             let pool = pool_size(spans.len() as u32, 1) as usize;
             let nodes = (0..pool).map(|_| UnsafeCell::new(Node::EMPTY)).collect();
+            let spans = spans.into_iter().map(UnsafeCell::new).collect();
             VecStore { nodes, free: RefCell::new((0..pool as u32).rev().collect()), spans }
+        }
+
+        fn span(&self, e: u32) -> &Span {
+            // SAFETY: spans change only in poison(), never while a
+            // reference from here is alive (see there).
+            unsafe { &*self.spans[e as usize].get() }
+        }
+
+        /// Overwrites removed entry `e`'s keys, as reuse of its slot would,
+        /// so a summary still naming it breaks the cached-head checks.
+        /// Called between tree operations only, when no key is borrowed.
+        fn poison(&self, e: u32) {
+            // SAFETY: no reference into this span is alive (see above).
+            unsafe { *self.spans[e as usize].get() = Span::new(&[0xFF; 12], None) };
         }
 
         fn in_use(&self) -> usize {
@@ -561,10 +582,10 @@ pub(crate) mod tests {
             self.free.borrow_mut().push(n)
         }
         fn start(&self, e: u32) -> &KeyBuf {
-            &self.spans[e as usize].start
+            &self.span(e).start
         }
         fn end(&self, e: u32) -> &KeyBuf {
-            &self.spans[e as usize].end
+            &self.span(e).end
         }
     }
 
@@ -617,6 +638,7 @@ pub(crate) mod tests {
                 let i = (rnd() as usize) % live.len();
                 let n = live.swap_remove(i);
                 root = remove(&s, root, n);
+                s.poison(n);
             }
             if step % 97 == 0 || live.len() < 40 {
                 assert_eq!(check(&s, root), live.len());
@@ -630,8 +652,8 @@ pub(crate) mod tests {
                 got.push(n);
                 true
             });
-            let mut want: Vec<u32> = live.iter().copied().filter(|&n| s.spans[n as usize].overlaps(&q)).collect();
-            want.sort_by_key(|&n| (s.spans[n as usize].start, n));
+            let mut want: Vec<u32> = live.iter().copied().filter(|&n| s.span(n).overlaps(&q)).collect();
+            want.sort_by_key(|&n| (s.span(n).start, n));
             assert_eq!(got, want, "prefix {prefix} step {step} query {q:?}");
         }
         assert_eq!(root, NIL, "drained");
