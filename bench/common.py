@@ -139,6 +139,10 @@ def add_durable_arg(ap):
     ap.add_argument("--durable", action="store_true",
                     help="run with PostgreSQL's default durability (fsync, synchronous_commit, "
                          "full_page_writes on) instead of the scratch cluster's (off); restored after")
+    ap.add_argument("--replica-delay", type=float, metavar="MS",
+                    help="commit through a synchronous replica behind a proxy that holds each "
+                         "chunk MS milliseconds each way (scripts/replica; implies --durable); "
+                         "removed after")
 
 
 @contextlib.contextmanager
@@ -175,21 +179,76 @@ def durable_commits(enabled):
         apply("ALTER SYSTEM RESET {}")
 
 
+@contextlib.contextmanager
+def synchronous_replica(delay_ms):
+    """--replica-delay: every commit waits for a replica `delay_ms` away each
+    way (scripts/replica), as with a synchronous standby in another zone.
+    Writers then hold their latches for a round trip, which is what a fenced
+    reader waits out and an optimistic one mostly does not."""
+    if delay_ms is None:
+        yield
+        return
+    script = os.path.join(ROOT, "scripts", "replica")
+    try:
+        subprocess.run([script, "start", f"{delay_ms:g}"], check=True)
+        yield
+    finally:
+        subprocess.run([script, "stop"], check=False)
+
+
+def commit_ms(samples=21):
+    """Median time of a one-row INSERT and its commit under the run's
+    settings, in ms: how long a writer holds its latches at the least."""
+    with connect("postgres") as c:
+        c.execute("CREATE TABLE IF NOT EXISTS pgkvx_bench_commit_probe (x int)")
+        times = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            c.execute("INSERT INTO pgkvx_bench_commit_probe VALUES (1)")
+            times.append((time.perf_counter() - t) * 1000)
+        c.execute("DROP TABLE pgkvx_bench_commit_probe")
+    return float(numpy.median(times))
+
+
 def run_engine(argv, parse_args, run):
     """An engine's main(): SIGTERM ends it like Ctrl-C (the report of what
-    finished is still written), and --durable holds for the whole run."""
+    finished is still written), and --durable / --replica-delay hold for the
+    whole run (args.commit_ms: what a one-row commit then takes)."""
     args = parse_args(argv)
+    args.durable = args.durable or args.replica_delay is not None
     signal.signal(signal.SIGTERM, interrupt)
-    with durable_commits(args.durable):
+    with durable_commits(args.durable), synchronous_replica(args.replica_delay):
+        args.commit_ms = commit_ms()
         return run(args)
+
+
+def durability(args):
+    """The report's record of how commits were made durable."""
+    return {"durable": args.durable, "replica_delay_ms": args.replica_delay,
+            "commit_ms": args.commit_ms}
+
+
+def durability_text(cfg):
+    """One sentence for a report header, from durability()'s record."""
+    if cfg.get("replica_delay_ms") is not None:
+        how = (f"every commit flushed and confirmed by a synchronous replica behind a proxy "
+               f"holding each chunk {cfg['replica_delay_ms']:g} ms each way (`--replica-delay`)")
+    elif cfg.get("durable"):
+        how = "every commit flushed (`--durable`)"
+    else:
+        how = "commits not flushed (the scratch cluster's settings; `--durable` flushes them)"
+    took = cfg.get("commit_ms")
+    return how + (f"; a one-row insert and commit took {took:.2f} ms" if took is not None else "")
 
 
 def report_base(args, kind=""):
     """When the run started, and its report files' path without extension:
-    `<out>/<date>[-kind][-durable]`."""
+    `<out>/<date>[-kind][-durable|-replica<MS>ms]`."""
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now()
-    name = started.strftime("%Y-%m-%d-%H%M%S") + kind + ("-durable" if args.durable else "")
+    suffix = (f"-replica{args.replica_delay:g}ms" if args.replica_delay is not None
+              else "-durable" if args.durable else "")
+    name = started.strftime("%Y-%m-%d-%H%M%S") + kind + suffix
     return started, os.path.join(args.out, name)
 
 

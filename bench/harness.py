@@ -16,8 +16,8 @@ import psycopg
 import kvbench
 import report
 import tail
-from common import (add_durable_arg, connect, detect, log as _log, machine, pg_bindir, recreate_database,
-                    report_base, run_engine)
+from common import (add_durable_arg, connect, detect, durability, log as _log, machine, pg_bindir,
+                    recreate_database, report_base, run_engine)
 
 
 @dataclass
@@ -182,7 +182,7 @@ def _run(args):
     do_tail = "tail" in args.workloads
     result = {
         "started": started.strftime("%Y-%m-%d %H:%M:%S"),
-        "config": {"quick": args.quick, "durable": args.durable, "kv": asdict(kvcfg),
+        "config": {"quick": args.quick, **durability(args), "kv": asdict(kvcfg),
                    "tail": {**asdict(tcfg), "reps": args.tail_reps}},
         "machine": mach,
         "capabilities": caps.as_dict(),

@@ -26,8 +26,8 @@ import subprocess
 import sys
 
 import kvbench
-from common import (DURABILITY, add_durable_arg, connect, detect, log as _log, machine, pg_bindir,
-                    recreate_database, report_base, run_engine)
+from common import (DURABILITY, add_durable_arg, connect, detect, durability, durability_text, log as _log,
+                    machine, pg_bindir, recreate_database, report_base, run_engine)
 
 SCHEMAS = ("pgkvx_side_a", "pgkvx_side_b")
 MODES = {m.name: m for m in kvbench.KV_MODES}
@@ -113,8 +113,7 @@ def render(result):
         f"{m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB; {m['postgres'].split(' on ')[0]}; "
         f"load average {m['loadavg']:.2f} at start; pgkvx {result['capabilities'].get('version', '?')}; "
         + ", ".join(f"{k}={m['settings'].get(k, '?')}" for k in DURABILITY)
-        + (" (`--durable`: every commit flushed)." if result["config"].get("durable")
-           else " (the scratch cluster's; `--durable` flushes commits)."),
+        + f": {durability_text(result['config'])}.",
         "",
         f"Each round runs plain PostgreSQL and the mode at the same time, {result['config']['clients'] // 2} "
         f"pgbench clients each (`-M prepared`, one thread per client, {result['config']['duration']} s), "
@@ -149,7 +148,7 @@ def _run(args):
     pgbench = os.path.join(pg_bindir(), "pgbench")
     result = {"started": started.strftime("%Y-%m-%d %H:%M:%S"),
               "config": {"rounds": args.rounds, "duration": args.duration,
-                         "clients": args.clients, "keys": args.keys, "durable": args.durable},
+                         "clients": args.clients, "keys": args.keys, **durability(args)},
               "pairs": []}
     interrupted = False
     with connect() as conn:

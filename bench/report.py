@@ -19,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from common import durability_text  # noqa: E402
+
 NA = "n/a (not built yet: {})"
 
 
@@ -144,8 +146,9 @@ def markdown(result):
         f"kernel {mach['kernel']}",
         f"- {mach['postgres'].split(' on ')[0]}; settings: "
         + ", ".join(f"{k}={v}" for k, v in mach["settings"].items()),
+        f"- commits: {durability_text(cfg)}",
         f"- pgkvx {caps['version']}: {mach['pgkvx_library']}; features: {features}",
-        *([f"- pgkvx shared memory in use at the start: "
+        *(["- pgkvx shared memory in use at the start: "
             + ", ".join(f"{k}={v:,}" for k, v in mach["pgkvx_gauges"].items())]
           if mach.get("pgkvx_gauges") else []),
         f"- harness commit {mach['harness_commit']}; run took "
