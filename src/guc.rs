@@ -78,7 +78,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"pgkvx.max_ranges",
         c"Latch ranges available across all latched tables.",
-        c"",
+        c"Each range takes about 0.9 KB of shared memory (its slot and its tree's root node).",
         &MAX_RANGES,
         8,
         1024 * 1024,
