@@ -357,15 +357,18 @@ pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
     root
 }
 
-/// Child `c` of `p` fell below [`MIN`]: merge it with a neighbour when the
-/// two fit in one node, else even them out.
+/// Child `c` of `p` fell below [`MIN`]: merge it with a neighbour when
+/// evening the two out cannot fill both to [`MIN`], else even them out.
+/// Merging two that would just fit (a full node) is what the next insert
+/// there splits again: alternating inserts and removals at that spot would
+/// allocate and free a node every time.
 fn rebalance<S: NodeStore + ?Sized>(s: &S, p: u32, c: usize) {
     let x = rd(s, p);
     let li = if c + 1 < x.len() { c } else { c - 1 };
     let (l, r) = (x.kids[li], x.kids[li + 1]);
     let (a, b) = (at(s, l), at(s, r));
     let total = a.len() + b.len();
-    if total <= FANOUT {
+    if total < 2 * MIN {
         for i in 0..b.len() {
             a.set(a.len() + i, b.slot(i));
         }
@@ -542,6 +545,7 @@ pub(crate) mod tests {
         nodes: Vec<UnsafeCell<Node>>,
         free: RefCell<Vec<u32>>,
         spans: Vec<UnsafeCell<Span>>,
+        allocs: std::cell::Cell<usize>,
     }
 
     impl VecStore {
@@ -549,7 +553,7 @@ pub(crate) mod tests {
             let pool = pool_size(spans.len() as u32, 1) as usize;
             let nodes = (0..pool).map(|_| UnsafeCell::new(Node::EMPTY)).collect();
             let spans = spans.into_iter().map(UnsafeCell::new).collect();
-            VecStore { nodes, free: RefCell::new((0..pool as u32).rev().collect()), spans }
+            VecStore { nodes, free: RefCell::new((0..pool as u32).rev().collect()), spans, allocs: 0.into() }
         }
 
         fn span(&self, e: u32) -> &Span {
@@ -576,6 +580,7 @@ pub(crate) mod tests {
             self.nodes[n as usize].get()
         }
         fn alloc_node(&self) -> u32 {
+            self.allocs.set(self.allocs.get() + 1);
             self.free.borrow_mut().pop().unwrap_or(NIL)
         }
         fn free_node(&self, n: u32) {
@@ -662,22 +667,42 @@ pub(crate) mod tests {
 
     #[test]
     fn first_and_last_are_the_extremes() {
-        let s = VecStore::new((0..200u16).map(|i| span(1000 - i * 3, 1001 - i * 3)).collect());
-        let mut root = NIL;
-        assert_eq!((first(&s, root), last(&s, root)), (NIL, NIL));
-        for n in 0..200 {
-            root = insert(&s, root, n);
-        }
+        let (s, empty) = tree_of(vec![], 0);
+        assert_eq!((first(&s, empty), last(&s, empty)), (NIL, NIL));
+        let (s, root) = tree_of((0..200u16).map(|i| span(1000 - i * 3, 1001 - i * 3)).collect(), 200);
         assert_eq!((first(&s, root), last(&s, root)), (199, 0));
+    }
+
+    /// A store of `spans` with the first `n` of them inserted in id order.
+    fn tree_of(spans: Vec<Span>, n: u32) -> (VecStore, u32) {
+        let s = VecStore::new(spans);
+        let root = (0..n).fold(NIL, |root, e| insert(&s, root, e));
+        (s, root)
+    }
+
+    /// 40 disjoint spans in ascending order.
+    fn ascending() -> Vec<Span> {
+        (0..40u16).map(|i| span(i * 10, i * 10 + 5)).collect()
+    }
+
+    #[test]
+    fn churn_at_a_node_boundary_does_not_split_and_merge_each_time() {
+        // 17 ascending entries: a leaf split into 9 + 8 under a root.
+        let (s, mut root) = tree_of(ascending(), 17);
+        let before = s.allocs.get();
+        for _ in 0..50 {
+            root = remove(&s, root, 16);
+            assert_eq!(check(&s, root), 16);
+            root = insert(&s, root, 16);
+            assert_eq!(check(&s, root), 17);
+        }
+        assert_eq!(s.allocs.get(), before, "no node allocated by the churn");
+        assert_eq!(node_count(&s, root), 3);
     }
 
     #[test]
     fn early_stop_is_honoured() {
-        let s = VecStore::new((0..40u16).map(|i| span(i * 10, i * 10 + 5)).collect());
-        let mut root = NIL;
-        for n in 0..40 {
-            root = insert(&s, root, n);
-        }
+        let (s, root) = tree_of(ascending(), 40);
         let mut seen = 0;
         let done = for_each_overlap(&s, root, &span(0, 1000), &mut |_| {
             seen += 1;
