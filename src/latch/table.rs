@@ -474,15 +474,15 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             b.since.store(h.now_us, Relaxed);
         }
         // The common case takes the Directory lock once: the table exists.
-        let mut _d = self.lock(LockId::Directory, Mode::Shared);
-        let t = match self.find_table(rel) {
-            Some(t) => t,
-            None => {
-                drop(_d);
-                let t = self.create_table(rel)?;
-                _d = self.lock(LockId::Directory, Mode::Shared);
-                t
+        // A slot created here can be freed as idle by a worker before the
+        // shared lock is back, so the lookup is repeated under it.
+        let (t, _d) = loop {
+            let d = self.lock(LockId::Directory, Mode::Shared);
+            if let Some(t) = self.find_table(rel) {
+                break (t, d);
             }
+            drop(d);
+            self.create_table(rel)?;
         };
         let mut result = Ok(());
         let mut max_load = 0;

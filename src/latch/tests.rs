@@ -409,6 +409,42 @@ fn too_many_tables_is_reported() {
     assert_eq!(t.acquire(0, RelId::new(1, 3), &pt(1), &holder(10)), Err(AcquireError::TooManyTables));
 }
 
+#[test]
+fn a_table_slot_freed_as_idle_while_it_is_created_still_gets_the_latch() {
+    // One thread latches tables that have no slot yet (so every acquire
+    // creates one); another frees idle, empty slots as fast as it can.  An
+    // acquire that used a slot the collector freed between creating it and
+    // publishing would return Ok with nothing published.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let t = table(Config { max_entries: 64, max_ranges: 256, max_tables: 64, max_backends: 2 });
+    let done = Arc::new(AtomicBool::new(false));
+    let collector = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut freed = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                freed += u64::from(t.gc_idle_tables());
+            }
+            freed
+        })
+    };
+    for i in 0..5_000u32 {
+        let rel = RelId::new(9, 1000 + i);
+        // Slots free up only as fast as the collector finds them idle.
+        while let Err(e) = t.acquire(0, rel, &pt(1), &holder(10)) {
+            assert_eq!(e, AcquireError::TooManyTables);
+            std::thread::yield_now();
+        }
+        let found = conflicts_of(t, rel, &pt(1), &[10], 100);
+        assert_eq!(found, set(&[10]), "round {i}: the latch was not published");
+        t.release_all(0, Outcome::Aborted);
+        t.drain_released(0);
+    }
+    done.store(true, Ordering::Relaxed);
+    assert!(collector.join().unwrap() > 0, "the collector never freed a slot: the race was not exercised");
+}
+
 mod model {
     //! The table against a naive model: a Vec of (span, xid, committed).
     use super::*;
