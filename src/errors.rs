@@ -29,3 +29,8 @@ pub fn raise_full(
     report.report(PgLogLevel::ERROR);
     unreachable!("ERROR returned")
 }
+
+/// Emits a WARNING with a hint; execution goes on.
+pub fn warn_hint(code: PgSqlErrorCode, message: impl Into<String>, hint: impl Into<String>) {
+    ErrorReport::new(code, message.into(), "pgkvx").set_hint(hint).report(PgLogLevel::WARNING);
+}

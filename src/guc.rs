@@ -35,6 +35,25 @@ pub static MAX_RANGES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 pub static MAX_TABLES: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAINTENANCE_CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static RANGE_MAX_LATCHES: GucSetting<i32> = GucSetting::<i32>::new(1024);
+pub static MAX_LATCHES_PER_TRANSACTION: GucSetting<i32> = GucSetting::<i32>::new(8192);
+pub static MAX_TABLES_PER_OWNER: GucSetting<i32> = GucSetting::<i32>::new(64);
+pub static UNPROTECTED_READS: GucSetting<Unprotected> = GucSetting::<Unprotected>::new(Unprotected::Warning);
+
+/// What to do with a LIMIT read in key order over a latched table whose
+/// writes pgkvx cannot see (a logical replication target, a disabled latch
+/// trigger): the read runs, but it can skip a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PostgresGucEnum)]
+pub enum Unprotected {
+    /// Run the read and say so.
+    #[name = c"warning"]
+    Warning,
+    /// Refuse the read.
+    #[name = c"error"]
+    Error,
+    /// Run the read silently.
+    #[name = c"allow"]
+    Allow,
+}
 
 pub fn init() {
     GucRegistry::define_enum_guc(
@@ -103,6 +122,34 @@ pub fn init() {
         0,
         64,
         GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.max_latches_per_transaction",
+        c"Latch entries one transaction may hold.",
+        c"Point latches of one table escalate into one span latch after half this many; a transaction still over it after escalating every table gets SQLSTATE 53400.",
+        &MAX_LATCHES_PER_TRANSACTION,
+        16,
+        64 * 1024 * 1024,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.max_tables_per_owner",
+        c"Latch-table slots the tables of one owner may take (0: no limit).",
+        c"A table takes a slot while it is written (and a few seconds after).",
+        &MAX_TABLES_PER_OWNER,
+        0,
+        1024 * 1024,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"pgkvx.unprotected_reads",
+        c"What a LIMIT read of a latched table does when pgkvx cannot see that table's writes.",
+        c"warning: read and warn; error: refuse; allow: read silently.  Applies to logical replication targets and tables whose latch trigger is not enabled ALWAYS.",
+        &UNPROTECTED_READS,
+        GucContext::Userset,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(

@@ -11,13 +11,22 @@ pub mod arrow;
 pub mod errors;
 pub mod guc;
 pub mod keys;
-pub mod latch;
+pub use pgkvx_latch as latch;
 pub mod memcx;
+pub mod pg;
 pub mod queue;
+pub mod read;
+pub mod registry;
 pub mod scan;
 pub mod shmem;
 
 pgrx::pg_module_magic!(name, version);
+
+/// The schema every public object lives in.  The extension script creates
+/// it first (api/mod.rs), so it belongs to the extension; this declaration
+/// only tells pgrx where `schema = "pgkvx"` functions go.
+#[pg_schema]
+mod pgkvx {}
 
 /// Loaded outside `shared_preload_libraries` pgkvx could not size its shared
 /// memory, so it refuses to load at all rather than half-work.
@@ -34,14 +43,15 @@ pub extern "C-unwind" fn _PG_init() {
     guc::init();
     shmem::init();
     shmem::backend::init();
-    api::registry::init();
+    registry::init();
+    read::snapshot::init();
     scan::init();
     queue::worker::register();
     arrow::init();
 }
 
 /// The version of the loaded library (not of the SQL objects).
-#[pg_extern(immutable, parallel_safe)]
+#[pg_extern(immutable, parallel_safe, schema = "pgkvx")]
 fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }

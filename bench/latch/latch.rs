@@ -8,10 +8,10 @@
 //! A counting global allocator reports allocations per operation.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
-use pgkvx::latch::locks::heap_table;
-use pgkvx::latch::locks::std_locks::StdLocks;
-use pgkvx::latch::rng::XorShift64 as Rng;
-use pgkvx::latch::{Config, Holder, LatchTable, Outcome, ReadSnapshot, RelId, Span, Xid};
+use pgkvx_latch::locks::heap_table;
+use pgkvx_latch::locks::std_locks::StdLocks;
+use pgkvx_latch::rng::XorShift64 as Rng;
+use pgkvx_latch::{Config, Holder, LatchTable, Outcome, ReadSnapshot, RelId, Span, Xid};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ fn filled(live: u32, mut split: impl FnMut(Table, u32)) -> Table {
     let mut r = Rng(0x9E37_79B9_7F4A_7C15);
     for i in 0..live {
         let slot = i % 64;
-        let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0 };
+        let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0, owner: 0 };
         t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
         split(t, i);
     }
@@ -92,7 +92,7 @@ fn populated_default_ranges(live: u32) -> Table {
 }
 
 fn acquire_release(t: &LatchTable<'_, StdLocks>, slot: u32, r: &mut Rng, xid: u32, commit: bool) {
-    let h = Holder { xid: Xid(xid), pid: 1, now_us: 0 };
+    let h = Holder { xid: Xid(xid), pid: 1, now_us: 0, owner: 0 };
     t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
     t.release_all(slot, if commit { Outcome::Committed } else { Outcome::Aborted });
 }

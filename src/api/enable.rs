@@ -1,12 +1,19 @@
 //! `pgkvx.enable` / `pgkvx.disable`: registering a latched table.
+//!
+//! The SQL these run is DDL on the caller's own table (the latch triggers,
+//! the key's DEFAULT), with every name qualified and quoted and the
+//! search_path pinned; the registration row is written straight into
+//! `pgkvx.tables`.
 
-use super::regclass::Regclass;
-use super::registry::{self, ROW_TRIGGER, TRUNCATE_TRIGGER};
+use super::regclass::{self, Regclass};
 use crate::errors;
 use crate::keys::{KeyDesc, KeyKind};
+use crate::pg::{qualified_name, quote_ident, with_pinned_settings, OpenRel};
+use crate::registry::{self, ROW_TRIGGER, TRUNCATE_TRIGGER};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
+use std::ffi::CStr;
 
 /// Only the table's owner may change how its writes behave.
 fn require_owner(relid: Oid) {
@@ -23,19 +30,27 @@ fn require_owner(relid: Oid) {
     }
 }
 
-/// `schema.table`, quoted for SQL.
-fn qualified(relid: Oid) -> String {
-    super::spi::one::<String>("SELECT $1::regclass::text", &[relid.into()])
-        .unwrap_or_else(|| errors::raise(PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE, "relation does not exist"))
+fn run_ddl(sql: &str) {
+    with_pinned_settings(|| Spi::run(sql)).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The sequence that feeds the key column (serial/bigserial or identity).
 pub fn key_sequence(key: &KeyDesc) -> Option<Oid> {
-    let col = &key.cols[0];
-    super::spi::one::<Oid>(
-        "SELECT pg_catalog.pg_get_serial_sequence($1::regclass::text, $2)::regclass::oid",
-        &[key.relid.into(), col.name.clone().into()],
-    )
+    let table = qualified_name(key.relid);
+    with_pinned_settings(|| {
+        Spi::connect(|c| {
+            c.select(
+                "SELECT pg_catalog.pg_get_serial_sequence($1, $2)::pg_catalog.regclass::pg_catalog.oid",
+                Some(1),
+                &[table.into(), key.cols[0].name.clone().into()],
+            )
+            .ok()?
+            .first()
+            .get_one::<Oid>()
+            .ok()
+            .flatten()
+        })
+    })
 }
 
 /// Checks `key` can be drawn gaplessly and returns its sequence.
@@ -56,24 +71,46 @@ pub fn gapless_sequence(key: &KeyDesc) -> Oid {
     seq
 }
 
-#[pg_extern(volatile, parallel_unsafe)]
-fn enable(rel: Regclass, index: default!(Option<Regclass>, "NULL"), gapless: default!(bool, false)) {
-    let (rel, index) = (rel.0, index.map(|i| i.0));
+/// Whether `rel` has a trigger named `name`.
+fn has_trigger(rel: &OpenRel, name: &str) -> bool {
+    let td = rel.get().trigdesc;
+    if td.is_null() {
+        return false;
+    }
+    // SAFETY: the relcache's trigger descriptor of an open relation.
+    unsafe {
+        (0..(*td).numtriggers as usize)
+            .any(|i| CStr::from_ptr((*(*td).triggers.add(i)).tgname).to_bytes() == name.as_bytes())
+    }
+}
+
+#[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
+fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapless: default!(bool, false)) {
+    let rel = regclass::required(rel, "rel");
+    let index = index.map(|i| i.0);
     require_owner(rel);
-    let key = KeyDesc::resolve(rel, index);
-    let name = qualified(rel);
     // SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes) up front, so writers
-    // in flight finish before latching starts and none slips through.
-    Spi::run(&format!("LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE")).unwrap_or_else(|e| panic!("{e}"));
+    // in flight finish before latching starts and none slips through.  The
+    // lock lasts to the end of the transaction; the relation itself is
+    // closed before the DDL below, which refuses a table in use.
+    // SAFETY: standard lock acquisition; raises on a missing relation.
+    unsafe { pg_sys::LockRelationOid(rel, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) };
+    let r = OpenRel::open(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+    // SAFETY: rd_rel of an open relation.
+    if unsafe { (*r.get().rd_rel).relpersistence } as u8 == pg_sys::RELPERSISTENCE_TEMP {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("pgkvx cannot latch temporary table \"{}\"", registry::rel_name(rel)),
+            "Only its own session can write a temporary table, so no write can commit behind a reader: it needs no latching.",
+        );
+    }
+    let key = KeyDesc::resolve(rel, index);
+    let name = qualified_name(rel);
     if gapless {
         let seq = gapless_sequence(&key);
         check_sequence_cache(seq);
-        let identity = super::spi::one::<bool>(
-            "SELECT attidentity <> '' FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum = $2",
-            &[rel.into(), key.cols[0].attnum.into()],
-        )
-        .unwrap_or(false);
-        if identity {
+        let att = unsafe { &*(*r.get().rd_att).attrs.as_ptr().add(key.cols[0].attnum as usize - 1) };
+        if att.attidentity != 0 {
             errors::raise_hint(
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                 format!("key column \"{}\" of \"{}\" is an identity column", key.cols[0].name, key.relname),
@@ -81,71 +118,69 @@ fn enable(rel: Regclass, index: default!(Option<Regclass>, "NULL"), gapless: def
             );
         }
     }
-    Spi::run_with_args(
-        "INSERT INTO pgkvx.tables (relid, key_index, gapless) VALUES ($1, $2, $3)
-         ON CONFLICT (relid) DO UPDATE SET key_index = excluded.key_index, gapless = excluded.gapless",
-        &[rel.into(), index.into(), gapless.into()],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    for (trigger, timing) in [
+    let columns: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
+    let present = [has_trigger(&r, ROW_TRIGGER), has_trigger(&r, TRUNCATE_TRIGGER)];
+    drop(r);
+    registry::register(rel, index, &columns, gapless);
+    for (i, (trigger, timing)) in [
         (ROW_TRIGGER, "BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_row()"),
         (TRUNCATE_TRIGGER, "BEFORE TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION pgkvx.latch_truncate()"),
-    ] {
-        let exists = super::spi::one::<bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1 AND tgname = $2)",
-            &[rel.into(), trigger.into()],
-        )
-        .unwrap_or(false);
-        if !exists {
-            let body = timing.replace("{t}", &name);
-            Spi::run(&format!("CREATE TRIGGER {trigger} {body}")).unwrap_or_else(|e| panic!("{e}"));
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !present[i] {
+            run_ddl(&format!("CREATE TRIGGER {trigger} {}", timing.replace("{t}", &name)));
         }
         // ALWAYS: also under session_replication_role = replica and in
         // logical replication apply, which would otherwise write unlatched.
-        Spi::run(&format!("ALTER TABLE {name} ENABLE ALWAYS TRIGGER {trigger}")).unwrap_or_else(|e| panic!("{e}"));
+        run_ddl(&format!("ALTER TABLE {name} ENABLE ALWAYS TRIGGER {trigger}"));
     }
     if gapless {
-        Spi::run(&format!(
-            "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key({})",
+        run_ddl(&format!(
+            "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key('{}'::pg_catalog.regclass)",
             quote_ident(&key.cols[0].name),
-            quote_literal(&name)
-        ))
-        .unwrap_or_else(|e| panic!("{e}"));
+            rel.to_u32()
+        ));
     }
     // SAFETY: queues a relcache invalidation, sent at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(rel) };
 }
 
-#[pg_extern(volatile, parallel_unsafe)]
-fn disable(rel: Regclass) {
-    let rel = rel.0;
+/// Puts a gapless table's plain sequence default back.
+pub fn restore_sequence_default(rel: Oid) {
+    let Some(reg) = registry::registration(rel).filter(|r| r.gapless) else { return };
+    let index = reg.key_index.filter(|&i| unsafe { !pg_sys::get_rel_name(i).is_null() });
+    let key = KeyDesc::resolve(rel, index);
+    if let Some(seq) = key_sequence(&key) {
+        run_ddl(&format!(
+            "ALTER TABLE {} ALTER COLUMN {} SET DEFAULT pg_catalog.nextval('{}'::pg_catalog.regclass)",
+            qualified_name(rel),
+            quote_ident(&key.cols[0].name),
+            seq.to_u32()
+        ));
+    }
+}
+
+#[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
+fn disable(rel: Option<Regclass>) {
+    let rel = regclass::required(rel, "rel");
     require_owner(rel);
-    let name = qualified(rel);
     // No reader may be validating and no writer latching while we go.
-    Spi::run(&format!("LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")).unwrap_or_else(|e| panic!("{e}"));
-    let gapless = super::spi::one::<bool>("SELECT gapless FROM pgkvx.tables WHERE relid = $1", &[rel.into()]);
-    if gapless == Some(true) {
-        // Put the plain sequence default back.
-        if let Some(l) = registry::lookup(rel) {
-            if let Some(seq) = key_sequence(&l.key) {
-                Spi::run_with_args(
-                    &format!(
-                        "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pg_catalog.nextval({})",
-                        quote_ident(&l.key.cols[0].name),
-                        quote_literal(
-                            &super::spi::one::<String>("SELECT $1::regclass::text", &[seq.into()]).unwrap_or_default()
-                        )
-                    ),
-                    &[],
-                )
-                .unwrap_or_else(|e| panic!("{e}"));
-            }
+    // SAFETY: standard lock acquisition, held to the end of the transaction.
+    unsafe { pg_sys::LockRelationOid(rel, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE) };
+    let present = {
+        let r = OpenRel::open(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        [has_trigger(&r, ROW_TRIGGER), has_trigger(&r, TRUNCATE_TRIGGER)]
+    };
+    let name = qualified_name(rel);
+    restore_sequence_default(rel);
+    for (i, trigger) in [ROW_TRIGGER, TRUNCATE_TRIGGER].into_iter().enumerate() {
+        if present[i] {
+            run_ddl(&format!("DROP TRIGGER {trigger} ON {name}"));
         }
     }
-    for trigger in [ROW_TRIGGER, TRUNCATE_TRIGGER] {
-        Spi::run(&format!("DROP TRIGGER IF EXISTS {trigger} ON {name}")).unwrap_or_else(|e| panic!("{e}"));
-    }
-    Spi::run_with_args("DELETE FROM pgkvx.tables WHERE relid = $1", &[rel.into()]).unwrap_or_else(|e| panic!("{e}"));
+    registry::unregister(rel);
     backend::purge_at_commit(backend::rel_id(rel));
     // SAFETY: queues a relcache invalidation, sent at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(rel) };
@@ -153,10 +188,9 @@ fn disable(rel: Regclass) {
 
 /// Called by the `sql_drop` event trigger for every dropped table: its
 /// registry row and its latches go with it.
-#[pg_extern(volatile, parallel_unsafe, name = "_forget_table")]
+#[pg_extern(volatile, parallel_unsafe, strict, name = "_forget_table", schema = "pgkvx")]
 fn forget_table(rel: Oid) {
-    Spi::run_with_args("DELETE FROM pgkvx.tables WHERE relid::oid = $1", &[rel.into()])
-        .unwrap_or_else(|e| panic!("{e}"));
+    registry::unregister(rel);
     backend::purge_at_commit(backend::rel_id(rel));
 }
 
@@ -164,23 +198,77 @@ fn forget_table(rel: Oid) {
 /// then hand out a smaller value after another committed a larger one,
 /// which is exactly the gap gapless keys exist to prevent.
 pub fn check_sequence_cache(seq: Oid) {
-    let cache =
-        super::spi::one::<i64>("SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = $1", &[seq.into()])
-            .unwrap_or(1);
+    // SAFETY: a syscache probe of pg_sequence.
+    let cache = unsafe {
+        let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(seq));
+        if t.is_null() {
+            1
+        } else {
+            // pg_sequence.seqcache is its 7th column.
+            let mut isnull = false;
+            let d = pg_sys::SysCacheGetAttr(pg_sys::SysCacheIdentifier::SEQRELID as i32, t, 7, &mut isnull);
+            pg_sys::ReleaseSysCache(t);
+            if isnull {
+                1
+            } else {
+                d.value() as i64
+            }
+        }
+    };
     if cache != 1 {
-        let name = registry::rel_name(seq);
+        let name = qualified_name(seq);
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("sequence \"{name}\" caches {cache} values per session; gapless keys need CACHE 1"),
+            format!("sequence {name} caches {cache} values per session; gapless keys need CACHE 1"),
             format!("ALTER SEQUENCE {name} CACHE 1;"),
         );
     }
 }
 
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
+#[no_mangle]
+pub extern "C" fn pg_finfo_pgkvx_on_drop_extension() -> &'static pg_sys::Pg_finfo_record {
+    static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
 }
 
-fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
+/// `ddl_command_start` event trigger for DROP EXTENSION: when pgkvx goes
+/// with CASCADE, which drops the `next_key()` defaults of gapless tables,
+/// those tables get their sequence default back first, and every latched
+/// table's latches are forgotten at commit.  Without CASCADE Postgres
+/// refuses the drop itself (the latch triggers depend on the extension).
+///
+/// # Safety
+/// Called by the function manager as an event trigger.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn pgkvx_on_drop_extension(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: the event trigger protocol: context is EventTriggerData and
+    // its parse tree a DropStmt (the trigger is created WHEN TAG IN
+    // ('DROP EXTENSION')); nodes are checked by tag before each cast.
+    unsafe {
+        let ctx = (*fcinfo).context;
+        if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_EventTriggerData {
+            return pg_sys::Datum::from(0);
+        }
+        let tree = (*(ctx as *mut pg_sys::EventTriggerData)).parsetree;
+        if tree.is_null() || (*tree).type_ != pg_sys::NodeTag::T_DropStmt {
+            return pg_sys::Datum::from(0);
+        }
+        let stmt = &*(tree as *mut pg_sys::DropStmt);
+        let ours = stmt.removeType == pg_sys::ObjectType::OBJECT_EXTENSION
+            && pgrx::PgList::<pg_sys::Node>::from_pg(stmt.objects).iter_ptr().any(|n| {
+                (*n).type_ == pg_sys::NodeTag::T_String
+                    && CStr::from_ptr((*(n as *mut pg_sys::String)).sval).to_bytes() == b"pgkvx"
+            });
+        if !ours || stmt.behavior != pg_sys::DropBehavior::DROP_CASCADE {
+            return pg_sys::Datum::from(0);
+        }
+        for (rel, reg) in registry::registered() {
+            if reg.gapless {
+                restore_sequence_default(rel);
+            }
+            backend::purge_at_commit(backend::rel_id(rel));
+        }
+        pg_sys::Datum::from(0)
+    }
 }

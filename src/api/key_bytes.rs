@@ -3,11 +3,11 @@
 //! check encoded order against `ORDER BY`.
 
 use super::regclass::Regclass;
-use super::registry;
 use crate::keys::KeyDesc;
+use crate::registry;
 use pgrx::prelude::*;
 
-#[pg_extern(stable, parallel_safe)]
+#[pg_extern(stable, parallel_safe, schema = "pgkvx")]
 fn key_bytes(rel: Regclass, key: &str) -> Vec<u8> {
     let desc = match registry::lookup(rel.0) {
         Some(l) => l.key.clone(),

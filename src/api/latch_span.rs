@@ -2,16 +2,24 @@
 //! held to the end of the transaction (bulk loads, reserving a range).
 
 use super::regclass::Regclass;
-use super::registry;
 use crate::errors;
 use crate::latch::{KeyBuf, Span};
+use crate::registry;
 use crate::shmem::backend;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-#[pg_extern(volatile, parallel_unsafe)]
-fn latch_span(rel: Regclass, lo: Option<&str>, hi: Option<&str>) {
-    let relid = rel.0;
+#[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
+fn latch_span(rel: Option<Regclass>, lo: Option<&str>, hi: Option<&str>) {
+    let relid = super::regclass::required(rel, "rel");
+    // A read-only transaction writes nothing, so it has nothing to latch.
+    // SAFETY: plain read of a backend global.
+    if unsafe { pg_sys::XactReadOnly } {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            "cannot execute pgkvx.latch_span() in a read-only transaction",
+        );
+    }
     // A latch makes readers wait: only those who may write the table may take one.
     // SAFETY: catalog ACL check.
     let ok = unsafe {
@@ -53,5 +61,5 @@ fn latch_span(rel: Regclass, lo: Option<&str>, hi: Option<&str>) {
             ),
         );
     }
-    backend::latch(relid, &span);
+    backend::latch(relid, latched.owner, &span);
 }

@@ -1,13 +1,12 @@
 //! The SQL surface: `enable`/`disable`, the latch triggers, `latch_span`,
 //! `next_key`, the views, `stats()` and `check()`.
 
+pub mod drawn;
 pub mod enable;
 pub mod key_bytes;
 pub mod latch_span;
 pub mod next_key;
 pub mod regclass;
-pub mod registry;
-pub mod spi;
 pub mod trigger;
 pub mod views;
 
@@ -15,30 +14,28 @@ use pgrx::prelude::*;
 
 extension_sql!(
     r#"
+-- The extension's own schema: created here, so that it belongs to the
+-- extension (DROP EXTENSION takes it along) and so that a schema of that
+-- name made beforehand by someone else makes CREATE EXTENSION fail instead
+-- of being used.
+CREATE SCHEMA pgkvx;
 GRANT USAGE ON SCHEMA pgkvx TO PUBLIC;
 
 -- Latched tables.  pg_dump keeps it (extension config); restoring the
--- tables' triggers and this row restores the latching.
+-- tables' triggers and this row restores the latching.  Written only by
+-- pgkvx.enable/disable (as the table's owner, checked there); readable by
+-- everyone, with no row level security, so that neither row_security nor a
+-- non-superuser's pg_dump trips over it.
 CREATE TABLE pgkvx.tables (
-    relid      regclass    PRIMARY KEY,
-    key_index  regclass,                          -- NULL: the primary key
-    gapless    boolean     NOT NULL DEFAULT false,
-    enabled_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+    relid       regclass    PRIMARY KEY,
+    key_index   regclass,                          -- NULL: the primary key
+    gapless     boolean     NOT NULL DEFAULT false,
+    enabled_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    key_columns int2[]                             -- the key's columns, to follow a rebuilt key index
 );
 COMMENT ON TABLE pgkvx.tables IS 'Tables latched by pgkvx.enable()';
 SELECT pg_catalog.pg_extension_config_dump('pgkvx.tables', '');
--- Everyone may read it; owners may register and unregister their own tables
--- (enable/disable run as the caller).
-ALTER TABLE pgkvx.tables ENABLE ROW LEVEL SECURITY;
-GRANT SELECT, INSERT, UPDATE, DELETE ON pgkvx.tables TO PUBLIC;
-CREATE POLICY tables_read ON pgkvx.tables FOR SELECT USING (true);
-CREATE POLICY tables_insert ON pgkvx.tables FOR INSERT
-    WITH CHECK (pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = relid), 'USAGE'));
-CREATE POLICY tables_update ON pgkvx.tables FOR UPDATE
-    USING (pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = relid), 'USAGE'))
-    WITH CHECK (pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = relid), 'USAGE'));
-CREATE POLICY tables_delete ON pgkvx.tables FOR DELETE
-    USING (pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = relid), 'USAGE'));
+GRANT SELECT ON pgkvx.tables TO PUBLIC;
 "#,
     name = "catalog",
     bootstrap,
@@ -53,8 +50,8 @@ DECLARE
     o record;
 BEGIN
     FOR o IN SELECT d.objid FROM pg_catalog.pg_event_trigger_dropped_objects() d
-              WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0
-                AND EXISTS (SELECT 1 FROM pgkvx.tables t WHERE t.relid::oid = d.objid)
+              WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objsubid = 0
+                AND EXISTS (SELECT 1 FROM pgkvx.tables t WHERE t.relid::pg_catalog.oid = d.objid)
     LOOP
         PERFORM pgkvx._forget_table(o.objid);
     END LOOP;
@@ -62,7 +59,15 @@ END $$;
 REVOKE EXECUTE ON FUNCTION pgkvx._forget_table(oid) FROM PUBLIC;
 CREATE EVENT TRIGGER pgkvx_sql_drop ON sql_drop EXECUTE FUNCTION pgkvx._on_sql_drop();
 
--- Latched tables whose writes could escape latching.
+-- DROP EXTENSION pgkvx CASCADE drops the next_key() defaults of gapless
+-- tables; they get their sequence default back first, so inserts go on.
+CREATE FUNCTION pgkvx._on_drop_extension() RETURNS event_trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'pgkvx_on_drop_extension';
+CREATE EVENT TRIGGER pgkvx_drop_extension ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION') EXECUTE FUNCTION pgkvx._on_drop_extension();
+
+-- Latched tables whose writes could escape latching, or whose reads pgkvx
+-- cannot protect.
 CREATE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT t.relid, format('latch trigger %s is missing: writes are not latched; run pgkvx.enable(%L) again', n.tgname, t.relid::text)
@@ -85,12 +90,40 @@ CREATE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
        AND g.tgname NOT IN ('zz_pgkvx_latch_truncate') AND g.tgenabled <> 'D'
        AND (g.tgtype & 1) <> 0 AND (g.tgtype & 2) <> 0 AND (g.tgtype & (4 | 16)) <> 0
     UNION ALL
-    SELECT t.relid, format('key index %s no longer exists; run pgkvx.enable again', t.key_index::oid)
+    -- The key index: the one named at enable, or a rebuild of it on the
+    -- same columns, or the primary key.
+    SELECT t.relid, CASE WHEN t.key_index IS NULL
+               THEN 'it has no primary key any more: reads and writes fail until it gets one or pgkvx.disable runs'
+               ELSE 'its key index no longer exists and no unique index is on its key columns: reads and writes fail until pgkvx.enable runs again with a new key index, or pgkvx.disable'
+           END
       FROM pgkvx.tables t
-     WHERE t.key_index IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indexrelid = t.key_index)
+     WHERE CASE WHEN t.key_index IS NULL
+               THEN NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = t.relid AND i.indisprimary)
+               ELSE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indexrelid = t.key_index AND i.indisvalid)
+                AND NOT EXISTS (SELECT 1 FROM pg_index i
+                                 WHERE i.indrelid = t.relid AND i.indisunique AND i.indisvalid
+                                   AND i.indpred IS NULL AND i.indexprs IS NULL
+                                   AND i.indnkeyatts = pg_catalog.cardinality(t.key_columns)
+                                   AND (i.indkey::int2[])[0:i.indnkeyatts - 1] = t.key_columns)
+           END
+    UNION ALL
+    -- Gapless keys come from next_key(); any other default is refused.
+    SELECT t.relid, format('gapless key column %I does not default to pgkvx.next_key(): inserts that leave it to its default are refused; run pgkvx.enable(%L, gapless => true) again', a.attname, t.relid::text)
+      FROM pgkvx.tables t
+      JOIN pg_attribute a ON a.attrelid = t.relid AND a.attnum = t.key_columns[1]
+     WHERE t.gapless AND NOT EXISTS (
+           SELECT 1 FROM pg_attrdef d JOIN pg_depend dep
+                ON dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid
+               AND dep.refclassid = 'pg_proc'::regclass
+               AND dep.refobjid = 'pgkvx.next_key(pg_catalog.regclass)'::regprocedure
+            WHERE d.adrelid = t.relid AND d.adnum = a.attnum)
+    UNION ALL
+    SELECT t.relid, 'logical replication writes into it: rows arrive in the publisher''s commit order and the publisher''s writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)'
+      FROM pgkvx.tables t
+     WHERE EXISTS (SELECT 1 FROM pg_subscription_rel s WHERE s.srrelid = t.relid)
 $$;
-COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing without latching';
+COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing without latching, or whose reads cannot be protected';
 "#,
     name = "check_and_drop",
-    requires = ["catalog", forget_table],
+    requires = ["catalog", forget_table, next_key],
 );

@@ -7,11 +7,25 @@
 //! the caller's write latch on it inside one critical section per table, so
 //! when any later key is drawn, every earlier drawn key is already latched
 //! (and its latch precedes the later one in publication order).
+//!
+//! The section is an LWLock, so nothing in it may wait on a heavyweight
+//! lock, sleep or do unbounded work: interrupts are held while it is held,
+//! and the deadlock detector cannot see it.  Everything that can wait or
+//! fail slowly happens first — privilege checks, the table's and the
+//! sequence's locks (which `nextval` would otherwise take inside), the
+//! xid, the catalog entries `nextval` reads, room in the latch table —
+//! and escalation and back-pressure happen after.  Inside remain the
+//! sequence page update and one latch publication.
 
+use super::drawn;
 use super::enable::{check_sequence_cache, gapless_sequence};
 use super::regclass::Regclass;
-use super::{registry, trigger};
+use super::trigger;
+use crate::errors;
+use crate::keys::KeyWriter;
 use crate::latch::{Span, Stat};
+use crate::pg::OpenRel;
+use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
@@ -30,9 +44,31 @@ thread_local! {
     static SEQS: RefCell<HashMap<Oid, Oid>> = RefCell::new(HashMap::new());
 }
 
-#[pg_extern(volatile, parallel_unsafe)]
+fn may(relid: Oid, mode: u32) -> bool {
+    // SAFETY: a catalog ACL check for the current user.
+    unsafe {
+        pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), mode as pg_sys::AclMode) == pg_sys::AclResult::ACLCHECK_OK
+    }
+}
+
+#[pg_extern(volatile, parallel_unsafe, strict, schema = "pgkvx")]
 fn next_key(rel: Regclass) -> i64 {
     let relid = rel.0;
+    // Drawing a key latches it: it takes the right to write the table,
+    // checked before any lock or latch.
+    if !may(relid, pg_sys::ACL_INSERT) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied to draw a key of table \"{}\": needs INSERT", registry::rel_name(relid)),
+        );
+    }
+    // SAFETY: plain read of a backend global.
+    if unsafe { pg_sys::XactReadOnly } {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            "cannot execute pgkvx.next_key() in a read-only transaction",
+        );
+    }
     // Writers hold ROW EXCLUSIVE already; a bare call takes it too, so the
     // table cannot be disabled or dropped under the draw.
     // SAFETY: standard lock acquisition; raises on a missing relation.
@@ -47,28 +83,43 @@ fn next_key(rel: Regclass) -> i64 {
         }
     };
     check_sequence_cache(seq);
+    if !may(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for sequence {}", registry::rel_name(seq)),
+        );
+    }
+    // nextval's own lock and relcache entry, taken now: inside the section
+    // it finds the lock held and the entry built, and waits for neither.
+    let _seq = OpenRel::open(seq, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+    // SAFETY: warms the catalog cache entry nextval reads.
+    unsafe {
+        let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(seq));
+        if !t.is_null() {
+            pg_sys::ReleaseSysCache(t);
+        }
+    }
+    let h = backend::holder(latched.owner);
+    backend::make_room();
     let t = table();
     let rel_id = backend::rel_id(relid);
-    let (value, key, xid) = {
-        let _draws = t.lock_draws(rel_id).unwrap_or_else(|_| {
-            crate::errors::raise(
-                PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-                "pgkvx cannot register another latched table (pgkvx.max_tables / pgkvx.max_ranges)",
-            )
-        });
-        // Assigning the xid inside the section makes xid order follow draw
-        // order for transactions that start by drawing a key.
-        let xid = backend::my_xid();
-        // SAFETY: nextval with permission checks; errors unwind through the
-        // guard, which releases the draw lock.
-        let value = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(seq, true)) };
-        let mut key = crate::keys::KeyWriter::new();
+    let (value, key, published) = {
+        let _draws = t.lock_draws(rel_id, latched.owner.to_u32()).unwrap_or_else(|e| backend::raise_acquire_error(e));
+        // SAFETY: nextval without its own permission check (done above);
+        // errors unwind through the guard, which releases the draw lock.
+        let value = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(seq, false)) };
+        let mut key = KeyWriter::new();
         // SAFETY: an int8 datum for the (integer) key column.
         unsafe { latched.key.encode_datum(0, pg_sys::Datum::from(value), &mut key) };
-        backend::latch(relid, &Span::point(key.bytes()));
-        (value, key, xid)
+        let published = backend::latch_in_draw(relid, &Span::point(key.bytes()), &h);
+        (value, key, published)
     };
-    trigger::remember(xid, relid, key);
+    // A failed publication raises only now, outside the section; the value
+    // it drew is never written, so it leaves no hole.
+    let published = published.unwrap_or_else(|e| backend::raise_acquire_error(e));
+    drawn::record(relid, value);
+    trigger::remember(h.xid, relid, key);
+    backend::after_draw(relid, &Span::point(key.bytes()), &h, published);
     backend::count(Stat::KeysDrawn, 1);
     value
 }

@@ -40,3 +40,22 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for Regclass {
         unsafe { arg.unbox_arg_using_from_datum() }.into()
     }
 }
+
+/// The relation a required `regclass` argument names: NULL is refused with
+/// 22004, an oid that names no relation with 42P01.
+pub fn required(arg: Option<Regclass>, name: &str) -> Oid {
+    let Some(Regclass(oid)) = arg else {
+        crate::errors::raise(
+            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            format!("argument \"{name}\" must not be NULL"),
+        )
+    };
+    // SAFETY: a syscache probe.
+    if unsafe { pg_sys::get_rel_name(oid) }.is_null() {
+        crate::errors::raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!("relation with OID {} does not exist", oid.to_u32()),
+        );
+    }
+    oid
+}

@@ -6,10 +6,18 @@
 //!
 //! They are plain C-ABI functions rather than `#[pg_trigger]`s: every write
 //! to a latched table runs one, so they skip the wrapper's conversions.
+//!
+//! On a gapless table a new key (an INSERT, or an UPDATE that changes the
+//! key) must have been drawn by `pgkvx.next_key` in this transaction: its
+//! latch then exists since the draw.  Any other key is refused, except in
+//! `session_replication_role = replica` (logical replication apply), whose
+//! keys come from elsewhere — `pgkvx.check()` reports tables written so.
 
-use super::registry;
+use super::drawn;
+use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Xid};
+use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Datum};
 use pgrx::prelude::*;
@@ -26,15 +34,50 @@ pub fn remember(xid: Xid, relid: pg_sys::Oid, key: KeyWriter) {
     LAST.with(|l| l.set(Some((xid, relid, key))));
 }
 
-fn latch_key(relid: pg_sys::Oid, key: &KeyWriter) {
+fn latch_key(latched: &Latched, key: &KeyWriter) {
+    let relid = latched.key.relid;
     let xid = backend::my_xid();
     if let Some((x, r, k)) = LAST.with(|l| l.get()) {
         if x == xid && r == relid && k.bytes() == key.bytes() {
             return;
         }
     }
-    backend::latch(relid, &Span::point(key.bytes()));
+    backend::latch(relid, latched.owner, &Span::point(key.bytes()));
     remember(xid, relid, *key);
+}
+
+fn replica_role() -> bool {
+    // SAFETY: plain read of a backend global.
+    unsafe { pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 }
+}
+
+/// A new key for a row of gapless table `latched`: it must be one this
+/// transaction drew (and so latched) with `next_key`.
+///
+/// # Safety
+/// `tup` is a tuple of the table, `tupdesc` its descriptor.
+unsafe fn take_drawn_key(latched: &Latched, tup: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> bool {
+    let col = &latched.key.cols[0];
+    let mut isnull = false;
+    // SAFETY: per contract; the gapless key is one integer column.
+    let d = unsafe { pg_sys::heap_getattr(tup, i32::from(col.attnum), tupdesc, &mut isnull) };
+    let key = match col.typid {
+        pg_sys::INT2OID => i64::from(d.value() as i16),
+        pg_sys::INT4OID => i64::from(d.value() as i32),
+        _ => d.value() as i64,
+    };
+    if isnull || drawn::take(latched.key.relid, key) {
+        return true; // NULL is refused by the codec with its own error
+    }
+    errors::raise_full(
+        PgSqlErrorCode::ERRCODE_GENERATED_ALWAYS,
+        format!("cannot write key {key} into gapless table \"{}\"", latched.key.relname),
+        Some(format!(
+            "Keys of a gapless table must be drawn by pgkvx.next_key('{}') in the writing transaction; a key drawn any other way could commit behind a consumer's cursor.",
+            latched.key.relname
+        )),
+        Some("Leave the key column to its DEFAULT, or draw the key with pgkvx.next_key() in the same transaction."),
+    )
 }
 
 /// # Safety
@@ -82,12 +125,22 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_row(fcinfo: pg_sys::FunctionCallInfo
         let latched = registry::require(relid);
         let tupdesc = (*rel).rd_att;
         let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        let gapless = latched.gapless && !replica_role();
         let old = latched.key.encode_heap_tuple(td.tg_trigtuple, tupdesc);
-        latch_key(relid, &old);
+        if op == pg_sys::TRIGGER_EVENT_INSERT && gapless {
+            // Latched since it was drawn.
+            take_drawn_key(&latched, td.tg_trigtuple, tupdesc);
+            return Datum::from(td.tg_trigtuple);
+        }
+        latch_key(&latched, &old);
         if op == pg_sys::TRIGGER_EVENT_UPDATE {
             let new = latched.key.encode_heap_tuple(td.tg_newtuple, tupdesc);
             if new.bytes() != old.bytes() {
-                latch_key(relid, &new);
+                if gapless {
+                    take_drawn_key(&latched, td.tg_newtuple, tupdesc);
+                } else {
+                    latch_key(&latched, &new);
+                }
             }
             return Datum::from(td.tg_newtuple);
         }
@@ -112,8 +165,8 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_truncate(fcinfo: pg_sys::FunctionCal
     unsafe {
         let td = trigger_data(fcinfo, "pgkvx.latch_truncate()");
         let relid = (*td.tg_relation).rd_id;
-        registry::require(relid);
-        backend::latch(relid, &Span::ALL);
+        let latched = registry::require(relid);
+        backend::latch(relid, latched.owner, &Span::ALL);
         Datum::from(0)
     }
 }

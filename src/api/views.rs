@@ -1,22 +1,30 @@
 //! `pgkvx.latches`, `pgkvx.ranges` and `pgkvx.stats()`.
 //!
-//! Latches and ranges of a table are shown only to roles that may SELECT the
-//! table (or have pg_monitor): key values are table data.
+//! Latches and ranges of a table are shown to roles that may SELECT the
+//! table or have pg_monitor.  Their keys (spans, range bounds) are table
+//! data: they are shown only to roles that may read every row — SELECT on
+//! the table and no row level security applying to them (its owner,
+//! BYPASSRLS, or a table without policies); otherwise they are NULL.
 
-use super::registry;
 use crate::latch::{LatchInfo, RangeInfo, RelId, Span, Stat, State};
+use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::collections::HashMap;
 
-fn may_see(relid: Oid) -> bool {
-    // SAFETY: catalog ACL checks.
+/// What the caller may see of a table's latches: (the latches, their keys).
+fn may_see(relid: Oid) -> (bool, bool) {
+    // SAFETY: catalog ACL and row-security checks for the current user.
     unsafe {
         let me = pg_sys::GetUserId();
-        pg_sys::has_privs_of_role(me, Oid::from(pg_sys::ROLE_PG_MONITOR))
-            || pg_sys::pg_class_aclcheck(relid, me, pg_sys::ACL_SELECT as pg_sys::AclMode)
-                == pg_sys::AclResult::ACLCHECK_OK
+        let select = pg_sys::pg_class_aclcheck(relid, me, pg_sys::ACL_SELECT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK;
+        let monitor = pg_sys::has_privs_of_role(me, Oid::from(pg_sys::ROLE_PG_MONITOR));
+        let all_rows = select
+            && pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
+                != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
+        (select || monitor, all_rows)
     }
 }
 
@@ -46,14 +54,20 @@ impl SpanFormatter {
     }
 }
 
-fn visible_here(rel: RelId) -> Option<Oid> {
+/// The table of `rel` if its latches are shown here, and whether its keys
+/// are.
+fn visible_here(rel: RelId, cache: &mut HashMap<Oid, (bool, bool)>) -> Option<(Oid, bool)> {
     let relid = Oid::from(rel.rel());
-    (rel.db() == backend::my_db() && may_see(relid)).then_some(relid)
+    if rel.db() != backend::my_db() {
+        return None;
+    }
+    let (row, keys) = *cache.entry(relid).or_insert_with(|| may_see(relid));
+    row.then_some((relid, keys))
 }
 
 /// Latches of tables in this database the caller may see; tombstones
 /// (released latches kept for readers) only when asked for.
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
 #[allow(clippy::type_complexity)]
 fn latch_list(
     include_tombstones: default!(bool, false),
@@ -61,7 +75,7 @@ fn latch_list(
     'static,
     (
         name!(relid, Oid),
-        name!(span, String),
+        name!(span, Option<String>),
         name!(state, String),
         name!(holder_pid, i32),
         name!(holder_xid, i64),
@@ -76,17 +90,18 @@ fn latch_list(
         }
     });
     let mut fmt = SpanFormatter::new();
+    let mut seen = HashMap::new();
     let rows: Vec<_> = raw
         .into_iter()
         .filter_map(|l| {
-            let relid = visible_here(l.rel)?;
+            let (relid, keys) = visible_here(l.rel, &mut seen)?;
             let state = if l.state == State::Live { "live" } else { "tombstone" };
             // SAFETY: TimestampTz is a plain i64.
             let at =
                 unsafe { pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(l.acquired_at), false) }?;
             Some((
                 relid,
-                fmt.span(relid, &l.span),
+                keys.then(|| fmt.span(relid, &l.span)),
                 state.to_string(),
                 l.pid,
                 pgrx::xid_to_64bit(l.xid.0.into()) as i64,
@@ -98,15 +113,15 @@ fn latch_list(
     TableIterator::new(rows)
 }
 
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
 #[allow(clippy::type_complexity)]
 fn range_list() -> TableIterator<
     'static,
     (
         name!(relid, Oid),
         name!(range_id, i32),
-        name!(lower, String),
-        name!(upper, String),
+        name!(lower, Option<String>),
+        name!(upper, Option<String>),
         name!(live, i32),
         name!(tombstones, i32),
         name!(coalesced, i32),
@@ -118,15 +133,16 @@ fn range_list() -> TableIterator<
     let mut raw: Vec<RangeInfo> = Vec::new();
     table().for_each_range(&mut |r| raw.push(*r));
     let mut fmt = SpanFormatter::new();
+    let mut seen = HashMap::new();
     let rows: Vec<_> = raw
         .into_iter()
         .filter_map(|r| {
-            let relid = visible_here(r.rel)?;
+            let (relid, keys) = visible_here(r.rel, &mut seen)?;
             Some((
                 relid,
                 r.id as i32,
-                fmt.key(relid, &r.lo, "-∞"),
-                fmt.key(relid, &r.hi, "+∞"),
+                keys.then(|| fmt.key(relid, &r.lo, "-∞")),
+                keys.then(|| fmt.key(relid, &r.hi, "+∞")),
                 r.live as i32,
                 r.tombstones as i32,
                 r.coalesced as i32,
@@ -141,7 +157,7 @@ fn range_list() -> TableIterator<
 
 /// Counters since the server started, summed over all backends, plus how
 /// full the latch table is.
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
 fn stats() -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
     let t = table();
     let counts = t.stats();
@@ -165,12 +181,12 @@ CREATE VIEW pgkvx.latches AS
     SELECT relid::regclass AS relid, span, state, holder_pid, holder_xid, acquired_at,
            pg_catalog.clock_timestamp() - acquired_at AS age, range_id
       FROM pgkvx.latch_list(false);
-COMMENT ON VIEW pgkvx.latches IS 'Live write latches on tables you may SELECT (all with pg_monitor)';
+COMMENT ON VIEW pgkvx.latches IS 'Live write latches on tables you may SELECT (all with pg_monitor); spans only where you may read every row';
 CREATE VIEW pgkvx.ranges AS
     SELECT relid::regclass AS relid, range_id, lower, upper, live, tombstones, coalesced,
            acquires, lock_waits, queue_state
       FROM pgkvx.range_list();
-COMMENT ON VIEW pgkvx.ranges IS 'Latch ranges of tables you may SELECT (all with pg_monitor)';
+COMMENT ON VIEW pgkvx.ranges IS 'Latch ranges of tables you may SELECT (all with pg_monitor); bounds only where you may read every row';
 GRANT SELECT ON pgkvx.latches, pgkvx.ranges TO PUBLIC;
 "#,
     name = "views",

@@ -13,7 +13,7 @@
 //! the caller's search_path, as if the caller had run it.
 
 use pgrx::prelude::*;
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PgRelation, PgSqlErrorCode};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PgSqlErrorCode};
 
 mod batch;
 mod fetch;
@@ -22,8 +22,8 @@ mod query;
 mod scan;
 mod types;
 
-use crate::api::registry::{self, Latched};
 use crate::errors;
+use crate::registry::{self, Latched};
 use std::rc::Rc;
 use types::NumericMode;
 
@@ -95,9 +95,9 @@ fn stream_args(batch_rows: i32) -> StreamArgs {
 /// The requested columns of `rel`, in key order, for keys in
 /// `[lower, upper)`, at most `max_rows` rows, as one Arrow IPC stream over
 /// the returned values.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn arrow_scan(
-    rel: PgRelation,
+    rel: Option<crate::api::regclass::Regclass>,
     columns: default!(Option<Vec<Option<String>>>, "NULL"),
     lower: default!(Option<String>, "NULL"),
     upper: default!(Option<String>, "NULL"),
@@ -114,17 +114,18 @@ fn arrow_scan(
             })
             .collect()
     });
-    let oid = rel.oid();
-    // PgRelation holds its own lock and reference; the scan keeps its own.
-    drop(rel);
+    let oid = crate::api::regclass::required(rel, "rel");
     let req = scan::ScanRequest { rel: oid, columns, lower, upper, max_rows };
     SetOfIterator::new(scan::TableStream::open(req, args))
 }
 
 /// The result of a read-only query as one Arrow IPC stream over the returned
 /// values, fetched batch by batch through a cursor.
-#[pg_extern(volatile, parallel_unsafe)]
-fn arrow_query(query: &str, batch_rows: default!(i32, 65536)) -> SetOfIterator<'static, Vec<u8>> {
+#[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
+fn arrow_query(query: Option<&str>, batch_rows: default!(i32, 65536)) -> SetOfIterator<'static, Vec<u8>> {
+    let Some(query) = query else {
+        errors::raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "argument \"query\" must not be NULL");
+    };
     let args = stream_args(batch_rows);
     SetOfIterator::new(query::QueryStream::open(query, args))
 }

@@ -9,14 +9,7 @@ use pgrx::PgSqlErrorCode;
 
 use crate::errors;
 
-/// True while the transaction can still run catalog and buffer-manager code.
-/// During abort Postgres releases pins, locks and snapshots through resource
-/// owners *before* memory contexts (and with them our SRF state) are freed;
-/// cleanup that ran then would release everything a second time.
-pub fn in_live_transaction() -> bool {
-    // SAFETY: reads backend-local transaction state; callable at any time.
-    unsafe { pg_sys::IsTransactionState() }
-}
+pub use crate::pg::in_live_transaction;
 
 /// A private memory context for one row's transient allocations (detoasted
 /// values, output-function strings), reset after every row so that a batch of

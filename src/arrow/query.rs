@@ -23,6 +23,8 @@ struct ArrowDest {
     out: BatchWriter,
     attrs: Vec<usize>,
     natts: usize,
+    /// The batch filled up in the middle of a fetch, which was stopped.
+    stopped_full: bool,
 }
 
 #[pg_guard]
@@ -34,6 +36,12 @@ unsafe extern "C-unwind" fn receive_slot(slot: *mut pg_sys::TupleTableSlot, dest
         let d = &mut *(dest as *mut ArrowDest);
         let (values, nulls) = pg::deform(slot, d.natts);
         d.out.push_row(values, nulls, &d.attrs);
+        // Past the byte cap, stop the executor: however wide the rows,
+        // a batch holds at most one row more than its cap.
+        if d.out.full() {
+            d.stopped_full = true;
+            return false;
+        }
     }
     true
 }
@@ -91,6 +99,18 @@ impl QueryStream {
                     }
                 }
             }
+            // Row locks taken in a subquery show only once planned.
+            let cplan = pg_sys::SPI_plan_get_cached_plan(plan);
+            if !cplan.is_null() {
+                let locks = PgList::<pg_sys::PlannedStmt>::from_pg((*cplan).stmt_list)
+                    .iter_ptr()
+                    .any(|p| !(*p).rowMarks.is_null());
+                // An unsaved SPI plan's cached plan has no resource owner.
+                pg_sys::ReleaseCachedPlan(cplan, std::ptr::null_mut());
+                if locks {
+                    refuse_not_read_only();
+                }
+            }
             let portal = pg_sys::SPI_cursor_open(std::ptr::null(), plan, std::ptr::null_mut(), std::ptr::null(), true);
             let name = CStr::from_ptr((*portal).name).to_owned();
             let attrs = pg::tupdesc_attrs((*portal).tupDesc);
@@ -115,6 +135,7 @@ impl QueryStream {
             out: BatchWriter::new(columns, args.batch_rows),
             attrs: idx,
             natts,
+            stopped_full: false,
         });
         QueryStream { portal, dest, batch_rows: args.batch_rows, open: true, done: false }
     }
@@ -147,6 +168,7 @@ impl QueryStream {
                 rows_left.min(((BATCH_BYTE_CAP - out.bytes()) / per_row).max(1))
             };
             let portal = self.find_portal();
+            self.dest.stopped_full = false;
             // SAFETY: the portal is ready (opened by SPI_cursor_open, not
             // active); `dest` points to our boxed receiver, which outlives
             // the call.
@@ -158,6 +180,18 @@ impl QueryStream {
                     &mut self.dest.base,
                 )
             };
+            if self.dest.stopped_full {
+                // The receiver took the row it stopped on, but a stopped
+                // run counts it neither as fetched nor leaves the cursor
+                // open: it marks the portal at its end.  It is not; say so.
+                // SAFETY: our own portal, not running now.
+                unsafe {
+                    (*portal).atEnd = false;
+                    (*portal).atStart = false;
+                    (*portal).portalPos += 1;
+                }
+                return false;
+            }
             if (got as usize) < want {
                 return true;
             }

@@ -20,17 +20,18 @@ use std::rc::Rc;
 
 use pgrx::{pg_sys, PgMemoryContexts, PgSqlErrorCode};
 
-use super::batch::BatchWriter;
+use super::batch::{BatchWriter, BATCH_BYTE_CAP};
 use super::fetch::{self, Deformer, PageFetch};
 use super::pg::{self, in_live_transaction, IndexInfo, OwnerWatch, RegisteredSnapshot, Rel, Slot};
 use super::types::{self, Settings};
 use super::{key_for, StreamArgs};
-use crate::api::registry::Latched;
 use crate::errors;
-use crate::latch::{Span, Xid};
-use crate::scan::guard::{self, Choice, Then};
-use crate::scan::snapshot::{self, Base};
-use crate::scan::span;
+use crate::latch::{Footprint, RelId, Span, Xid};
+use crate::read::run::{self, Choice, Then};
+use crate::read::snapshot::{self, Base};
+use crate::read::span;
+use crate::registry::Latched;
+use crate::shmem::backend;
 
 /// The request, as arrow_scan received it.
 pub struct ScanRequest {
@@ -399,18 +400,21 @@ impl TableStream {
         let natts = attrs.iter().max().map_or(0, |m| m + 1);
 
         let snapshot = RegisteredSnapshot::active();
-        // `after` for the statement's snapshot (scan/snapshot.rs): read as
+        // `after` for the statement's snapshot (read/snapshot.rs): read as
         // soon after it as we can, which only errs on the safe side.
-        let after = snapshot::after_for_statement(snapshot::next_xid());
+        let after = snapshot::after_for_statement();
         let slot = Slot::for_rel(&rel);
         let latching = match (&latched, &index) {
-            (Some(l), Some(_)) => guard::choose_mode(req.max_rows.map(|m| m as u64)).map(|choice| Latching {
-                latched: l.clone(),
-                choice,
-                declared: span::declared(&l.key, &keys),
-                // SAFETY: the snapshot is registered until the scan ends,
-                // and `after` was read after it was taken.
-                base: unsafe { Base::of(snapshot.as_ptr(), after) },
+            (Some(l), Some(_)) => run::choose_mode(req.max_rows.map(|m| m as u64)).map(|choice| {
+                refuse_on_standby();
+                Latching {
+                    latched: l.clone(),
+                    choice,
+                    declared: span::declared(&l.key, span::scan_key_quals(&keys, Some)),
+                    // SAFETY: the snapshot is registered until the scan ends,
+                    // and `after` was read after it was taken.
+                    base: unsafe { Base::of(snapshot.as_ptr(), after) },
+                }
             }),
             _ => None,
         };
@@ -463,10 +467,9 @@ impl TableStream {
     /// (optimistic), or the index scan is started at a snapshot for which
     /// the declared span is clean (fenced).
     fn validate(&mut self, l: Latching) {
-        let heap = self.source.as_ref().expect("source before the first call").rel.as_ptr();
-        let mut reader = Optimistic { stream: self, latched: &l.latched, declared: l.declared };
-        // SAFETY: the relation stays open until the source is released.
-        let run = unsafe { guard::run(&mut reader, &l.latched.key, heap, l.base, &l.declared, l.choice, "arrow_scan") };
+        let rel = backend::rel_id(l.latched.key.relid);
+        let mut reader = Optimistic { stream: self, latched: &l.latched, declared: l.declared, rel };
+        let run = run::run(&mut reader, l.base, &vec![(rel, l.declared)], l.choice, "arrow_scan");
         let src = self.source.as_mut().expect("source");
         match run.then {
             Then::Emit => {
@@ -554,10 +557,11 @@ struct Optimistic<'a> {
     stream: &'a mut TableStream,
     latched: &'a Latched,
     declared: Span,
+    rel: RelId,
 }
 
-impl guard::Reader for Optimistic<'_> {
-    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Span {
+impl run::Reader for Optimistic<'_> {
+    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Option<Footprint> {
         let st = &mut *self.stream;
         st.ready.clear();
         st.out.restart();
@@ -566,14 +570,22 @@ impl guard::Reader for Optimistic<'_> {
         // SAFETY: scan_cx lives as long as the scan.
         let snap = unsafe { base.spliced_in(src.scan_cx, pulled) };
         src.start(snap);
+        // Held back until valid: past one batch's worth of bytes the read
+        // goes fenced and streams instead.
+        let mut held = 0usize;
         loop {
             let exhausted = st.read_batch();
-            st.ready.push_back(st.out.flush(exhausted));
+            let batch = st.out.flush(exhausted);
+            held += batch.len();
+            st.ready.push_back(batch);
             if exhausted {
                 break;
             }
+            if held > BATCH_BYTE_CAP {
+                return None;
+            }
         }
-        match st.max_rows {
+        let span = match st.max_rows {
             // Asked for nothing, read nothing.
             Some(0) => Span { start: self.declared.start, end: self.declared.start },
             // Stopped at max_rows: the scan looked at D up to the last key.
@@ -583,7 +595,20 @@ impl guard::Reader for Optimistic<'_> {
             }
             // Ran out of rows: it looked at all of D.
             _ => self.declared,
-        }
+        };
+        Some(vec![(self.rel, span)])
+    }
+}
+
+/// See the statement guard: a hot standby's latch table is empty.
+fn refuse_on_standby() {
+    // SAFETY: a plain read of recovery state.
+    if unsafe { pgrx::pg_sys::RecoveryInProgress() } {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "pgkvx cannot protect arrow_scan of a latched table on a hot standby",
+            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
+        );
     }
 }
 

@@ -106,11 +106,22 @@ impl KeyDesc {
     /// # Safety
     /// `slot` holds a tuple of this table.
     pub unsafe fn encode_slot(&self, slot: *mut pg_sys::TupleTableSlot) -> KeyWriter {
+        let attnos: Vec<i32> = self.cols.iter().map(|c| i32::from(c.attnum)).collect();
+        // SAFETY: per the contract, the key columns are at their attnums.
+        unsafe { self.encode_slot_at(slot, &attnos) }
+    }
+
+    /// Encodes the key held in a slot whose key columns are at `attnos`
+    /// (an index-only scan's slot holds the index's columns).
+    ///
+    /// # Safety
+    /// `slot` holds a row whose attribute `attnos[i]` is key column `i`.
+    pub unsafe fn encode_slot_at(&self, slot: *mut pg_sys::TupleTableSlot, attnos: &[i32]) -> KeyWriter {
         let mut w = KeyWriter::new();
-        for (i, c) in self.cols.iter().enumerate() {
+        for (i, &a) in attnos.iter().enumerate().take(self.cols.len()) {
             let mut isnull = false;
             // SAFETY: per the contract.
-            let d = unsafe { pg_sys::slot_getattr(slot, i32::from(c.attnum), &mut isnull) };
+            let d = unsafe { pg_sys::slot_getattr(slot, a, &mut isnull) };
             if isnull {
                 break; // cannot happen for a NOT NULL key; a prefix is conservative
             }

@@ -37,6 +37,9 @@ pub struct KeyCol {
     pub typid: Oid,
     pub kind: KeyKind,
     pub desc: bool,
+    /// The key index's btree operator family for the column: the operators
+    /// whose quals bound a declared span.
+    pub opfamily: Oid,
 }
 
 /// The key of a latched table.
@@ -260,7 +263,14 @@ impl KeyDesc {
                     ),
                 );
             }
-            cols.push(KeyCol { attnum, name, typid: base, kind, desc: option & pg_sys::INDOPTION_DESC as i16 != 0 });
+            cols.push(KeyCol {
+                attnum,
+                name,
+                typid: base,
+                kind,
+                desc: option & pg_sys::INDOPTION_DESC as i16 != 0,
+                opfamily: family,
+            });
         }
         KeyDesc { relid, relname, index, index_name, cols }
     }

@@ -44,7 +44,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             // SAFETY: `e` is a tombstone in range `r`.
             let d = unsafe { self.data(e) };
             let next = d.fifo_next;
-            body.summary.absorb(&d.span, d.xid, d.seq);
+            body.summary.absorb(&d.span, d.xid, d.seq, self.seq_hi(e));
             body.root = tree::remove(&self.nodes(), body.root, e);
             // SAFETY: unlinked from the tree; the list is dropped below.
             unsafe { self.free(e) };
@@ -88,6 +88,14 @@ impl<L: LockSet> LatchTable<'_, L> {
         // SAFETY: as above.
         let td = unsafe { self.table_data(meta.table) };
         if td.nranges as usize >= MAX_RANGES_PER_TABLE {
+            return None;
+        }
+        // Keep one free range for every free table slot: however one table
+        // splits, a new table can always be latched.
+        // SAFETY: exclusive Directory lock held.
+        let dir = unsafe { self.dir() };
+        let reserve = self.config().max_tables - dir.tables_used;
+        if dir.ranges_used + reserve >= self.config().max_ranges {
             return None;
         }
         let at = {
@@ -369,14 +377,14 @@ impl<L: LockSet> LatchTable<'_, L> {
 
 #[cfg(test)]
 mod tests {
-    use crate::latch::locks::heap_table;
-    use crate::latch::{Config, Holder, Outcome, RelId, Span, Xid};
+    use crate::locks::heap_table;
+    use crate::{Config, Holder, Outcome, RelId, Span, Xid};
 
     #[test]
     fn idle_empty_tables_are_freed_and_come_back_on_demand() {
         let t = heap_table(Config { max_entries: 64, max_ranges: 8, max_tables: 4, max_backends: 2 });
         let (a, b) = (RelId::new(1, 10), RelId::new(2, 10));
-        let h = |x| Holder { xid: Xid(x), pid: 1, now_us: 0 };
+        let h = |x| Holder { xid: Xid(x), pid: 1, now_us: 0, owner: 0 };
         t.acquire(0, a, &Span::point(b"x"), &h(50)).unwrap();
         t.acquire(0, b, &Span::point(b"y"), &h(50)).unwrap();
         assert_eq!(t.gc_idle_tables(), 0, "live latches: nothing to free");
@@ -388,7 +396,7 @@ mod tests {
         t.release_all(0, Outcome::Aborted);
         t.drain_released(0);
         {
-            let _draws = t.lock_draws(a).unwrap(); // a key draw in progress protects a
+            let _draws = t.lock_draws(a, 0).unwrap(); // a key draw in progress protects a
             assert_eq!(t.gc_idle_tables(), 0, "a is being drawn from; b was written");
         }
         assert_eq!(t.gc_idle_tables(), 2, "both idle and empty now");

@@ -30,8 +30,9 @@
 //! when it cannot name them (`Check::must_refresh`) does it take a fresh
 //! snapshot.
 
+use super::region::RelId;
 use super::span::Span;
-use super::validate::{Check, Conflict};
+use super::validate::{Check, Conflict, Footprint};
 use super::xid::Xid;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,11 +63,11 @@ pub enum Outcome {
     /// now and stream.
     Stream { pulled: Vec<Xid> },
     /// A conflict that waiting cannot repair under a fixed snapshot.
-    SerializationFailure { xid: Xid, span: Span },
+    SerializationFailure { xid: Xid, rel: RelId, span: Span },
 }
 
 /// What happened on the way, for EXPLAIN ANALYZE and `pgkvx.stats()`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Report {
     pub validations: u32,
     pub conflicts: u32,
@@ -76,54 +77,86 @@ pub struct Report {
     /// Writers that started after the snapshot, pulled in to keep latch order.
     pub pulled_after: u32,
     pub fell_back: bool,
+    /// An optimistic read's result was too large to buffer: it went fenced.
+    pub overflowed: bool,
     /// An optimistic scan found D clean before reading and streamed.
     pub streamed: bool,
-    /// The last touched span checked (optimistic) or the declared span
+    /// The last footprint checked: touched (optimistic) or declared
     /// (fenced, or streamed).
-    pub checked: Option<Span>,
+    pub checked: Option<Footprint>,
+}
+
+impl Report {
+    /// Adds another run's counts to these.
+    pub fn add(&mut self, r: &Report) {
+        self.validations += r.validations;
+        self.conflicts += r.conflicts;
+        self.retries += r.retries;
+        self.fresh_snapshots += r.fresh_snapshots;
+        self.waits += r.waits;
+        self.pulled_after += r.pulled_after;
+        self.fell_back |= r.fell_back;
+        self.overflowed |= r.overflowed;
+        self.streamed |= r.streamed;
+        if r.checked.is_some() {
+            self.checked.clone_from(&r.checked);
+        }
+    }
 }
 
 /// The reader's side of the world.
 pub trait Env {
-    /// Reads with the base snapshot, `pulled` folded in, buffering up to the
-    /// limit; returns the touched span.
-    fn read_buffered(&mut self, pulled: &[Xid]) -> Span;
-    /// Checks `span` against the base snapshot with `pulled` folded in.
-    fn check(&mut self, span: &Span, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check;
+    /// Reads with the base snapshot, `pulled` folded in, buffering the whole
+    /// result; returns the footprint it touched, or None when the result is
+    /// too large to buffer (the protocol then goes fenced).
+    fn read_buffered(&mut self, pulled: &[Xid]) -> Option<Footprint>;
+    /// Checks `fp` against the base snapshot with `pulled` folded in.
+    fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check;
     /// Waits until transaction `xid` has ended.
     fn wait(&mut self, xid: Xid);
+    /// Whether a snapshot with `pulled` folded in can be built at a bounded
+    /// cost; when not, the protocol takes a fresh snapshot instead.
+    fn can_pull(&mut self, pulled: &[Xid]) -> bool;
     /// Replaces the base snapshot with a new one (never called when the
     /// snapshot is fixed).
     fn refresh_snapshot(&mut self);
 }
 
-/// Runs the protocol for a scan whose declared span is `declared`.
-pub fn run<E: Env>(env: &mut E, declared: &Span, p: &Params, report: &mut Report) -> Outcome {
+/// Runs the protocol for a read whose declared footprint is `declared`.
+pub fn run<E: Env>(env: &mut E, declared: &Footprint, p: &Params, report: &mut Report) -> Outcome {
     let mut mode = p.mode;
     let mut pulled: Vec<Xid> = Vec::new();
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut failures = 0u32;
     if mode == ReadMode::Optimistic && p.declared_first {
-        // What a fenced scan's first check is; only a clean answer is used
+        // What a fenced read's first check is; only a clean answer is used
         // (a conflict in D says nothing about T).
         let c = env.check(declared, &pulled, &mut conflicts);
         report.validations += 1;
         if c.clean() {
-            report.checked = Some(*declared);
+            report.checked = Some(declared.clone());
             report.streamed = true;
             return Outcome::Stream { pulled };
         }
     }
     loop {
-        let span = match mode {
-            ReadMode::Optimistic => env.read_buffered(&pulled),
-            ReadMode::Fenced => *declared,
+        let fp = match mode {
+            ReadMode::Optimistic => match env.read_buffered(&pulled) {
+                Some(fp) => fp,
+                None => {
+                    report.overflowed = true;
+                    report.fell_back = true;
+                    mode = ReadMode::Fenced;
+                    continue;
+                }
+            },
+            ReadMode::Fenced => declared.clone(),
         };
         conflicts.clear();
-        let c = env.check(&span, &pulled, &mut conflicts);
+        let c = env.check(&fp, &pulled, &mut conflicts);
         report.validations += 1;
-        report.checked = Some(span);
         if c.clean() {
+            report.checked = Some(fp);
             return match mode {
                 ReadMode::Optimistic => Outcome::Emit,
                 ReadMode::Fenced => Outcome::Stream { pulled },
@@ -139,27 +172,34 @@ pub fn run<E: Env>(env: &mut E, declared: &Span, p: &Params, report: &mut Report
         if p.fixed_snapshot {
             // Aborted holders are gone now; committed ones stay conflicts.
             conflicts.clear();
-            let again = env.check(&span, &pulled, &mut conflicts);
+            let again = env.check(&fp, &pulled, &mut conflicts);
             report.validations += 1;
+            report.checked = Some(fp.clone());
             if again.clean() {
                 return match mode {
                     ReadMode::Optimistic => Outcome::Emit,
                     ReadMode::Fenced => Outcome::Stream { pulled },
                 };
             }
-            let xid = conflicts.first().map_or(Xid::INVALID, |c| c.xid);
-            return Outcome::SerializationFailure { xid, span };
+            let c = conflicts.first().copied();
+            return Outcome::SerializationFailure {
+                xid: c.map_or(Xid::INVALID, |c| c.xid),
+                rel: c.map_or(RelId::EMPTY, |c| c.rel),
+                span: c.map_or(Span::EMPTY, |c| c.span),
+            };
         }
-        if c.must_refresh {
+        let mut next = pulled.clone();
+        for x in &conflicts {
+            if let Err(at) = next.binary_search_by_key(&x.xid.0, |p| p.0) {
+                next.insert(at, x.xid);
+            }
+        }
+        if c.must_refresh || !env.can_pull(&next) {
             env.refresh_snapshot();
             pulled.clear();
             report.fresh_snapshots += 1;
         } else {
-            for x in &conflicts {
-                if let Err(at) = pulled.binary_search_by_key(&x.xid.0, |p| p.0) {
-                    pulled.insert(at, x.xid);
-                }
-            }
+            pulled = next;
         }
         if mode == ReadMode::Optimistic {
             failures += 1;

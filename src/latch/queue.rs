@@ -276,8 +276,8 @@ impl<L: LockSet> LatchTable<'_, L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::latch::locks::heap_table;
-    use crate::latch::{Config, Holder, Outcome, RelId, Span, Xid};
+    use crate::locks::heap_table;
+    use crate::{Config, Holder, Outcome, RelId, Span, Xid};
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
@@ -334,7 +334,7 @@ mod tests {
         let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
         t.set_range_max_latches(64);
         for i in 0..500u64 {
-            let h = Holder { xid: Xid(100), pid: 1, now_us: 0 };
+            let h = Holder { xid: Xid(100), pid: 1, now_us: 0, owner: 0 };
             t.acquire(0, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
         }
         let mut actions = work(t, 50);
@@ -374,7 +374,7 @@ mod tests {
     fn contention_splits_as_a_rate_and_split_ranges_stay_split_while_it_lasts() {
         let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
         t.set_range_max_latches(1024);
-        let h = Holder { xid: Xid(100), pid: 1, now_us: 0 };
+        let h = Holder { xid: Xid(100), pid: 1, now_us: 0, owner: 0 };
         for i in 0..40u64 {
             t.acquire(0, REL, &Span::point(&(i * 1000).to_be_bytes()), &h).unwrap();
         }

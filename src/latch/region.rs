@@ -23,7 +23,7 @@ use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-pub const MAGIC: u64 = 0x706b_7678_6c74_0005; // "pkvxlt" v5
+pub const MAGIC: u64 = 0x706b_7678_6c74_0006; // "pkvxlt" v6
 
 /// Most ranges one table can be split into.
 pub const MAX_RANGES_PER_TABLE: usize = 128;
@@ -84,10 +84,16 @@ pub(crate) struct Header {
     pub horizon: AtomicU32,
     /// Split threshold (mirrors `pgkvx.range_max_latches`).
     pub range_max_latches: AtomicU32,
+    /// Table slots the tables of one owner may take (mirrors
+    /// `pgkvx.max_tables_per_owner`; 0 = no limit).
+    pub max_tables_per_owner: AtomicU32,
     /// Bumped on every directory change (split, merge, new or purged table).
     pub dir_version: AtomicU64,
     /// Ranges in state QUEUED: idle workers look here before scanning.
     pub queued: AtomicU32,
+    /// Wall clock (µs) of a maintenance worker's latest tick: writers wait
+    /// for splits only while workers run.
+    pub worker_beat: AtomicI64,
     /// Latches released (committed or aborted) but not yet moved to their
     /// range's tombstone list or freed: a lock-free stack (see table.rs).
     pub released: AtomicU32,
@@ -108,6 +114,8 @@ pub(crate) struct TableSlot {
 
 pub(crate) struct TableData {
     pub rel: RelId,
+    /// The table's owner (a role oid), for the per-owner slot bound.
+    pub owner: u32,
     pub nranges: u32,
     /// Range ids ordered by their low bound; the first starts at the empty
     /// key, each range ends where the next starts, the last at +∞.
@@ -211,17 +219,18 @@ impl Summary {
         self.count == 0
     }
 
-    pub fn absorb(&mut self, span: &Span, xid: Xid, seq: u64) {
+    /// Folds in a tombstone that published from `seq_lo` to `seq_hi`.
+    pub fn absorb(&mut self, span: &Span, xid: Xid, seq_lo: u64, seq_hi: u64) {
         if self.count == 0 {
-            *self = Summary { count: 1, span: *span, xid_lo: xid, xid_hi: xid, seq_lo: seq, seq_hi: seq };
+            *self = Summary { count: 1, span: *span, xid_lo: xid, xid_hi: xid, seq_lo, seq_hi };
             return;
         }
         self.count += 1;
         self.span = self.span.union(span);
         self.xid_lo = self.xid_lo.min(xid);
         self.xid_hi = self.xid_hi.max(xid);
-        self.seq_lo = self.seq_lo.min(seq);
-        self.seq_hi = self.seq_hi.max(seq);
+        self.seq_lo = self.seq_lo.min(seq_lo);
+        self.seq_hi = self.seq_hi.max(seq_hi);
     }
 
     pub fn merge(&mut self, other: &Summary) {
@@ -275,7 +284,17 @@ pub(crate) struct Entry {
     /// A State, atomic so that releasing needs no lock: readers holding
     /// the range lock see Live, Tombstone or Dead, all of them safe.
     pub state: AtomicU8,
+    /// The last publication this latch stands for.  A point latch stands
+    /// for one write: its own `seq`.  A span latch (explicit, TRUNCATE, or
+    /// escalated) also covers writes its holder makes later without a new
+    /// latch, so it is [`OPEN`] while live and set to the publication
+    /// counter when released (before the state changes).  Readers use it
+    /// only for holders that have ended.
+    pub seq_hi: AtomicU64,
 }
+
+/// `seq_hi` of a live span latch: its holder may still write under it.
+pub const OPEN: u64 = u64::MAX;
 
 #[repr(C)]
 pub(crate) struct TreeNode(pub UnsafeCell<tree::Node>);
@@ -284,6 +303,7 @@ pub(crate) struct TreeNode(pub UnsafeCell<tree::Node>);
 pub(crate) struct EntryData {
     pub span: Span,
     pub xid: Xid,
+    /// Publication order: the earliest write this latch stands for.
     pub seq: u64,
     pub pid: i32,
     /// Microseconds since the Unix epoch, for the latches view's age.
@@ -400,8 +420,10 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 node_free_head: AtomicU64::new(0),
                 horizon: AtomicU32::new(0),
                 range_max_latches: AtomicU32::new(1024),
+                max_tables_per_owner: AtomicU32::new(0),
                 dir_version: AtomicU64::new(1),
                 queued: AtomicU32::new(0),
+                worker_beat: AtomicI64::new(0),
                 released: AtomicU32::new(NIL),
                 released_count: AtomicU32::new(0),
                 dir: UnsafeCell::new(DirHeader { free_range: 0, ranges_used: 0, tables_used: 0 }),
@@ -414,6 +436,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 TableSlot {
                     inner: UnsafeCell::new(TableData {
                         rel: RelId::EMPTY,
+                        owner: 0,
                         nranges: 0,
                         ranges: [NIL; MAX_RANGES_PER_TABLE],
                         lo_heads: [0; MAX_RANGES_PER_TABLE],
@@ -454,6 +477,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                     holder_next: AtomicU32::new(NIL),
                     free_next: AtomicU32::new(next),
                     state: AtomicU8::new(State::Free as u8),
+                    seq_hi: AtomicU64::new(0),
                 },
             );
         }

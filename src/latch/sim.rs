@@ -14,7 +14,7 @@ use super::rng::XorShift64;
 use super::snapshot::ReadSnapshot;
 use super::span::{KeyBuf, Span};
 use super::table::{Holder, LatchTable, Outcome as End};
-use super::validate::{Check, Conflict};
+use super::validate::{Check, Conflict, Footprint};
 use super::xid::Xid;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -112,7 +112,7 @@ impl Db {
     }
 
     fn latch(&mut self, p: usize, span: &Span, x: u32) {
-        let h = Holder { xid: Xid(x), pid: p as i32, now_us: 0 };
+        let h = Holder { xid: Xid(x), pid: p as i32, now_us: 0, owner: 0 };
         if self.t.acquire(p as u32, REL, span, &h).is_err() {
             self.refresh_horizon();
             self.t.relieve_pressure(p as u32);
@@ -205,17 +205,22 @@ struct Poll<'a> {
 }
 
 impl Env for Poll<'_> {
-    fn read_buffered(&mut self, pulled: &[Xid]) -> Span {
+    fn read_buffered(&mut self, pulled: &[Xid]) -> Option<Footprint> {
         self.buffer = self.db.read(self.cursor, self.limit, &self.snap, pulled);
-        match self.buffer.last() {
+        let span = match self.buffer.last() {
             Some(&k) if self.buffer.len() == self.limit => {
                 Span { start: self.declared.start, end: Span::point(&enc(k)).end }
             }
             _ => self.declared,
-        }
+        };
+        Some(vec![(REL, span)])
     }
 
-    fn check(&mut self, span: &Span, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
+    fn can_pull(&mut self, _pulled: &[Xid]) -> bool {
+        true
+    }
+
+    fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
         let snap = ReadSnapshot {
             xmin: Xid(self.snap.xmin),
             xmax: Xid(self.snap.xmax),
@@ -225,7 +230,7 @@ impl Env for Poll<'_> {
             own: Xid::INVALID,
         };
         let status = &self.db.status;
-        self.db.t.check(REL, span, &snap, &|x| status.get(&x.0) == Some(&Status::Committed), &mut |c| out.push(c))
+        self.db.t.check_footprint(fp, &snap, &|x| status.get(&x.0) == Some(&Status::Committed), &mut |c| out.push(c))
     }
 
     fn wait(&mut self, xid: Xid) {
@@ -292,15 +297,8 @@ pub fn run(
                 let mut poll = Poll { db: &mut db, snap, cursor, limit, buffer: Vec::new(), declared, waits: 0 };
                 let params = Params { mode, retries: 2, fixed_snapshot: fixed, declared_first };
                 let mut report = Report::default();
-                let out = protocol::run(&mut poll, &declared, &params, &mut report);
-                totals.validations += report.validations;
-                totals.conflicts += report.conflicts;
-                totals.retries += report.retries;
-                totals.fresh_snapshots += report.fresh_snapshots;
-                totals.waits += report.waits;
-                totals.pulled_after += report.pulled_after;
-                totals.fell_back |= report.fell_back;
-                totals.streamed |= report.streamed;
+                let out = protocol::run(&mut poll, &vec![(REL, declared)], &params, &mut report);
+                totals.add(&report);
                 match out {
                     Outcome::Emit => std::mem::take(&mut poll.buffer),
                     Outcome::Stream { pulled } => poll.db.read(cursor, limit, &poll.snap, &pulled),

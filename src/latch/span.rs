@@ -160,6 +160,9 @@ impl Span {
     /// Every key of a relation.
     pub const ALL: Span = Span { start: KeyBuf::EMPTY, end: KeyBuf::INFINITE };
 
+    /// No key at all.
+    pub const EMPTY: Span = Span { start: KeyBuf::EMPTY, end: KeyBuf::EMPTY };
+
     /// `[start, end)` from raw bounds; `end = None` is +∞.  Over-long bounds
     /// widen the span, never narrow it.
     pub fn new(start: &[u8], end: Option<&[u8]>) -> Span {
@@ -190,6 +193,13 @@ impl Span {
         self.start >= self.end
     }
 
+    /// Whether this is exactly one complete key ([`Span::point`] of a key
+    /// short enough not to be truncated).
+    pub fn is_point(&self) -> bool {
+        let (s, e) = (self.start.as_bytes(), self.end.as_bytes());
+        !self.end.is_infinite() && e.len() == s.len() + 1 && e[s.len()] == 0 && &e[..s.len()] == s
+    }
+
     /// Half-open overlap: spans that merely touch do not overlap.
     pub fn overlaps(&self, other: &Span) -> bool {
         self.start < other.end && other.start < self.end && !self.is_empty() && !other.is_empty()
@@ -203,6 +213,20 @@ impl Span {
     /// The smallest span containing both.
     pub fn union(&self, other: &Span) -> Span {
         Span { start: self.start.min(other.start), end: self.end.max(other.end) }
+    }
+
+    /// [`Span::union`] where an empty span adds nothing.
+    pub fn hull(&self, other: &Span) -> Span {
+        match (self.is_empty(), other.is_empty()) {
+            (true, _) => *other,
+            (_, true) => *self,
+            _ => self.union(other),
+        }
+    }
+
+    /// The keys in both.
+    pub fn intersect(&self, other: &Span) -> Span {
+        Span { start: self.start.max(other.start), end: self.end.min(other.end) }
     }
 }
 
@@ -233,6 +257,19 @@ mod tests {
             assert_eq!(a.overlaps(b), *want, "case {i}: {a:?} vs {b:?}");
             assert_eq!(b.overlaps(a), *want, "case {i} reversed");
         }
+    }
+
+    #[test]
+    fn points_are_told_from_spans() {
+        assert!(Span::point(b"k").is_point());
+        assert!(Span::point(b"").is_point());
+        assert!(!Span::prefix(b"k").is_point());
+        assert!(!Span::ALL.is_point());
+        assert!(!s(b"k", Some(b"k\x00\x00")).is_point());
+        // A truncated key stands for every key with its prefix: not a point.
+        assert!(!Span::point(&[7; KEY_MAX + 3]).is_point());
+        assert_eq!(Span::EMPTY.hull(&Span::point(b"k")), Span::point(b"k"));
+        assert_eq!(Span::point(b"a").hull(&Span::point(b"c")), s(b"a", Some(b"c\x00")));
     }
 
     #[test]

@@ -25,9 +25,11 @@ pub enum Stat {
     SerializationFailures,
     WaitMicros,
     KeysDrawn,
+    LatchesCovered,
+    LatchesEscalated,
 }
 
-pub const NSTATS: usize = Stat::KeysDrawn as usize + 1;
+pub const NSTATS: usize = Stat::LatchesEscalated as usize + 1;
 
 impl Stat {
     pub const ALL: [Stat; NSTATS] = [
@@ -51,6 +53,8 @@ impl Stat {
         Stat::SerializationFailures,
         Stat::WaitMicros,
         Stat::KeysDrawn,
+        Stat::LatchesCovered,
+        Stat::LatchesEscalated,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +79,8 @@ impl Stat {
             Stat::SerializationFailures => "serialization_failures",
             Stat::WaitMicros => "wait_us",
             Stat::KeysDrawn => "keys_drawn",
+            Stat::LatchesCovered => "latches_covered",
+            Stat::LatchesEscalated => "latches_escalated",
         }
     }
 }

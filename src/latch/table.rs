@@ -6,6 +6,7 @@
 //! in progress; at abort it goes at once.  Readers look latches up in
 //! validate.rs.
 
+use super::holdings::{Cover, Holdings, Latched, Limits};
 use super::locks::{Held, LockId, LockSet, Mode};
 use super::region::{
     self, bump, BackendSlot, Config, Entry, EntryData, Layout, Parts, RangeBody, RangeMeta, RelId, State, TableData,
@@ -29,6 +30,16 @@ pub struct Holder {
     pub pid: i32,
     /// Wall clock in microseconds, for the age shown in views.
     pub now_us: i64,
+    /// The owner of the table latched (a role oid), charged for its slot.
+    pub owner: u32,
+}
+
+/// What a publication entered.
+#[derive(Clone, Copy, Debug)]
+struct Published {
+    max_load: u32,
+    /// The earliest publication number it was given.
+    seq_lo: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +50,11 @@ pub enum AcquireError {
     TooManyTables,
     /// No free range for a new table.
     TooManyRanges,
+    /// The table's owner has `max_tables_per_owner` slots already.
+    TooManyTablesForOwner,
+    /// The transaction would hold more latch entries than its budget,
+    /// even with every table escalated.
+    TransactionBudget,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +169,10 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         self.p.hdr.cfg
     }
 
+    pub fn set_max_tables_per_owner(&self, n: u32) {
+        self.p.hdr.max_tables_per_owner.store(n, Relaxed);
+    }
+
     pub fn set_range_max_latches(&self, n: u32) {
         self.p.hdr.range_max_latches.store(n.max(16), Relaxed);
     }
@@ -169,6 +189,16 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     pub fn horizon(&self) -> Xid {
         Xid(self.p.hdr.horizon.load(Acquire))
+    }
+
+    /// A maintenance worker is alive at `now_us`.
+    pub fn beat(&self, now_us: i64) {
+        self.p.hdr.worker_beat.store(now_us, Relaxed);
+    }
+
+    /// When a maintenance worker last said it was alive.
+    pub fn last_beat(&self) -> i64 {
+        self.p.hdr.worker_beat.load(Relaxed)
     }
 
     /// Free entries left.
@@ -353,10 +383,21 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         self.p.hdr.dir_version.fetch_add(1, Relaxed);
     }
 
-    fn create_table(&self, rel: RelId) -> Result<u32, AcquireError> {
+    fn create_table(&self, rel: RelId, owner: u32) -> Result<u32, AcquireError> {
         let _d = self.lock(LockId::Directory, Mode::Exclusive);
         if let Some(t) = self.find_table(rel) {
             return Ok(t);
+        }
+        let per_owner = self.p.hdr.max_tables_per_owner.load(Relaxed);
+        if per_owner > 0 {
+            let mine = (0..self.config().max_tables)
+                // SAFETY: exclusive Directory lock held.
+                .map(|t| unsafe { self.table_data(t) })
+                .filter(|td| td.owner == owner && !matches!(td.rel, RelId::EMPTY | RelId::DELETED))
+                .count();
+            if mine as u32 >= per_owner {
+                return Err(AcquireError::TooManyTablesForOwner);
+            }
         }
         let n = self.p.tables.len();
         let start = self.hash_slot(rel);
@@ -371,6 +412,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         // SAFETY: exclusive Directory lock held.
         let td = unsafe { self.table_data(t) };
         td.rel = rel;
+        td.owner = owner;
         td.nranges = 0;
         td.ranges = [NIL; MAX_RANGES_PER_TABLE];
         td.seen_acquires = 0;
@@ -418,7 +460,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// Takes table `rel`'s key-drawing lock (creating its slot if needed):
     /// draws and latch publications inside it are totally ordered.
-    pub fn lock_draws(&self, rel: RelId) -> Result<Held<'_, L>, AcquireError> {
+    pub fn lock_draws(&self, rel: RelId, owner: u32) -> Result<Held<'_, L>, AcquireError> {
         loop {
             let t = {
                 let _d = self.lock(LockId::Directory, Mode::Shared);
@@ -426,7 +468,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             };
             let t = match t {
                 Some(t) => t,
-                None => self.create_table(rel)?,
+                None => self.create_table(rel, owner)?,
             };
             let held = Held::new(&self.locks, LockId::Table(t), Mode::Exclusive);
             // An idle table's slot may have been freed (and reused) between
@@ -453,7 +495,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         self.backend(slot).chain.load(Relaxed) != NIL
     }
 
-    /// Publishes a write latch on `span` for the transaction in `slot`.
+    /// Publishes a write latch on `span` for the transaction in `slot`
+    /// (no escalation, no budget: [`Self::latch`] is what writers call).
     ///
     /// On error nothing already published is lost or leaked: earlier pieces
     /// of a multi-range span stay on the holder's chain and go with the rest
@@ -463,9 +506,26 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// the latch went into; ranges over `range_max_latches` are queued for
     /// the maintenance workers.
     pub fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
+        self.publish(slot, rel, span, h, None, &mut Vec::new()).map(|p| p.max_load)
+    }
+
+    /// Enters a latch on `span` in every range it overlaps, appending the
+    /// entries to `out`.  A point latch stands for one write; any other span
+    /// stays open to later writes of its holder ([`region::OPEN`]).
+    /// `seq_lo` replaces the publication number when the latch stands for
+    /// earlier ones (escalation).
+    fn publish(
+        &self,
+        slot: u32,
+        rel: RelId,
+        span: &Span,
+        h: &Holder,
+        seq_lo: Option<u64>,
+        out: &mut Vec<u32>,
+    ) -> Result<Published, AcquireError> {
         assert!(h.xid.is_valid(), "a latch holder must have an xid");
         if span.is_empty() {
-            return Ok(0);
+            return Ok(Published { max_load: 0, seq_lo: u64::MAX });
         }
         let b = self.backend(slot);
         b.xid.store(h.xid.0, Relaxed);
@@ -473,6 +533,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         if b.chain.load(Relaxed) == NIL {
             b.since.store(h.now_us, Relaxed);
         }
+        let open = !span.is_point();
         // The common case takes the Directory lock once: the table exists.
         // A slot created here can be freed as idle by a worker before the
         // shared lock is back, so the lookup is repeated under it.
@@ -482,10 +543,11 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
                 break (t, d);
             }
             drop(d);
-            self.create_table(rel)?;
+            self.create_table(rel, h.owner)?;
         };
         let mut result = Ok(());
         let mut max_load = 0;
+        let mut first_seq = u64::MAX;
         let limit = self.range_max_latches();
         self.for_each_range_of(t, span, &mut |r| {
             let Some(e) = self.alloc() else {
@@ -495,8 +557,12 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             // SAFETY: we popped `e` from the free list; it is ours.
             let d = unsafe { self.data(e) };
             let seq = self.p.hdr.seq.fetch_add(1, Relaxed);
+            let seq = seq_lo.map_or(seq, |lo| lo.min(seq));
+            first_seq = first_seq.min(seq);
             *d = EntryData { span: *span, xid: h.xid, seq, pid: h.pid, acquired_at: h.now_us, ..EntryData::FREE };
-            self.entry(e).state.store(State::Live as u8, Release);
+            let ent = self.entry(e);
+            ent.seq_hi.store(if open { region::OPEN } else { seq }, Relaxed);
+            ent.state.store(State::Live as u8, Release);
             let (_g, waited) = Held::new_counting(&self.locks, LockId::Range(r), Mode::Exclusive);
             let rs = &self.p.ranges[r as usize];
             bump(&rs.acquires, 1);
@@ -516,17 +582,151 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
                 self.enqueue(r);
             }
             // Only this backend touches its chain.
-            let ent = self.entry(e);
             ent.holder_next.store(b.chain.load(Relaxed), Relaxed);
             b.chain.store(e, Relaxed);
             b.count.fetch_add(1, Relaxed);
             self.count(slot, Stat::LatchesAcquired, 1);
+            out.push(e);
             true
         });
         if result.is_err() {
             self.count(slot, Stat::LatchTableFull, 1);
         }
-        result.map(|()| max_load)
+        result.map(|()| Published { max_load, seq_lo: first_seq })
+    }
+
+    /// Latches `span` of `rel` for the transaction in `slot`, which holds
+    /// `held`: nothing new when a span latch it holds covers `span`;
+    /// otherwise a new latch, after which a table with too many point
+    /// latches has them replaced by one span latch over all of them, and a
+    /// transaction over its budget has every table's latches so replaced.
+    ///
+    /// Escalation publishes the covering span before it withdraws what it
+    /// covers, so a reader always finds one of them; the span keeps the
+    /// earliest publication number of what it replaces.
+    pub fn latch(
+        &self,
+        slot: u32,
+        held: &mut Holdings,
+        rel: RelId,
+        span: &Span,
+        h: &Holder,
+        limits: &Limits,
+    ) -> Result<Latched, AcquireError> {
+        let th = held.table(rel);
+        if th.covers.iter().any(|c| c.span.covers(span)) {
+            self.count(slot, Stat::LatchesCovered, 1);
+            return Ok(Latched::Covered);
+        }
+        let mut entries = std::mem::take(&mut held.scratch);
+        entries.clear();
+        let result = self.publish(slot, rel, span, h, None, &mut entries);
+        let th = held.table(rel);
+        let n = entries.len() as u32;
+        // A failed publication may have entered some pieces: they are held
+        // (and covered by escalation) like the rest.
+        let seq_lo = result.as_ref().map_or(0, |p| p.seq_lo);
+        if span.is_point() {
+            th.add_point(span, &entries, self);
+        } else if n > 0 {
+            th.covers.push(Cover { span: *span, entries: entries.clone(), seq_lo });
+        }
+        held.live += n;
+        held.scratch = entries;
+        let max_load = result?.max_load;
+        self.enforce_limits(slot, held, rel, h, limits)?;
+        Ok(Latched::Published { max_load })
+    }
+
+    /// Escalates `rel`'s point latches when there are too many, and every
+    /// table's when the transaction is over its budget; fails when even
+    /// that leaves it over.
+    pub fn enforce_limits(
+        &self,
+        slot: u32,
+        held: &mut Holdings,
+        rel: RelId,
+        h: &Holder,
+        limits: &Limits,
+    ) -> Result<(), AcquireError> {
+        if held.table(rel).points.len() as u32 >= limits.escalate_points {
+            self.escalate(slot, held, rel, h)?;
+        }
+        if held.live > limits.per_transaction {
+            for rel in held.tables.iter().filter(|t| t.points.len() > 1).map(|t| t.rel).collect::<Vec<_>>() {
+                self.escalate(slot, held, rel, h)?;
+            }
+            if held.live > limits.per_transaction {
+                return Err(AcquireError::TransactionBudget);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces every latch the transaction holds on `rel` by one span latch
+    /// over all of them.
+    fn escalate(&self, slot: u32, held: &mut Holdings, rel: RelId, h: &Holder) -> Result<(), AcquireError> {
+        let th = held.table(rel);
+        let mut hull = th.points_hull;
+        let mut seq_lo = th.points_seq_lo;
+        let mut old: Vec<u32> = th.points.clone();
+        for c in &th.covers {
+            hull = hull.hull(&c.span);
+            seq_lo = seq_lo.min(c.seq_lo);
+            old.extend_from_slice(&c.entries);
+        }
+        if old.len() < 2 {
+            return Ok(());
+        }
+        let mut entries = Vec::new();
+        // Published first: a reader finds the span or what it replaces.
+        // On failure the old latches stay, and so does what was entered.
+        let published = self.publish(slot, rel, &hull, h, Some(seq_lo), &mut entries);
+        if published.is_err() {
+            self.withdraw(slot, &entries);
+            published?;
+        }
+        self.withdraw(slot, &old);
+        let th = held.table(rel);
+        th.points.clear();
+        th.points_hull = Span::EMPTY;
+        th.points_seq_lo = u64::MAX;
+        th.covers = vec![Cover { span: hull, entries: entries.clone(), seq_lo }];
+        held.live = held.live + entries.len() as u32 - old.len() as u32;
+        self.count(slot, Stat::LatchesEscalated, old.len() as u64);
+        Ok(())
+    }
+
+    /// Takes live latches of this backend's transaction out of its chain
+    /// and the table, as an abort would; the caller has published a latch
+    /// that covers them.
+    fn withdraw(&self, slot: u32, entries: &[u32]) {
+        let mut gone: Vec<u32> = entries.to_vec();
+        gone.sort_unstable();
+        let b = self.backend(slot);
+        let mut keep = NIL;
+        let mut kept = 0;
+        let mut e = b.chain.swap(NIL, Relaxed);
+        let mut stack = Vec::new();
+        while e != NIL {
+            let next = self.entry(e).holder_next.load(Relaxed);
+            if gone.binary_search(&e).is_err() {
+                stack.push(e);
+            }
+            e = next;
+        }
+        // Rebuild the chain in its old order (newest first).
+        for &e in stack.iter().rev() {
+            self.entry(e).holder_next.store(keep, Relaxed);
+            keep = e;
+            kept += 1;
+        }
+        b.chain.store(keep, Relaxed);
+        b.count.store(kept, Relaxed);
+        for &e in &gone {
+            self.entry(e).holder_next.store(NIL, Relaxed);
+            self.release_one(slot, e, Outcome::Aborted);
+        }
     }
 
     /// The load of the most crowded range overlapping `span` (for writers
@@ -586,6 +786,10 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             Outcome::Aborted => State::Dead,
         };
         let ent = self.entry(e);
+        if ent.seq_hi.load(Relaxed) == region::OPEN {
+            // Everything its holder wrote under it came before this.
+            ent.seq_hi.store(self.p.hdr.seq.load(Relaxed), Relaxed);
+        }
         ent.state.store(state as u8, Release);
         let r = ent.range.load(Acquire);
         // (A chained entry is always in a range; NIL is checked anyway, as
@@ -659,6 +863,11 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             self.fifo_push(body, e);
         }
         self.reclaim_locked(slot, r, 4);
+    }
+
+    /// The last publication latch `e` stands for (see [`region::OPEN`]).
+    pub(crate) fn seq_hi(&self, e: u32) -> u64 {
+        self.entry(e).seq_hi.load(Relaxed)
     }
 
     pub(crate) fn state(&self, e: u32) -> State {

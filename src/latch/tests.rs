@@ -32,7 +32,7 @@ fn sp(a: u16, b: u16) -> Span {
     Span::new(&k(a), Some(&k(b)))
 }
 fn holder(x: u32) -> Holder {
-    Holder { xid: Xid(x), pid: x as i32, now_us: 0 }
+    Holder { xid: Xid(x), pid: x as i32, now_us: 0, owner: 0 }
 }
 
 /// Conflicting xids of `span` for a snapshot listing `xip` in progress.
@@ -376,7 +376,7 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     let mut seen = Vec::new();
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
     assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(seen, vec![Conflict { xid: Xid(50), live: true, after: false }]);
+    assert_eq!(seen, vec![Conflict { xid: Xid(50), rel: REL, span: sp(0, 100), live: true, after: false }]);
     // After waiting for 50 the reader may not show it alone: 70's key 10
     // came first and would stay hidden.  70 must be pulled in as well.
     t.release_all(1, Outcome::Committed);
@@ -385,7 +385,7 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     seen.clear();
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
     assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(seen, vec![Conflict { xid: Xid(70), live: true, after: true }]);
+    assert_eq!(seen, vec![Conflict { xid: Xid(70), rel: REL, span: sp(0, 100), live: true, after: true }]);
     // With both pulled in, the span is clean.
     let pulled = [Xid(50), Xid(70)];
     snap.pulled = &pulled;
@@ -443,6 +443,24 @@ fn a_table_slot_freed_as_idle_while_it_is_created_still_gets_the_latch() {
     }
     done.store(true, Ordering::Relaxed);
     assert!(collector.join().unwrap() > 0, "the collector never freed a slot: the race was not exercised");
+}
+
+#[test]
+fn splits_leave_a_range_for_every_table_slot_still_free() {
+    let t = table(Config { max_entries: 256, max_ranges: 8, max_tables: 4, max_backends: 2 });
+    for i in 0..100u16 {
+        t.acquire(0, REL, &pt(i * 10), &holder(7)).unwrap();
+    }
+    for _ in 0..10 {
+        for r in t.ranges_of(REL) {
+            t.split(0, r);
+        }
+    }
+    assert_eq!(t.ranges_of(REL).len(), 5, "8 ranges, 3 kept for the other slots");
+    for rel in 1..4u32 {
+        t.acquire(0, RelId::new(2, rel), &pt(1), &holder(7)).unwrap();
+    }
+    t.release_all(0, Outcome::Aborted);
 }
 
 mod model {
@@ -535,6 +553,10 @@ mod model {
     }
 }
 
+fn st_escalated(t: &LatchTable<'_, StdLocks>) -> u64 {
+    t.stats()[crate::stats::Stat::LatchesEscalated as usize]
+}
+
 mod stress {
     //! Writers, readers and a horizon keeper on real threads.  A simulated
     //! procarray hands out xids and snapshots exactly as Postgres does; the
@@ -568,6 +590,10 @@ mod stress {
             handles.push(std::thread::spawn(move || {
                 let mut rnd = 0x9E37_79B9u32.wrapping_mul(w + 1);
                 let mut n = 0;
+                // Escalating after a few writes puts span latches (and the
+                // withdrawal of what they replace) in the race too.
+                let limits = crate::holdings::Limits { escalate_points: 3, per_transaction: 64 };
+                let mut held = crate::holdings::Holdings::new();
                 while !stop.load(Ordering::Relaxed) {
                     rnd ^= rnd << 13;
                     rnd ^= rnd >> 17;
@@ -581,7 +607,7 @@ mod stress {
                     };
                     for j in 0..(1 + rnd % 3) {
                         let key = ((rnd >> 8) as u16).wrapping_add(j as u16 * 7) % 2000;
-                        match t.acquire(w, REL, &pt(key), &holder(x)) {
+                        match t.latch(w, &mut held, REL, &pt(key), &holder(x), &limits) {
                             Ok(_) => pa.lock().unwrap().published.push((x, key)),
                             Err(_) => {
                                 t.relieve_pressure(w);
@@ -599,6 +625,7 @@ mod stress {
                         t.release_all(w, Outcome::Aborted);
                         pa.lock().unwrap().running.remove(&x);
                     }
+                    held.clear();
                     n += 1;
                 }
                 n
@@ -636,8 +663,8 @@ mod stress {
             }));
         }
         let mut checked = 0u64;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-        while std::time::Instant::now() < deadline {
+        // Count-driven: as many rounds on a slow machine as on a fast one.
+        for _ in 0..3000 {
             // Take a snapshot: xmin registered atomically with it.
             let (xmax, xip) = {
                 let mut p = pa.lock().unwrap();
@@ -665,6 +692,7 @@ mod stress {
         stop.store(true, Ordering::Relaxed);
         let txns: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
         assert!(checked > 100, "too few checks: {checked}");
+        assert!(st_escalated(t) > 0, "no escalation raced the readers");
         let st = t.stats();
         assert!(st[super::super::stats::Stat::RangeSplits as usize] > 0, "no split raced the readers");
         assert!(st[super::super::stats::Stat::RangeMerges as usize] > 0, "no merge raced the readers");
@@ -676,5 +704,168 @@ mod stress {
         let mut live = 0;
         t.for_each_latch(&mut |_| live += 1);
         assert_eq!(live, 0, "latches leaked");
+    }
+}
+
+mod escalation {
+    //! Writes covered by a span the transaction holds, escalation of many
+    //! point latches into one span, and the per-transaction budget.
+    use super::*;
+    use crate::holdings::{Holdings, Latched, Limits};
+
+    fn latch(t: &LatchTable<'_, StdLocks>, h: &mut Holdings, slot: u32, span: &Span, x: u32, l: &Limits) -> Latched {
+        t.latch(slot, h, REL, span, &holder(x), l).unwrap()
+    }
+
+    #[test]
+    fn a_write_inside_a_span_its_transaction_holds_takes_no_new_latch() {
+        let t = small();
+        let l = Limits::DEFAULT;
+        let mut h = Holdings::new();
+        assert!(matches!(latch(t, &mut h, 0, &sp(10, 20), 7, &l), Latched::Published { .. }));
+        let free = t.free_entries();
+        assert_eq!(latch(t, &mut h, 0, &pt(15), 7, &l), Latched::Covered);
+        assert_eq!(t.free_entries(), free, "a covered write used an entry");
+        assert!(matches!(latch(t, &mut h, 0, &pt(25), 7, &l), Latched::Published { .. }));
+        // Another transaction's span covers nothing of ours.
+        let mut other = Holdings::new();
+        assert!(matches!(latch(t, &mut other, 1, &pt(15), 8, &l), Latched::Published { .. }));
+    }
+
+    #[test]
+    fn many_point_latches_become_one_span_that_conflicts_wherever_they_did() {
+        let t = table(Config { max_entries: 256, max_ranges: 16, max_tables: 4, max_backends: 4 });
+        let l = Limits { escalate_points: 16, per_transaction: 64 };
+        let mut h = Holdings::new();
+        // 200 writes, far more than the table could hold one latch each.
+        for i in 0..200u16 {
+            latch(t, &mut h, 0, &pt(1000 + 3 * i), 7, &l);
+            assert!(h.live() <= 16 + 1, "write {i}: {} entries held", h.live());
+        }
+        assert!(t.stats()[crate::stats::Stat::LatchesEscalated as usize] > 0);
+        // Every key written, and the keys between, conflict for a reader
+        // that saw 7 in flight; keys outside the hull do not.
+        for key in [1000, 1001, 1300, 1597] {
+            assert_eq!(conflicts_of(t, REL, &pt(key), &[7], 100), set(&[7]), "key {key}");
+        }
+        assert!(conflicts_of(t, REL, &pt(999), &[7], 100).is_empty());
+        assert!(conflicts_of(t, REL, &pt(1598), &[7], 100).is_empty());
+        // Committed, then reclaimed: nothing leaks.
+        t.release_all(0, Outcome::Committed);
+        h.clear();
+        t.set_horizon(Xid(8));
+        t.reclaim_all(0);
+        assert_eq!(t.free_entries(), 256, "entries leaked");
+    }
+
+    #[test]
+    fn an_escalated_span_stands_for_its_holders_later_writes_when_pulled_in() {
+        // Reader: 50 in flight, xmax 60.  50 latches key 5; writer 70 (after
+        // the snapshot) latches key 10; then 50 writes keys 11 and 12 and
+        // escalates, covering 5..12.  Pulling 50 in shows its key 12, drawn
+        // after 70's key 10: 70 must be pulled in too, though the span's
+        // first publication predates 70's.
+        let t = small();
+        let l = Limits { escalate_points: 3, per_transaction: 64 };
+        let mut h50 = Holdings::new();
+        let mut h70 = Holdings::new();
+        latch(t, &mut h50, 0, &pt(5), 50, &l);
+        latch(t, &mut h70, 1, &pt(10), 70, &l);
+        latch(t, &mut h50, 0, &pt(11), 50, &l);
+        latch(t, &mut h50, 0, &pt(12), 50, &l);
+        assert_eq!(h50.live(), 1, "escalated into one span");
+        t.release_all(0, Outcome::Committed);
+        let mut xs = [Xid(50)];
+        let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
+        let pulled = [Xid(50)];
+        snap.pulled = &pulled;
+        let mut seen = Vec::new();
+        t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c.xid));
+        assert_eq!(seen, vec![Xid(70)]);
+    }
+
+    #[test]
+    fn an_escalated_span_of_a_later_writer_counts_as_published_first() {
+        // 70 (after the snapshot) latches 3 and 4, escalating to [3, 4];
+        // then 50 (in flight) latches 20.  Pulling 50 in must pull 70 in:
+        // its span stands for a publication before 50's.
+        let t = small();
+        let l = Limits { escalate_points: 2, per_transaction: 64 };
+        let (mut h50, mut h70) = (Holdings::new(), Holdings::new());
+        latch(t, &mut h70, 1, &pt(3), 70, &l);
+        latch(t, &mut h70, 1, &pt(4), 70, &l);
+        latch(t, &mut h50, 0, &pt(20), 50, &l);
+        t.release_all(0, Outcome::Committed);
+        let mut xs = [Xid(50)];
+        let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
+        let pulled = [Xid(50)];
+        snap.pulled = &pulled;
+        let mut seen = Vec::new();
+        t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c.xid));
+        assert!(seen.contains(&Xid(70)), "{seen:?}");
+    }
+
+    #[test]
+    fn the_transaction_budget_escalates_every_table_then_refuses() {
+        let t = table(Config { max_entries: 512, max_ranges: 64, max_tables: 8, max_backends: 4 });
+        let l = Limits { escalate_points: 1000, per_transaction: 10 };
+        let mut h = Holdings::new();
+        // Points on three tables: over budget, each table escalates.
+        for i in 0..12u16 {
+            let rel = RelId::new(1, 100 + u32::from(i % 3));
+            t.latch(0, &mut h, rel, &pt(i), &holder(7), &l).unwrap();
+        }
+        assert!(h.live() <= 10, "{}", h.live());
+        // Split one table into many ranges, then latch across all of them:
+        // escalation cannot bring that under 10 entries.
+        let rel = RelId::new(1, 200);
+        for i in 0..40u16 {
+            t.acquire(1, rel, &pt(i * 100), &holder(8)).unwrap();
+        }
+        for _ in 0..4 {
+            for r in t.ranges_of(rel) {
+                t.split(1, r);
+            }
+        }
+        assert!(t.ranges_of(rel).len() > 10);
+        let mut h2 = Holdings::new();
+        assert_eq!(t.latch(2, &mut h2, rel, &Span::ALL, &holder(9), &l), Err(AcquireError::TransactionBudget));
+        // What was entered stays on the chain and goes at transaction end.
+        t.release_all(2, Outcome::Aborted);
+        t.release_all(1, Outcome::Aborted);
+        t.release_all(0, Outcome::Aborted);
+        t.drain_released(0);
+        assert_eq!(t.free_entries(), 512);
+    }
+
+    #[test]
+    fn a_bulk_write_of_a_hundred_thousand_rows_fits_a_small_table() {
+        let t = table(Config { max_entries: 256, max_ranges: 16, max_tables: 4, max_backends: 4 });
+        let l = Limits { escalate_points: 64, per_transaction: 128 };
+        let mut h = Holdings::new();
+        let mut rnd = crate::rng::XorShift64(12345);
+        for i in 0..100_000u32 {
+            // Ascending keys (a load) then random ones (an update sweep).
+            let key = if i < 50_000 { (i / 2) as u16 } else { rnd.below(60_000) as u16 };
+            t.latch(0, &mut h, REL, &pt(key), &holder(7), &l).unwrap();
+        }
+        assert!(h.live() <= 128);
+        assert!(t.free_entries() >= 256 - 128);
+        t.release_all(0, Outcome::Aborted);
+        t.drain_released(0);
+        assert_eq!(t.free_entries(), 256);
+    }
+
+    #[test]
+    fn one_owner_cannot_take_every_table_slot() {
+        let t = table(Config { max_entries: 64, max_ranges: 16, max_tables: 4, max_backends: 2 });
+        t.set_max_tables_per_owner(2);
+        let h = |x, owner| Holder { xid: Xid(x), pid: 1, now_us: 0, owner };
+        t.acquire(0, RelId::new(1, 1), &pt(1), &h(10, 77)).unwrap();
+        t.acquire(0, RelId::new(1, 2), &pt(1), &h(10, 77)).unwrap();
+        assert_eq!(t.acquire(0, RelId::new(1, 3), &pt(1), &h(10, 77)), Err(AcquireError::TooManyTablesForOwner));
+        // Another owner still gets a slot, and a table that has one keeps it.
+        t.acquire(0, RelId::new(1, 3), &pt(1), &h(10, 78)).unwrap();
+        t.acquire(0, RelId::new(1, 1), &pt(2), &h(10, 77)).unwrap();
     }
 }

@@ -617,7 +617,7 @@ pub(crate) mod tests {
     }
 
     fn random_ops_match_naive_overlap_with(prefix: usize, target: usize) {
-        let mut rng = crate::latch::rng::XorShift64(0x2545F4914F6CDD1D);
+        let mut rng = crate::rng::XorShift64(0x2545F4914F6CDD1D);
         let mut rnd = move || rng.next();
         let span = |a: u16, b: u16| Span::new(&key_after(prefix, a), Some(&key_after(prefix, b)));
         let total = 4 * target + 2000;

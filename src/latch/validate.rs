@@ -28,6 +28,10 @@ use super::xid::Xid;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conflict {
     pub xid: Xid,
+    /// Where: the table, and the checked span (the holder's latch may be
+    /// wider).
+    pub rel: RelId,
+    pub span: Span,
     /// Still running (wait for it) or already committed (no wait needed).
     pub live: bool,
     /// Started after the snapshot, but published before a pulled-in holder
@@ -54,6 +58,10 @@ impl Check {
     }
 }
 
+/// The parts of the key space a read depends on: spans of one or more
+/// latched tables (a statement can read several, or one several times).
+pub type Footprint = Vec<(RelId, Span)>;
+
 impl<L: LockSet> LatchTable<'_, L> {
     /// Reports (through `on_conflict`, possibly more than once per xid) every
     /// holder of a latch overlapping `span` that `snap` saw in flight.
@@ -69,74 +77,114 @@ impl<L: LockSet> LatchTable<'_, L> {
         committed: &dyn Fn(Xid) -> bool,
         on_conflict: &mut dyn FnMut(Conflict),
     ) -> Check {
+        self.check_spans(rel, std::slice::from_ref(span), snap, committed, on_conflict)
+    }
+
+    /// [`Self::check`] over every span of a footprint.  The publication-order
+    /// rule applies per table across all of its spans: a writer that started
+    /// after the snapshot and published anywhere in the table's spans before
+    /// a pulled-in holder must be shown too, whichever span it is in.
+    pub fn check_footprint(
+        &self,
+        fp: &[(RelId, Span)],
+        snap: &ReadSnapshot<'_>,
+        committed: &dyn Fn(Xid) -> bool,
+        on_conflict: &mut dyn FnMut(Conflict),
+    ) -> Check {
         let mut out = Check::default();
-        if span.is_empty() {
+        let mut rels: Vec<RelId> = fp.iter().map(|(r, _)| *r).collect();
+        rels.sort_unstable_by_key(|r| r.0);
+        rels.dedup();
+        let mut spans = Vec::new();
+        for rel in rels {
+            spans.clear();
+            spans.extend(fp.iter().filter(|(r, _)| *r == rel).map(|(_, s)| *s));
+            let c = self.check_spans(rel, &spans, snap, committed, on_conflict);
+            out.conflicted |= c.conflicted;
+            out.must_refresh |= c.must_refresh;
+            out.examined += c.examined;
+        }
+        out
+    }
+
+    fn check_spans(
+        &self,
+        rel: RelId,
+        spans: &[Span],
+        snap: &ReadSnapshot<'_>,
+        committed: &dyn Fn(Xid) -> bool,
+        on_conflict: &mut dyn FnMut(Conflict),
+    ) -> Check {
+        let mut out = Check::default();
+        if spans.iter().all(Span::is_empty) {
             return out;
         }
         let pulling = !snap.pulled.is_empty();
         // Latest publication by a pulled-in holder; latches of writers that
         // started after the snapshot (only collected when pulling in).
         let mut pulled_seq = 0u64;
-        let mut after: Vec<(Xid, u64, bool)> = Vec::new();
-        let mut after_ranges: Vec<(Xid, Xid, u64)> = Vec::new();
+        let mut after: Vec<(Xid, u64, bool, Span)> = Vec::new();
+        let mut after_ranges: Vec<(Xid, Xid, u64, Span)> = Vec::new();
         {
             let _d = self.lock(LockId::Directory, Mode::Shared);
             let Some(t) = self.find_table(rel) else {
                 return out; // never latched
             };
-            self.for_each_range_of(t, span, &mut |r| {
-                let _g = self.lock(LockId::Range(r), Mode::Shared);
-                // SAFETY: range lock held (shared: read only).
-                let body = unsafe { self.body(r) };
-                tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
-                    // SAFETY: `e` is in range `r`, whose lock we hold.
-                    let d = unsafe { self.data(e) };
-                    out.examined += 1;
-                    let state = self.state(e);
-                    if state == State::Dead {
-                        return true; // aborted: its rows never existed
-                    }
-                    let live = state == State::Live;
-                    if snap.in_flight(d.xid) {
-                        out.conflicted = true;
-                        on_conflict(Conflict { xid: d.xid, live, after: false });
-                    } else if snap.is_pulled(d.xid) {
-                        pulled_seq = pulled_seq.max(d.seq);
-                    } else if pulling && snap.is_after(d.xid) {
-                        after.push((d.xid, d.seq, live));
+            for span in spans.iter().filter(|s| !s.is_empty()) {
+                self.for_each_range_of(t, span, &mut |r| {
+                    let _g = self.lock(LockId::Range(r), Mode::Shared);
+                    // SAFETY: range lock held (shared: read only).
+                    let body = unsafe { self.body(r) };
+                    tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
+                        // SAFETY: `e` is in range `r`, whose lock we hold.
+                        let d = unsafe { self.data(e) };
+                        out.examined += 1;
+                        let state = self.state(e);
+                        if state == State::Dead {
+                            return true; // aborted: its rows never existed
+                        }
+                        let live = state == State::Live;
+                        if snap.in_flight(d.xid) {
+                            out.conflicted = true;
+                            on_conflict(Conflict { xid: d.xid, rel, span: *span, live, after: false });
+                        } else if snap.is_pulled(d.xid) {
+                            pulled_seq = pulled_seq.max(self.seq_hi(e));
+                        } else if pulling && snap.is_after(d.xid) {
+                            after.push((d.xid, d.seq, live, *span));
+                        }
+                        true
+                    });
+                    let s = &body.summary;
+                    if !s.is_empty() && s.span.overlaps(span) {
+                        out.examined += 1;
+                        for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
+                            if committed(x) {
+                                out.conflicted = true;
+                                on_conflict(Conflict { xid: x, rel, span: *span, live: false, after: false });
+                            }
+                        }
+                        if pulling {
+                            if snap.pulled.iter().any(|&p| !p.precedes(s.xid_lo) && !s.xid_hi.precedes(p)) {
+                                pulled_seq = pulled_seq.max(s.seq_hi);
+                            }
+                            if s.xid_hi.follows_or_equals(snap.xmax) {
+                                after_ranges.push((s.xid_lo.max(snap.xmax), s.xid_hi, s.seq_lo, *span));
+                            }
+                        }
                     }
                     true
                 });
-                let s = &body.summary;
-                if !s.is_empty() && s.span.overlaps(span) {
-                    out.examined += 1;
-                    for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
-                        if committed(x) {
-                            out.conflicted = true;
-                            on_conflict(Conflict { xid: x, live: false, after: false });
-                        }
-                    }
-                    if pulling {
-                        if snap.pulled.iter().any(|&p| !p.precedes(s.xid_lo) && !s.xid_hi.precedes(p)) {
-                            pulled_seq = pulled_seq.max(s.seq_hi);
-                        }
-                        if s.xid_hi.follows_or_equals(snap.xmax) {
-                            after_ranges.push((s.xid_lo.max(snap.xmax), s.xid_hi, s.seq_lo));
-                        }
-                    }
-                }
-                true
-            });
+            }
         }
         // Writers after the snapshot that published before something we
         // now show must be shown as well.
-        for (xid, seq, live) in after {
+        for (xid, seq, live, span) in after {
             if seq < pulled_seq {
                 out.conflicted = true;
-                on_conflict(Conflict { xid, live, after: true });
+                on_conflict(Conflict { xid, rel, span, live, after: true });
             }
         }
-        for (lo, hi, seq_lo) in after_ranges {
+        for (lo, hi, seq_lo, span) in after_ranges {
             if seq_lo >= pulled_seq {
                 continue;
             }
@@ -149,7 +197,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                 let x = Xid(lo.0.wrapping_add(i));
                 if x.is_valid() && !snap.is_pulled(x) && x != snap.own && committed(x) {
                     out.conflicted = true;
-                    on_conflict(Conflict { xid: x, live: false, after: true });
+                    on_conflict(Conflict { xid: x, rel, span, live: false, after: true });
                 }
             }
         }

@@ -50,6 +50,9 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         t.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
+        t.set_max_tables_per_owner(guc::MAX_TABLES_PER_OWNER.get() as u32);
+        // SAFETY: reading the clock.
+        t.beat(unsafe { pg_sys::GetCurrentTimestamp() });
         // Committed and aborted latches were released without locks; move
         // them to their ranges (tombstones) or free them (aborted).
         t.drain_released(slot);
@@ -70,8 +73,17 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
             let _ = again; // re-queued ranges are claimed again by this loop
             pg_sys::check_for_interrupts!();
             if BackgroundWorker::sigterm_received() {
-                return;
+                break;
             }
         }
+        if BackgroundWorker::sigterm_received() {
+            break;
+        }
     }
+    // A worker that exits 0 is never started again; SIGTERM from anyone but
+    // a shutting-down postmaster must not leave the table unmaintained, so
+    // exit 1: the postmaster restarts the worker after its restart time
+    // (and does not, when it is shutting down).
+    // SAFETY: ends this process the Postgres way.
+    unsafe { pg_sys::proc_exit(1) };
 }

@@ -1,22 +1,23 @@
-//! `PgkvxLimitScan`: the custom scan that gives LIMIT queries over latched
-//! tables their fenced or optimistic guarantee.
+//! `PgkvxLimitScan`: LIMIT reads in key order over latched tables, kept
+//! from skipping rows that commit late.
 //!
-//! `planner` offers the path and builds the plan; `exec` is the node
-//! (begin/exec/end/rescan, EXPLAIN); `span` derives the declared and touched
-//! spans from scan keys; `snapshot` builds the snapshots the node reads at
-//! and waits for writers; `guard` runs the protocol for a scan (this node
-//! and `pgkvx.arrow_scan`).  The decisions themselves live in the pure-Rust
-//! protocol (`latch::protocol`).
+//! `planner` decides which scans get the node and wraps their paths;
+//! `plan_data` is what the plan carries to the executor; `node` is the
+//! executor node (begin/exec/end/rescan, EXPLAIN), which follows how far
+//! its scan got; `statement` runs the read protocol (`read/`) once per
+//! statement from the executor hooks; `buffer` holds an optimistic
+//! statement's rows back until they are valid.
 
-pub mod exec;
-pub mod guard;
+pub mod buffer;
+pub mod node;
+pub mod plan_data;
 pub mod planner;
-pub mod snapshot;
-pub mod span;
+pub mod statement;
 
-/// Installs the planner hook and registers the node; called from `_PG_init`.
+/// Installs the planner and executor hooks and registers the node; called
+/// from `_PG_init`.
 pub fn init() {
     planner::init();
-    snapshot::init();
-    exec::register();
+    statement::init();
+    node::register();
 }

@@ -1,23 +1,28 @@
-//! Planning: when a query level is "ORDER BY the key LIMIT n" over one
-//! latched table, offer a `PgkvxLimitScan` path that wraps the key index
-//! scan, and turn it into a CustomScan plan.
+//! Planning: which scans of latched tables get a `PgkvxLimitScan` over them.
 //!
-//! The shape we take: a SELECT whose only base relation at its level is a
-//! latched table, with LIMIT (constant, parameter or expression) and an
-//! ORDER BY the key index provides (or that equality quals made moot), and nothing between the scan and the
-//! Limit node that changes the row count (no aggregates, grouping, DISTINCT,
-//! window functions, set-returning functions or row locks).  Then the Limit
-//! applies to exactly the rows we return and "the last key examined" is
-//! meaningful.  Everything else keeps its plain Postgres plan.
+//! A query level that has a LIMIT and an ORDER BY whose leading sort key is
+//! the latched table's key (after key columns an equality fixes) is a tail
+//! read: every path of that table at that level is wrapped in a
+//! `PgkvxLimitScan` path with the same cost, order and parameterization,
+//! so the planner picks exactly the plan it would have picked — any index,
+//! a bitmap or sequential scan, the outer or inner side of any join — and
+//! the chosen scan runs under the node.  A table read inside a subquery of
+//! such a level whose ORDER BY names a subquery's column is wrapped too: its
+//! order may come from there.
 //!
-//! The path is costed below every alternative so the planner always takes
-//! it for that shape: it reads exactly what the ordered index scan would,
-//! and only this node can keep the promise about rows committed late.
+//! The planner does not look at `pgkvx.scan_mode`: a plan made while it is
+//! `off` is cached and must protect once the mode changes.  The executor
+//! decides (`statement.rs`); in `off` mode the node only passes rows on.
+//!
+//! Wrapped relations get no partial paths: the node reads where its scan
+//! runs, which must be this process.
 
-use crate::api::registry;
-use crate::guc::{ScanMode, SCAN_MODE};
-use pgrx::pg_sys::{self, List, Node};
+use super::plan_data::{Bound, GuardPlan};
+use crate::registry;
+use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
 use pgrx::prelude::*;
+use pgrx::PgList;
+use std::cell::RefCell;
 
 pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
 
@@ -33,34 +38,61 @@ static PATH_METHODS: Methods<pg_sys::CustomPathMethods> = Methods(pg_sys::Custom
     ReparameterizeCustomPathByChild: None,
 });
 
-static mut PREV_HOOK: pg_sys::set_rel_pathlist_hook_type = None;
+static mut PREV_PATHLIST_HOOK: pg_sys::set_rel_pathlist_hook_type = None;
+static mut PREV_PLANNER_HOOK: pg_sys::planner_hook_type = None;
 
-/// Indices into `custom_private` (a list of Integer nodes).
-pub mod private {
-    pub const INDEX_OID: usize = 0;
-    pub const FORWARD: usize = 1;
-    pub const NQUALS: usize = 2;
-    pub const HAS_COUNT: usize = 3;
-    pub const HAS_OFFSET: usize = 4;
+thread_local! {
+    /// For each statement being planned (planning nests), whether it may
+    /// run twice: a SELECT without side effects, not a cursor that must be
+    /// rewound or scrolled.
+    static RESTARTABLE: RefCell<Vec<bool>> = const { RefCell::new(Vec::new()) };
 }
 
 pub fn init() {
     // SAFETY: _PG_init, single-threaded.
     unsafe {
-        PREV_HOOK = pg_sys::set_rel_pathlist_hook;
+        PREV_PATHLIST_HOOK = pg_sys::set_rel_pathlist_hook;
         pg_sys::set_rel_pathlist_hook = Some(rel_pathlist_hook);
+        PREV_PLANNER_HOOK = pg_sys::planner_hook;
+        pg_sys::planner_hook = Some(planner_hook);
     }
 }
 
-fn list_iter<T>(l: *mut List) -> impl Iterator<Item = *mut T> {
-    let n = if l.is_null() {
-        0
-    } else {
-        // SAFETY: a valid List.
-        unsafe { (*l).length as usize }
+/// Pops the planning stack however planning ends (an ERROR unwinds
+/// through here).
+struct Planning;
+impl Drop for Planning {
+    fn drop(&mut self) {
+        RESTARTABLE.with(|r| r.borrow_mut().pop());
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn planner_hook(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: i32,
+    params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: the planner's own arguments, read before planning changes them.
+    let restartable = unsafe {
+        let q = &*parse;
+        q.commandType == pg_sys::CmdType::CMD_SELECT
+            && !q.hasModifyingCTE
+            && q.rowMarks.is_null()
+            && cursor_options & (pg_sys::CURSOR_OPT_SCROLL | pg_sys::CURSOR_OPT_HOLD) as i32 == 0
+            && !pg_sys::contain_volatile_functions(parse as *mut Node)
     };
-    // SAFETY: i < length.
-    (0..n).map(move |i| unsafe { (*(*l).elements.add(i)).ptr_value as *mut T })
+    RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
+    let _planning = Planning;
+    // SAFETY: chaining the previous hook (or the standard planner) with the
+    // same arguments.
+    unsafe {
+        match PREV_PLANNER_HOOK {
+            Some(prev) => prev(parse, query_string, cursor_options, params),
+            None => pg_sys::standard_planner(parse, query_string, cursor_options, params),
+        }
+    }
 }
 
 fn tag(n: *const Node) -> pg_sys::NodeTag {
@@ -68,219 +100,287 @@ fn tag(n: *const Node) -> pg_sys::NodeTag {
     unsafe { (*n).type_ }
 }
 
+/// `e` with binary-compatible casts (RelabelType) peeled off.
+///
+/// # Safety
+/// `e` is a valid expression node.
+unsafe fn strip(mut e: *mut Node) -> *mut Node {
+    // SAFETY: checked by tag before the cast.
+    unsafe {
+        while !e.is_null() && tag(e) == pg_sys::NodeTag::T_RelabelType {
+            e = (*(e as *mut pg_sys::RelabelType)).arg as *mut Node;
+        }
+    }
+    e
+}
+
+/// Whether `e` is column `attnum` of range table entry `rti` at this level.
+///
+/// # Safety
+/// `e` is a valid expression node.
+unsafe fn is_column(e: *mut Node, rti: u32, attnum: i16) -> bool {
+    // SAFETY: checked by tag before the cast.
+    unsafe {
+        let e = strip(e);
+        if e.is_null() || tag(e) != pg_sys::NodeTag::T_Var {
+            return false;
+        }
+        let v = &*(e as *mut pg_sys::Var);
+        v.varno as u32 == rti && v.varattno == attnum && v.varlevelsup == 0
+    }
+}
+
+/// Whether an equivalence class holds column `attnum` of `rti`.
+///
+/// # Safety
+/// `ec` is a valid EquivalenceClass of the current planning step.
+unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16) -> bool {
+    // SAFETY: per contract; members are EquivalenceMembers.
+    unsafe {
+        PgList::<pg_sys::EquivalenceMember>::from_pg((*ec).ec_members)
+            .iter_ptr()
+            .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum))
+    }
+}
+
+/// Whether an equality with a constant or parameter fixes column `attnum`.
+///
+/// # Safety
+/// `root` is the planner state of the current level.
+unsafe fn fixed_by_equality(root: *mut PlannerInfo, rti: u32, attnum: i16) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        PgList::<pg_sys::EquivalenceClass>::from_pg((*root).eq_classes)
+            .iter_ptr()
+            .any(|ec| (*ec).ec_has_const && ec_has_column(ec, rti, attnum))
+    }
+}
+
+/// Whether this level reads `rel` for a tail: LIMIT, and an ORDER BY led by
+/// the latched key.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn level_tails(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDesc) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        let q = &*(*root).parse;
+        if q.limitCount.is_null() || q.sortClause.is_null() {
+            return false;
+        }
+        let Some(lead) = key.cols.iter().find(|c| !fixed_by_equality(root, rti, c.attnum)) else {
+            // The whole key is fixed: a point read, in any order.
+            return true;
+        };
+        let pathkeys = PgList::<pg_sys::PathKey>::from_pg((*root).query_pathkeys);
+        match pathkeys.get_ptr(0) {
+            Some(pk) => ec_has_column((*pk).pk_eclass, rti, lead.attnum),
+            None => false,
+        }
+    }
+}
+
+/// Whether a level above this one has a LIMIT and orders by a column of a
+/// subquery, CTE or function — whose order this level may produce.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
+    // SAFETY: per contract; parent roots outlive their children's planning.
+    unsafe {
+        let mut p = (*root).parent_root;
+        while !p.is_null() {
+            let q = &*(*p).parse;
+            if !q.limitCount.is_null() && !q.sortClause.is_null() {
+                let sc = PgList::<pg_sys::SortGroupClause>::from_pg(q.sortClause).get_ptr(0);
+                if let Some(sc) = sc {
+                    let tle = pg_sys::get_sortgroupclause_tle(sc, q.targetList);
+                    let e = strip((*tle).expr as *mut Node);
+                    if !e.is_null() && tag(e) == pg_sys::NodeTag::T_Var {
+                        let v = &*(e as *mut pg_sys::Var);
+                        if v.varlevelsup == 0 {
+                            let rte = pg_sys::list_nth(q.rtable, v.varno - 1) as *mut pg_sys::RangeTblEntry;
+                            if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION {
+                                return true;
+                            }
+                        }
+                    }
+                }
+            }
+            p = (*p).parent_root;
+        }
+        false
+    }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn rel_pathlist_hook(
-    root: *mut pg_sys::PlannerInfo,
-    rel: *mut pg_sys::RelOptInfo,
+    root: *mut PlannerInfo,
+    rel: *mut RelOptInfo,
     rti: pg_sys::Index,
     rte: *mut pg_sys::RangeTblEntry,
 ) {
     // SAFETY: chaining the previous hook with the same arguments.
     unsafe {
-        if let Some(prev) = PREV_HOOK {
+        if let Some(prev) = PREV_PATHLIST_HOOK {
             prev(root, rel, rti, rte);
         }
     }
-    if SCAN_MODE.get() == ScanMode::Off {
-        return;
-    }
     // SAFETY: planner structures valid for the duration of the hook.
-    if let Some(path) = unsafe { limit_scan_path(root, rel, rte) } {
-        // SAFETY: add_path takes ownership of a palloc'd path.
-        unsafe { pg_sys::add_path(rel, path) };
-    }
-}
-
-/// Whether this query level has the shape PgkvxLimitScan serves.
-///
-/// # Safety
-/// `root` is a valid PlannerInfo.
-unsafe fn limit_applies_to_scan(root: *mut pg_sys::PlannerInfo) -> bool {
-    // SAFETY: per contract.
-    unsafe {
-        let q = &*(*root).parse;
-        q.commandType == pg_sys::CmdType::CMD_SELECT
-            && !q.limitCount.is_null()
-            && q.limitOption == pg_sys::LimitOption::LIMIT_OPTION_COUNT
-            && q.rowMarks.is_null()
-            && !q.hasAggs
-            && q.groupClause.is_null()
-            && q.groupingSets.is_null()
-            && !q.hasWindowFuncs
-            && q.distinctClause.is_null()
-            && !q.hasTargetSRFs
-            && q.setOperations.is_null()
-            && q.havingQual.is_null()
-            // we evaluate LIMIT/OFFSET ourselves too: both must agree
-            && !pg_sys::contain_volatile_functions(q.limitCount)
-            && !pg_sys::contain_volatile_functions(q.limitOffset)
-            // ORDER BY present (its pathkeys may all be redundant, as in
-            // `WHERE k = 5 ORDER BY k`)
-            && !q.sortClause.is_null()
-            && pg_sys::bms_membership((*root).all_baserels) == pg_sys::BMS_Membership::BMS_SINGLETON
-    }
-}
-
-/// # Safety
-/// Planner structures from `set_rel_pathlist_hook`.
-unsafe fn limit_scan_path(
-    root: *mut pg_sys::PlannerInfo,
-    rel: *mut pg_sys::RelOptInfo,
-    rte: *mut pg_sys::RangeTblEntry,
-) -> Option<*mut pg_sys::Path> {
-    // SAFETY (whole body): per contract; nodes are checked by tag before
-    // being cast.
     unsafe {
         if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
             || (*rte).relkind as u8 != pg_sys::RELKIND_RELATION
             || (*rte).inh
-            || (*rel).reloptkind != pg_sys::RelOptKind::RELOPT_BASEREL
-            || !limit_applies_to_scan(root)
+            || !matches!(
+                (*rel).reloptkind,
+                pg_sys::RelOptKind::RELOPT_BASEREL | pg_sys::RelOptKind::RELOPT_OTHER_MEMBER_REL
+            )
         {
-            return None;
+            return;
         }
-        let latched = registry::lookup((*rte).relid)?;
-        // No query pathkeys left means every ORDER BY column is fixed by an
-        // equality: any order of the key index will do.
-        let any_order = (*root).query_pathkeys.is_null();
-        let cheapest =
-            list_iter::<pg_sys::Path>((*rel).pathlist).map(|p| (*p).total_cost).fold(f64::INFINITY, f64::min);
-        let mut best = best_key_index_path((*rel).pathlist, root, latched.key.index, any_order);
-        if best.is_null() {
-            // add_path may have pruned the key index path as too expensive
-            // (a tiny table, an order made moot): build the index paths
-            // again on their own, keep ours, and put the real list back.
-            let (pathlist, partial) = ((*rel).pathlist, (*rel).partial_pathlist);
-            (*rel).pathlist = std::ptr::null_mut();
-            (*rel).partial_pathlist = std::ptr::null_mut();
-            pg_sys::create_index_paths(root, rel);
-            best = best_key_index_path((*rel).pathlist, root, latched.key.index, any_order);
-            (*rel).pathlist = pathlist;
-            (*rel).partial_pathlist = partial;
+        let Some(latched) = registry::lookup((*rte).relid) else { return };
+        if !level_tails(root, rti, &latched.key) && !ancestor_orders_by_subquery(root) {
+            return;
         }
-        if best.is_null() {
-            return None;
+        let mut wrapped = PgList::<pg_sys::Path>::new();
+        for p in PgList::<pg_sys::Path>::from_pg((*rel).pathlist).iter_ptr() {
+            // Gather paths run the scan in other processes.
+            if matches!(tag(p as *const Node), pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath) {
+                continue;
+            }
+            wrapped.push(guard_path(rel, p));
         }
-        // We fetch heap tuples ourselves, so an index-only path becomes a
-        // plain index scan (same quals, same order).
-        let child = pg_sys::palloc(std::mem::size_of::<pg_sys::IndexPath>()) as *mut pg_sys::IndexPath;
-        std::ptr::copy_nonoverlapping(best, child, 1);
-        (*child).path.pathtype = pg_sys::NodeTag::T_IndexScan;
+        (*rel).pathlist = wrapped.into_pg();
+        (*rel).partial_pathlist = std::ptr::null_mut();
+        (*rel).consider_parallel = false;
+    }
+}
 
+/// A `PgkvxLimitScan` path over `child`, costed and ordered exactly as it.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_sys::Path {
+    // SAFETY: per contract; the new node is palloc'd and filled like
+    // makeNode(CustomPath).
+    unsafe {
         let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
+        let c = &*child;
         let path = &mut (*cp).path;
         path.type_ = pg_sys::NodeTag::T_CustomPath;
         path.pathtype = pg_sys::NodeTag::T_CustomScan;
         path.parent = rel;
-        path.pathtarget = (*rel).reltarget;
-        path.param_info = std::ptr::null_mut();
+        path.pathtarget = c.pathtarget;
+        path.param_info = c.param_info;
         path.parallel_aware = false;
         path.parallel_safe = false;
         path.parallel_workers = 0;
-        path.rows = (*best).path.rows;
-        path.startup_cost = 0.0;
-        path.total_cost = cheapest.min((*best).path.total_cost) * 0.5;
-        path.pathkeys = (*best).path.pathkeys;
-        (*cp).flags = 0;
-        (*cp).custom_paths = pg_sys::lappend(std::ptr::null_mut(), child as *mut std::ffi::c_void);
+        path.rows = c.rows;
+        path.startup_cost = c.startup_cost;
+        path.total_cost = c.total_cost;
+        path.pathkeys = c.pathkeys;
+        (*cp).flags = if pg_sys::ExecSupportsMarkRestore(child) { pg_sys::CUSTOMPATH_SUPPORT_MARK_RESTORE } else { 0 };
+        let mut children = PgList::<pg_sys::Path>::new();
+        children.push(child);
+        (*cp).custom_paths = children.into_pg();
         (*cp).custom_private = std::ptr::null_mut();
         (*cp).methods = &PATH_METHODS.0;
-        Some(cp as *mut pg_sys::Path)
+        cp as *mut pg_sys::Path
     }
 }
 
-/// The cheapest unparameterized path on the key index whose order serves
-/// the query.
+/// The quals among `clauses` that bound a key column with a value known
+/// before the statement runs: `(bound, expression)`.
 ///
 /// # Safety
-/// Planner structures of the current planning step.
-unsafe fn best_key_index_path(
-    paths: *mut List,
-    root: *mut pg_sys::PlannerInfo,
-    index: pg_sys::Oid,
-    any_order: bool,
-) -> *mut pg_sys::IndexPath {
-    let mut best: *mut pg_sys::IndexPath = std::ptr::null_mut();
-    // SAFETY: per contract; paths are checked by tag before the cast.
+/// Planner structures of the current planning step; `clauses` is a list of
+/// RestrictInfo.
+unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -> Vec<(Bound, *mut Node)> {
+    let mut out = Vec::new();
+    // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
-        for p in list_iter::<pg_sys::Path>(paths) {
-            if tag(p as *const Node) != pg_sys::NodeTag::T_IndexPath {
+        for ri in PgList::<pg_sys::RestrictInfo>::from_pg(clauses).iter_ptr() {
+            if (*ri).pseudoconstant {
                 continue;
             }
-            let ip = p as *mut pg_sys::IndexPath;
-            if (*(*ip).indexinfo).indexoid != index
-                || !(*p).param_info.is_null()
-                || !(any_order || pg_sys::pathkeys_contained_in((*root).query_pathkeys, (*p).pathkeys))
-            {
+            let clause = (*ri).clause as *mut Node;
+            if tag(clause) != pg_sys::NodeTag::T_OpExpr {
                 continue;
             }
-            if best.is_null() || (*p).total_cost < (*best).path.total_cost {
-                best = ip;
+            let op = &*(clause as *mut pg_sys::OpExpr);
+            let args = PgList::<Node>::from_pg(op.args);
+            let (Some(l), Some(r)) = (args.get_ptr(0), args.get_ptr(1)) else { continue };
+            if args.len() != 2 {
+                continue;
+            }
+            for (col, c) in key.cols.iter().enumerate() {
+                // `key op value`, or `value op key` read with the commutator.
+                let (value, opno) = if is_column(l, rti, c.attnum) {
+                    (r, op.opno)
+                } else if is_column(r, rti, c.attnum) {
+                    (l, pg_sys::get_commutator(op.opno))
+                } else {
+                    continue;
+                };
+                if opno == pg_sys::InvalidOid
+                    || !pg_sys::is_pseudo_constant_clause(value)
+                    || !pg_sys::pull_paramids(value as *mut pg_sys::Expr).is_null()
+                    || pg_sys::contain_subplans(value)
+                {
+                    continue;
+                }
+                let strategy = pg_sys::get_op_opfamily_strategy(opno, c.opfamily);
+                if strategy == 0 {
+                    continue;
+                }
+                let b = Bound { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
+                out.push((b, pg_sys::copyObjectImpl(value as *const _) as *mut Node));
             }
         }
     }
-    best
-}
-
-fn integer(v: i32) -> *mut std::ffi::c_void {
-    // SAFETY: makeInteger pallocs a node.
-    unsafe { pg_sys::makeInteger(v) as *mut std::ffi::c_void }
+    out
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn plan_custom_path(
-    root: *mut pg_sys::PlannerInfo,
-    rel: *mut pg_sys::RelOptInfo,
+    root: *mut PlannerInfo,
+    rel: *mut RelOptInfo,
     best_path: *mut pg_sys::CustomPath,
-    tlist: *mut List,
-    _clauses: *mut List,
+    _tlist: *mut List,
+    clauses: *mut List,
     custom_plans: *mut List,
 ) -> *mut pg_sys::Plan {
     // SAFETY (whole body): the planner hands us the plan of our one child
-    // path, an IndexScan built by create_indexscan_plan; we copy what we
-    // need from it into a CustomScan.
+    // path; we build a CustomScan that returns that plan's rows unchanged.
     unsafe {
-        let mut child = list_iter::<pg_sys::IndexScan>(custom_plans).next().expect("one child plan");
-        // Pseudoconstant quals (`k = 1 AND k = 2`) put a gating Result over
-        // the index scan; our own plan gets the same gate from the planner,
-        // so look through it.
-        if tag(child as *const Node) == pg_sys::NodeTag::T_Result {
-            child = (*(child as *mut pg_sys::Result)).plan.lefttree as *mut pg_sys::IndexScan;
+        let child = PgList::<pg_sys::Plan>::from_pg(custom_plans).get_ptr(0).expect("one child plan");
+        let rti = (*rel).relid;
+        let relid = (**(*root).simple_rte_array.add(rti as usize)).relid;
+        let latched = registry::require(relid);
+        let bounds = key_bounds(rti, &latched.key, clauses);
+        let restartable = RESTARTABLE.with(|r| r.borrow().last().copied()).unwrap_or(false);
+        let plan = GuardPlan { relid, restartable, bounds: bounds.iter().map(|(b, _)| *b).collect() };
+        let mut exprs = PgList::<Node>::new();
+        for (_, e) in &bounds {
+            exprs.push(*e);
         }
-        assert_eq!(tag(child as *const Node), pg_sys::NodeTag::T_IndexScan, "PgkvxLimitScan wraps an index scan");
+
         let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
-        (*cs).scan.plan.targetlist = tlist;
-        // The index scan's filter: quals the index does not enforce.
-        (*cs).scan.plan.qual = (*child).scan.plan.qual;
-        (*cs).scan.scanrelid = (*rel).relid;
-        (*cs).flags = (*best_path).flags;
-
-        // custom_exprs: indexqual (index-column form, for scan keys), then
-        // indexqualorig (table-column form, for EXPLAIN), then the LIMIT
-        // and OFFSET expressions of this query level.  setrefs fixes them
-        // all up, and copyObject keeps them in the plan cache.
-        let parse = (*root).parse;
-        let nquals = if (*child).indexqual.is_null() { 0 } else { (*(*child).indexqual).length };
-        let mut exprs = pg_sys::list_concat_copy((*child).indexqual, (*child).indexqualorig);
-        let has_count = !(*parse).limitCount.is_null();
-        let has_offset = !(*parse).limitOffset.is_null();
-        if has_count {
-            exprs = pg_sys::lappend(exprs, pg_sys::copyObjectImpl((*parse).limitCount as *const _));
+        // The child's rows, unchanged: our output is its target list.
+        (*cs).scan.plan.targetlist = pg_sys::copyObjectImpl((*child).targetlist as *const _) as *mut List;
+        (*cs).custom_scan_tlist = pg_sys::copyObjectImpl((*child).targetlist as *const _) as *mut List;
+        (*cs).scan.plan.qual = std::ptr::null_mut();
+        (*cs).scan.scanrelid = 0;
+        (*cs).custom_plans = custom_plans;
+        (*cs).custom_exprs = exprs.into_pg();
+        (*cs).custom_private = plan.to_list();
+        let mut flags = (*best_path).flags;
+        if pg_sys::ExecSupportsBackwardScan(child) {
+            flags |= pg_sys::CUSTOMPATH_SUPPORT_BACKWARD_SCAN;
         }
-        if has_offset {
-            exprs = pg_sys::lappend(exprs, pg_sys::copyObjectImpl((*parse).limitOffset as *const _));
-        }
-        (*cs).custom_exprs = exprs;
-        let forward = (*child).indexorderdir != pg_sys::ScanDirection::BackwardScanDirection;
-        let mut private = std::ptr::null_mut();
-        for v in
-            [(*child).indexid.to_u32() as i32, i32::from(forward), nquals, i32::from(has_count), i32::from(has_offset)]
-        {
-            private = pg_sys::lappend(private, integer(v));
-        }
-        (*cs).custom_private = private;
-        (*cs).methods = &super::exec::SCAN_METHODS.0;
+        (*cs).flags = flags;
+        (*cs).methods = &super::node::SCAN_METHODS.0;
         cs as *mut pg_sys::Plan
     }
 }

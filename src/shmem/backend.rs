@@ -16,20 +16,26 @@
 //!
 //! Subtransaction aborts keep their latches until the top-level transaction
 //! ends: the holder is the top-level xid, and a latch held a little longer
-//! only costs a reader an extra wait, never a missed row.
+//! only costs a reader an extra wait, never a missed row.  What a
+//! subtransaction asked to happen at commit (purging a disabled or dropped
+//! table's tombstones) is forgotten when it rolls back.
 
 use super::table;
 use crate::errors;
-use crate::latch::{AcquireError, Holder, Outcome, RelId, Span, Stat, Xid};
+use crate::guc;
+use crate::latch::{AcquireError, Holder, Holdings, Latched, Limits, Outcome, RelId, Span, Stat, Xid};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 thread_local! {
     static EXIT_HOOK_SET: Cell<bool> = const { Cell::new(false) };
     static LAST_HORIZON_REFRESH: Cell<i64> = const { Cell::new(0) };
-    /// Tables whose latches to purge once the current transaction commits.
-    static PENDING_PURGE: std::cell::RefCell<Vec<RelId>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Tables whose latches to purge once the current transaction commits,
+    /// with the subtransaction that asked.
+    static PENDING_PURGE: RefCell<Vec<(pg_sys::SubTransactionId, RelId)>> = const { RefCell::new(Vec::new()) };
+    /// The latches this backend's transaction holds.
+    static HOLDINGS: RefCell<Holdings> = RefCell::new(Holdings::new());
 }
 
 /// This backend's slot: its PGPROC number.
@@ -64,7 +70,50 @@ pub fn init() {
     // SAFETY: registering process-wide callbacks during preload.
     unsafe {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
     }
+}
+
+/// Subtransaction ends: what a rolled-back subtransaction asked for at
+/// commit is forgotten; a committed one's passes to its parent.  Runs for
+/// every subtransaction of every backend, so it answers "nothing to do"
+/// before pgrx's guard.
+unsafe extern "C-unwind" fn subxact_callback(
+    event: pg_sys::SubXactEvent::Type,
+    my: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    if !matches!(event, SUBXACT_EVENT_ABORT_SUB | SUBXACT_EVENT_COMMIT_SUB) {
+        return;
+    }
+    let busy = purge_pending() || crate::api::drawn::pending();
+    if busy {
+        // SAFETY: the guarded callback under its own signature.
+        unsafe { subxact_event(event, my, parent, arg) };
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn subxact_event(
+    event: pg_sys::SubXactEvent::Type,
+    my: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    let aborted = event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB;
+    PENDING_PURGE.with(|p| {
+        let mut p = p.borrow_mut();
+        if aborted {
+            p.retain(|(sub, _)| *sub != my);
+        } else {
+            for e in p.iter_mut().filter(|(sub, _)| *sub == my) {
+                e.0 = parent;
+            }
+        }
+    });
+    crate::api::drawn::subxact_end(my, parent, aborted);
 }
 
 fn ensure_exit_hook() {
@@ -82,6 +131,15 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     if t.holds_any(slot) {
         t.release_all(slot, Outcome::Aborted);
     }
+    forget_holdings();
+}
+
+fn forget_holdings() {
+    HOLDINGS.with(|h| {
+        if let Ok(mut h) = h.try_borrow_mut() {
+            h.clear();
+        }
+    });
 }
 
 /// Refreshes the cached xmin horizon at most every few milliseconds per
@@ -93,10 +151,45 @@ pub fn refresh_horizon(force: bool) {
         return;
     }
     LAST_HORIZON_REFRESH.with(|c| c.set(now));
-    // SAFETY: computes the cluster-wide horizon under ProcArrayLock; with
-    // NULL it covers every database, as tombstones must.
-    let h = unsafe { pg_sys::GetOldestNonRemovableTransactionId(std::ptr::null_mut()) };
-    table().set_horizon(Xid(h.into_inner()));
+    table().set_horizon(running_horizon());
+}
+
+/// The oldest xid a running snapshot may still consider in progress: the
+/// oldest xid or snapshot xmin of any backend or prepared transaction, in
+/// every database.  Unlike Postgres's removal horizon it leaves out what
+/// replication slots retain (an idle slot would otherwise keep every
+/// tombstone for ever) and the catalog-only xmins of logical decoding and
+/// of VACUUM: none of them reads latched tables with a snapshot of ours.
+pub fn running_horizon() -> Xid {
+    // SAFETY: reads the proc array under ProcArrayLock (shared), as
+    // Postgres's own horizon computation does.  Index 4 of the main LWLock
+    // array is ProcArrayLock (lwlocknames.txt).
+    unsafe {
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(4)).lock;
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_SHARED);
+        let latest = (*pg_sys::ShmemVariableCache).latestCompletedXid.value as u32;
+        let mut h = Xid(latest.wrapping_add(1));
+        if !h.is_valid() {
+            h = Xid(Xid::FIRST_NORMAL);
+        }
+        let procs = &*pg_sys::ProcGlobal;
+        for i in 0..procs.allProcCount as usize {
+            let p = &*procs.allProcs.add(i);
+            let xid = Xid(std::ptr::read_volatile(&p.xid).into_inner());
+            if xid.is_valid() {
+                h = h.min(xid);
+            }
+            let flags = u32::from(std::ptr::read_volatile(&p.statusFlags));
+            if flags & (pg_sys::PROC_IN_LOGICAL_DECODING | pg_sys::PROC_IN_VACUUM) == 0 {
+                let xmin = Xid(std::ptr::read_volatile(&p.xmin).into_inner());
+                if xmin.is_valid() {
+                    h = h.min(xmin);
+                }
+            }
+        }
+        pg_sys::LWLockRelease(lock);
+        h
+    }
 }
 
 /// Runs at every transaction event of every backend, whether or not it
@@ -107,7 +200,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *
     use pg_sys::XactEvent::*;
     let work = match event {
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
-            holds_latches() || purge_pending()
+            holds_latches() || purge_pending() || holdings_recorded() || crate::api::drawn::pending()
         }
         XACT_EVENT_PRE_PREPARE => holds_latches(),
         _ => false,
@@ -130,6 +223,11 @@ fn purge_pending() -> bool {
     PENDING_PURGE.try_with(|p| p.try_borrow().map_or(true, |v| !v.is_empty())).unwrap_or(false)
 }
 
+/// Whether holdings were recorded (they must go with the transaction).
+fn holdings_recorded() -> bool {
+    HOLDINGS.try_with(|h| h.try_borrow().map_or(true, |h| h.live() > 0)).unwrap_or(false)
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
@@ -141,7 +239,9 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
                 t.release_all(slot, Outcome::Committed);
                 refresh_horizon(false);
             }
-            for rel in PENDING_PURGE.with(|p| std::mem::take(&mut *p.borrow_mut())) {
+            forget_holdings();
+            crate::api::drawn::forget();
+            for (_, rel) in PENDING_PURGE.with(|p| std::mem::take(&mut *p.borrow_mut())) {
                 t.purge_table(rel);
             }
         }
@@ -149,6 +249,8 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
             if t.holds_any(slot) {
                 t.release_all(slot, Outcome::Aborted);
             }
+            forget_holdings();
+            crate::api::drawn::forget();
             PENDING_PURGE.with(|p| p.borrow_mut().clear());
         }
         XACT_EVENT_PRE_PREPARE if t.holds_any(slot) => {
@@ -162,9 +264,12 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
     }
 }
 
-/// Forgets a table's latches once this transaction commits.
+/// Forgets a table's latches once this transaction commits (unless the
+/// subtransaction asking rolls back).
 pub fn purge_at_commit(rel: RelId) {
-    PENDING_PURGE.with(|p| p.borrow_mut().push(rel));
+    // SAFETY: reads the current subtransaction's id.
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    PENDING_PURGE.with(|p| p.borrow_mut().push((sub, rel)));
 }
 
 /// This transaction's top-level xid, assigned now if it has none: a latch
@@ -185,16 +290,18 @@ pub fn my_xid_if_any() -> Xid {
 const BACK_PRESSURE_FACTOR: u32 = 4;
 /// The longest a writer waits for a split, in 1 ms steps.
 const BACK_PRESSURE_MAX_MS: u32 = 50;
+/// A worker that has not ticked for this long is not running.
+const WORKER_GONE_US: i64 = 1_000_000;
 
 /// Back-pressure: a writer that just latched into a range far over its
 /// limit gives the maintenance workers a few milliseconds to split it
-/// (sleeping on its latch, so interrupts and shutdown are honoured), and
-/// goes on regardless after that.  Without workers there is nobody to wait
-/// for.
-fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
+/// (sleeping on its latch, so interrupts and shutdown are honoured, and
+/// holding no lock), and goes on regardless after that.  It never waits
+/// for workers that are not running.
+pub fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
     let t = table();
     let limit = t.range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR);
-    if load <= limit || crate::guc::MAINTENANCE_CONCURRENCY.get() == 0 {
+    if load <= limit || !workers_running() {
         return;
     }
     for _ in 0..BACK_PRESSURE_MAX_MS {
@@ -209,48 +316,131 @@ fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
         pg_sys::check_for_interrupts!();
-        if t.max_load(rel, span) <= limit {
+        if t.max_load(rel, span) <= limit || !workers_running() {
             return;
         }
     }
 }
 
-/// Publishes a write latch on `span` of `relid` for this transaction.  A
-/// full table first reclaims and coalesces tombstones; only if that frees
-/// nothing does the writer get SQLSTATE 53400.
-pub fn latch(relid: pg_sys::Oid, span: &Span) {
+fn now_us() -> i64 {
+    // SAFETY: reading the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Whether a maintenance worker has ticked lately.
+pub fn workers_running() -> bool {
+    guc::MAINTENANCE_CONCURRENCY.get() > 0 && now_us() - table().last_beat() < WORKER_GONE_US
+}
+
+/// The limits a transaction's latches are held to.
+pub fn limits() -> Limits {
+    let per = guc::MAX_LATCHES_PER_TRANSACTION.get() as u32;
+    Limits { escalate_points: Limits::DEFAULT.escalate_points.min(per / 2).max(1), per_transaction: per }
+}
+
+/// Raises the error for a latch that could not be published.
+pub fn raise_acquire_error(e: AcquireError) -> ! {
     let t = table();
-    let slot = my_slot();
-    ensure_exit_hook();
-    let h = Holder {
-        xid: my_xid(),
-        // SAFETY: plain reads of backend globals.
-        pid: unsafe { pg_sys::MyProcPid },
-        now_us: unsafe { pg_sys::GetCurrentTimestamp() },
-    };
-    let rel = rel_id(relid);
-    let mut result = t.acquire(slot, rel, span, &h);
-    if result == Err(AcquireError::Full) {
-        refresh_horizon(true);
-        t.relieve_pressure(slot);
-        result = t.acquire(slot, rel, span, &h);
-    }
-    match result {
-        Ok(load) => back_off_if_crowded(rel, span, load),
-        Err(AcquireError::Full) => errors::raise_hint(
+    match e {
+        AcquireError::Full => errors::raise_hint(
             PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             format!("pgkvx latch table is full (pgkvx.max_latches = {})", t.config().max_entries),
             "Raise pgkvx.max_latches (takes a restart), or end the long-running transactions that keep released latches from being reclaimed.",
         ),
-        Err(AcquireError::TooManyTables) => errors::raise_hint(
+        AcquireError::TooManyTables => errors::raise_hint(
             PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             format!("pgkvx latches more tables than pgkvx.max_tables = {}", t.config().max_tables),
             "Raise pgkvx.max_tables (takes a restart).",
         ),
-        Err(AcquireError::TooManyRanges) => errors::raise_hint(
+        AcquireError::TooManyRanges => errors::raise_hint(
             PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             format!("pgkvx has no free latch range (pgkvx.max_ranges = {})", t.config().max_ranges),
             "Raise pgkvx.max_ranges (takes a restart).",
         ),
+        AcquireError::TooManyTablesForOwner => errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!(
+                "the owner of this table has {} tables in the latch table already (pgkvx.max_tables_per_owner)",
+                guc::MAX_TABLES_PER_OWNER.get()
+            ),
+            "Ask an administrator to raise pgkvx.max_tables_per_owner, or let idle latched tables go (their slots free after a few seconds without writes).",
+        ),
+        AcquireError::TransactionBudget => errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!(
+                "transaction holds too many pgkvx latches (pgkvx.max_latches_per_transaction = {})",
+                guc::MAX_LATCHES_PER_TRANSACTION.get()
+            ),
+            "Latch wide spans explicitly with pgkvx.latch_span(), or split the transaction.",
+        ),
+    }
+}
+
+/// This transaction's holder record for a latch on a table owned by `owner`.
+pub fn holder(owner: pg_sys::Oid) -> Holder {
+    Holder {
+        xid: my_xid(),
+        // SAFETY: plain read of a backend global.
+        pid: unsafe { pg_sys::MyProcPid },
+        now_us: now_us(),
+        owner: owner.to_u32(),
+    }
+}
+
+/// Publishes a write latch on `span` of `relid` (owned by `owner`) for this
+/// transaction, unless a span it holds covers it already.  A full table
+/// first reclaims and coalesces tombstones; only if that frees nothing does
+/// the writer get SQLSTATE 53400.  Then it backs off from a crowded range.
+pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
+    let t = table();
+    let slot = my_slot();
+    ensure_exit_hook();
+    let h = holder(owner);
+    let rel = rel_id(relid);
+    let l = limits();
+    let mut result = HOLDINGS.with(|held| t.latch(slot, &mut held.borrow_mut(), rel, span, &h, &l));
+    if result == Err(AcquireError::Full) {
+        refresh_horizon(true);
+        t.relieve_pressure(slot);
+        result = HOLDINGS.with(|held| t.latch(slot, &mut held.borrow_mut(), rel, span, &h, &l));
+    }
+    match result {
+        Ok(Latched::Published { max_load }) => back_off_if_crowded(rel, span, max_load),
+        Ok(Latched::Covered) => {}
+        Err(e) => raise_acquire_error(e),
+    }
+}
+
+/// Publishes a point latch inside a key-drawing section: no escalation, no
+/// pressure relief and no back-off there (they run after the section, in
+/// [`after_draw`]).
+pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latched, AcquireError> {
+    let t = table();
+    ensure_exit_hook();
+    let unlimited = Limits { escalate_points: u32::MAX, per_transaction: u32::MAX };
+    HOLDINGS.with(|held| t.latch(my_slot(), &mut held.borrow_mut(), rel_id(relid), span, h, &unlimited))
+}
+
+/// What a key draw leaves for after its section: escalation and the
+/// transaction's budget, then back-off from a crowded range.
+pub fn after_draw(relid: pg_sys::Oid, span: &Span, h: &Holder, published: Latched) {
+    let t = table();
+    let rel = rel_id(relid);
+    let r = HOLDINGS.with(|held| t.enforce_limits(my_slot(), &mut held.borrow_mut(), rel, h, &limits()));
+    if let Err(e) = r {
+        raise_acquire_error(e);
+    }
+    if let Latched::Published { max_load } = published {
+        back_off_if_crowded(rel, span, max_load);
+    }
+}
+
+/// Makes room in the latch table before a key draw when it is nearly full,
+/// so that the draw's own publication does not fail inside its section.
+pub fn make_room() {
+    let t = table();
+    if t.free_entries() < 64 {
+        refresh_horizon(true);
+        t.relieve_pressure(my_slot());
     }
 }

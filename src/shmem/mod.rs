@@ -167,6 +167,7 @@ extern "C-unwind" fn startup_hook() {
         };
         let table = if found { Table::attach(mem, locks) } else { Table::init(mem, &cfg, locks) };
         table.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
+        table.set_max_tables_per_owner(guc::MAX_TABLES_PER_OWNER.get() as u32);
         *TABLE.0.get() = Some(table);
         pg_sys::LWLockRelease(init_lock);
     }

@@ -7,6 +7,7 @@
 //! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
 //! (views), `stats` (counters), `rng` (the tests' and benchmarks' generator).
 
+pub mod holdings;
 pub mod inspect;
 pub mod locks;
 pub mod maint;
@@ -27,6 +28,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
+pub use holdings::{Holdings, Latched, Limits};
 pub use inspect::{LatchInfo, RangeInfo, Usage};
 pub use locks::{LockId, LockSet, Mode};
 pub use protocol::{Outcome as ReadOutcome, Params as ReadParams, ReadMode, Report as ReadReport};
@@ -35,5 +37,5 @@ pub use snapshot::ReadSnapshot;
 pub use span::{KeyBuf, Span, KEY_MAX};
 pub use stats::{Stat, NSTATS};
 pub use table::{AcquireError, Holder, LatchTable, Outcome};
-pub use validate::{Check, Conflict};
+pub use validate::{Check, Conflict, Footprint};
 pub use xid::Xid;

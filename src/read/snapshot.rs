@@ -1,13 +1,15 @@
-//! Snapshots for the scan: the base snapshot (the statement's, or a fresh
-//! one), the base with waited-for holders folded in, and the waits.
+//! Snapshots for reads of latched tables: the base snapshot (the
+//! statement's, or a fresh one), the base with waited-for holders folded in,
+//! and the waits themselves.
 //!
 //! A Postgres snapshot does not say which xids at or above its xmax were
-//! already running when it was taken (latch/snapshot.rs), so every base
-//! snapshot carries `after`: the next xid, read as soon after the snapshot
-//! as we can.  Statement snapshots are read at executor start, a few
-//! microseconds after the snapshot; the fixed snapshot of a REPEATABLE READ
-//! or SERIALIZABLE transaction is read right after its first statement's
-//! parse analysis, which runs just after that snapshot is taken.
+//! already running when it was taken (see the latch core's `snapshot`), so
+//! every base snapshot carries `after`: the next xid, read as soon after the
+//! snapshot as we can.  A statement's snapshot is read when its executor
+//! starts, a few microseconds after the snapshot was taken; the fixed
+//! snapshot of a REPEATABLE READ or SERIALIZABLE transaction is read right
+//! after its first statement's parse analysis, which runs just after that
+//! snapshot is taken.  Reading later only errs on the safe side.
 
 use crate::latch::{ReadSnapshot, Stat, Xid};
 use crate::shmem::backend;
@@ -15,6 +17,13 @@ use pgrx::pg_sys::{self, Snapshot};
 use pgrx::prelude::*;
 use pgrx::PgMemoryContexts;
 use std::cell::Cell;
+
+/// The most xids a pull-in may add to a snapshot's in-progress list.
+/// Postgres searches that list linearly for every recent tuple it checks,
+/// and a snapshot taken long ago on a busy system would need one entry per
+/// xid assigned since: past this many, the read takes a fresh snapshot
+/// instead (READ COMMITTED only; a fixed snapshot never pulls anyone in).
+pub const MAX_SPLICED_XIDS: u32 = 1024;
 
 /// The next xid to be assigned.
 pub fn next_xid() -> Xid {
@@ -44,7 +53,8 @@ fn local_xact() -> u32 {
     unsafe { (*pg_sys::MyProc).lxid }
 }
 
-fn fixed_snapshot() -> bool {
+/// REPEATABLE READ or SERIALIZABLE: one snapshot for the whole transaction.
+pub fn fixed_snapshot() -> bool {
     // SAFETY: plain read of a backend global.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }
@@ -70,10 +80,12 @@ unsafe extern "C-unwind" fn after_analyze(
     }
 }
 
-/// `after` for the executor's snapshot: for a fixed transaction snapshot the
-/// value recorded when it was taken, otherwise `at_start` (read at executor
-/// start).  Either bound is conservative: it can only be later than exact.
-pub fn after_for_statement(at_start: Xid) -> Xid {
+/// `after` for a statement whose executor starts now: for a fixed
+/// transaction snapshot the value recorded when it was taken, otherwise the
+/// next xid now.  Either bound is conservative: it can only be later than
+/// exact.
+pub fn after_for_statement() -> Xid {
+    let now = next_xid();
     if fixed_snapshot() {
         if let Some((lxid, after)) = XACT_AFTER.with(|c| c.get()) {
             if lxid == local_xact() {
@@ -81,10 +93,10 @@ pub fn after_for_statement(at_start: Xid) -> Xid {
             }
         }
     }
-    at_start
+    now
 }
 
-/// The snapshot a scan reads at, before pulling anyone in.
+/// The snapshot a read starts from, before pulling anyone in.
 pub struct Base {
     pub snap: Snapshot,
     /// Xids at or above this were assigned after the snapshot.
@@ -96,7 +108,7 @@ pub struct Base {
 }
 
 impl Base {
-    /// Views `snap` (owned by the executor).
+    /// Views `snap` (owned by the caller).
     ///
     /// # Safety
     /// `snap` is a valid MVCC snapshot that outlives this value, and every
@@ -131,17 +143,35 @@ impl Base {
         }
     }
 
+    fn xmax(&self) -> Xid {
+        // SAFETY: the snapshot is valid while self is.
+        Xid(unsafe { (*self.snap).xmax }.into_inner())
+    }
+
     pub fn view<'a>(&'a self, pulled: &'a [Xid]) -> ReadSnapshot<'a> {
         // SAFETY: the snapshot is valid while self is.
-        let (xmin, xmax) = unsafe { ((*self.snap).xmin, (*self.snap).xmax) };
+        let xmin = unsafe { (*self.snap).xmin };
         ReadSnapshot {
             xmin: Xid(xmin.into_inner()),
-            xmax: Xid(xmax.into_inner()),
+            xmax: self.xmax(),
             xip: &self.xip,
             after: self.after,
             pulled,
             own: backend::my_xid_if_any(),
         }
+    }
+
+    /// The xmax a snapshot with `pulled` folded in needs: past every xid
+    /// assigned so far, so that subtransactions of pulled-in holders
+    /// (assigned after the base snapshot) resolve to their now-visible
+    /// parents instead of counting as "in progress because too new".
+    fn spliced_xmax(&self, pulled: &[Xid]) -> Xid {
+        pulled.iter().map(|p| Xid(p.0.wrapping_add(1))).chain([next_xid()]).fold(self.xmax(), |m, x| m.max(x))
+    }
+
+    /// Whether folding `pulled` in stays within [`MAX_SPLICED_XIDS`].
+    pub fn can_pull(&self, pulled: &[Xid]) -> bool {
+        pulled.is_empty() || self.spliced_xmax(pulled).0.wrapping_sub(self.xmax().0) <= MAX_SPLICED_XIDS
     }
 
     /// [`Base::spliced`], allocated in `cx`: the snapshot lives as long as
@@ -158,20 +188,20 @@ impl Base {
     /// The base with `pulled` folded in, allocated in the current memory
     /// context: pulled holders become visible if they committed, writers
     /// that started after the base snapshot stay invisible unless pulled.
+    ///
+    /// The result is an unregistered template (`copied` is false):
+    /// `RegisterSnapshot` makes a registered copy of it, and scans may read
+    /// at it directly while it lives.  With nothing pulled in it is the base
+    /// itself.  The caller checked [`Base::can_pull`].
     pub fn spliced(&self, pulled: &[Xid]) -> Snapshot {
         if pulled.is_empty() {
             return self.snap;
         }
-        let base_xmax = self.view(&[]).xmax;
-        // The new xmax covers every xid assigned so far, so subtransactions
-        // of pulled-in holders (assigned after the base snapshot) resolve
-        // to their now-visible parents instead of counting as "in progress
-        // because too new".
-        let next = next_xid();
-        let new_xmax = pulled.iter().map(|p| Xid(p.0.wrapping_add(1))).chain([next]).fold(base_xmax, |m, x| m.max(x));
+        let base_xmax = self.xmax();
+        let new_xmax = self.spliced_xmax(pulled);
         let is_pulled = |x: Xid| pulled.binary_search_by_key(&x.0, |p| p.0).is_ok();
-        // In progress for S*: the base's in-progress xids that were not
-        // pulled, plus every xid the base did not know (at or above its
+        // In progress for the result: the base's in-progress xids that were
+        // not pulled, plus every xid the base did not know (at or above its
         // xmax) up to the new xmax, except those pulled in.  Subtransaction
         // xids in that list are harmless: with suboverflowed set, Postgres
         // maps a subxid to its top-level xid before searching the list.
@@ -201,7 +231,7 @@ impl Base {
             (*s).subxip = std::ptr::null_mut();
             (*s).subxcnt = 0;
             (*s).suboverflowed = true;
-            (*s).copied = true;
+            (*s).copied = false;
             (*s).active_count = 0;
             (*s).regd_count = 0;
             (*s).ph_node = std::mem::zeroed();
@@ -222,16 +252,14 @@ pub fn committed(xid: Xid) -> bool {
 /// Waits for transaction `xid` to end, through the lock manager: the wait
 /// shows in pg_locks, honours lock_timeout, statement_timeout and cancel,
 /// and takes part in deadlock detection.  Returns microseconds waited.
-///
-/// # Safety
-/// `rel` is an open relation (named in the wait's error context).
-pub unsafe fn wait_for(xid: Xid, rel: pg_sys::Relation) -> i64 {
-    // SAFETY: reading the clock and waiting on a transaction lock.
+pub fn wait_for(xid: Xid) -> i64 {
+    // SAFETY: reading the clock and waiting on a transaction lock; with
+    // XLTW_None the relation and tuple are not used.
     unsafe {
         let t0 = pg_sys::GetCurrentTimestamp();
         pg_sys::XactLockTableWait(
             pg_sys::TransactionId::from(xid.0),
-            rel,
+            std::ptr::null_mut(),
             std::ptr::null_mut(),
             pg_sys::XLTW_Oper::XLTW_None,
         );

@@ -1,7 +1,7 @@
-//! The declared span D of a LIMIT scan, from its btree scan keys, and the
-//! touched span T, from where the scan stopped.
+//! Declared spans D, from quals on key columns, and touched spans T, from
+//! where a scan stopped.
 //!
-//! D must contain every key the scan could return.  Equality on leading key
+//! D must contain every key the read could return.  Equality on leading key
 //! columns narrows it to a prefix; the first column after them may bound it
 //! from below and above; everything else (later columns, arrays, row
 //! comparisons, cross-type quals the codec cannot compare) is ignored, which
@@ -12,6 +12,19 @@ use crate::keys::datum::encode_value;
 use crate::keys::KeyDesc;
 use crate::latch::{KeyBuf, Span};
 use pgrx::pg_sys;
+
+/// One evaluated qual `key column <strategy> value`.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyQual {
+    /// Position in the key (0-based).
+    pub col: usize,
+    /// A btree strategy number (1 `<` … 5 `>`).
+    pub strategy: u16,
+    pub value: pg_sys::Datum,
+    /// The value's type (InvalidOid: the column's own).
+    pub typid: pg_sys::Oid,
+    pub isnull: bool,
+}
 
 /// A bound on one key column: the value and whether it is included.
 #[derive(Clone, Copy)]
@@ -49,32 +62,28 @@ fn tighter(desc: &KeyDesc, i: usize, cur: Option<Bound>, new: Bound, upper: bool
     }
 }
 
-/// D from evaluated btree scan keys of the key index.
-pub fn declared(desc: &KeyDesc, keys: &[pg_sys::ScanKeyData]) -> Span {
+/// D from evaluated quals on key columns.
+pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Span {
     let mut cols = vec![Column::default(); desc.cols.len()];
-    for sk in keys {
-        let flags = sk.sk_flags as u32;
-        if flags & pg_sys::SK_ISNULL != 0 && flags & (pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) == 0 {
-            // `k op NULL` is never true: the scan returns nothing.
-            return Span { start: KeyBuf::EMPTY, end: KeyBuf::EMPTY };
+    for q in quals {
+        if q.isnull {
+            // `k op NULL` is never true: the read returns nothing.
+            return Span::EMPTY;
         }
-        if flags & (pg_sys::SK_ROW_HEADER | pg_sys::SK_SEARCHARRAY | pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL)
-            != 0
-        {
+        let i = q.col;
+        if i >= desc.cols.len() {
             continue;
         }
-        let Some(i) = (sk.sk_attno as usize).checked_sub(1).filter(|&i| i < desc.cols.len()) else {
-            continue;
-        };
-        let typid = if sk.sk_subtype == pg_sys::InvalidOid { desc.cols[i].typid } else { sk.sk_subtype };
+        // A btree scan key's subtype is "same as the column" when invalid.
+        let typid = if q.typid == pg_sys::InvalidOid { desc.cols[i].typid } else { q.typid };
         if !desc.compatible(i, typid) {
             continue;
         }
-        let b = |inclusive| Bound { datum: sk.sk_argument, typid, inclusive };
+        let b = |inclusive| Bound { datum: q.value, typid, inclusive };
         // On a DESC column the encoding runs backwards: `>` bounds from above.
         let flip = desc.cols[i].desc;
         let c = &mut cols[i];
-        match (sk.sk_strategy as u32, flip) {
+        match (u32::from(q.strategy), flip) {
             (pg_sys::BTEqualStrategyNumber, _) => c.eq = Some(b(true)),
             (pg_sys::BTGreaterStrategyNumber, false) | (pg_sys::BTLessStrategyNumber, true) => {
                 c.lo = tighter(desc, i, c.lo, b(false), false)
@@ -92,6 +101,32 @@ pub fn declared(desc: &KeyDesc, keys: &[pg_sys::ScanKeyData]) -> Span {
         }
     }
     assemble(desc, &cols)
+}
+
+/// The key quals among a btree scan's keys, `key_col(index column)` giving
+/// the key position of an index column.  Array, row-comparison and null
+/// searches are left out (widening D); a plain comparison with NULL keeps
+/// its null flag, so D comes out empty.
+pub fn scan_key_quals<'a>(
+    keys: &'a [pg_sys::ScanKeyData],
+    key_col: impl Fn(usize) -> Option<usize> + 'a,
+) -> impl Iterator<Item = KeyQual> + 'a {
+    keys.iter().filter_map(move |sk| {
+        let flags = sk.sk_flags as u32;
+        if flags & (pg_sys::SK_ROW_HEADER | pg_sys::SK_SEARCHARRAY | pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL)
+            != 0
+        {
+            return None;
+        }
+        let col = key_col((sk.sk_attno as usize).checked_sub(1)?)?;
+        Some(KeyQual {
+            col,
+            strategy: sk.sk_strategy,
+            value: sk.sk_argument,
+            typid: sk.sk_subtype,
+            isnull: flags & pg_sys::SK_ISNULL != 0,
+        })
+    })
 }
 
 fn assemble(desc: &KeyDesc, cols: &[Column]) -> Span {
@@ -177,6 +212,11 @@ mod tests {
         }
     }
 
+    /// D from scan keys of the key index itself (index column i = key column i).
+    fn declared_keys(desc: &KeyDesc, keys: &[pg_sys::ScanKeyData]) -> Span {
+        declared(desc, scan_key_quals(keys, Some))
+    }
+
     fn enc(desc: &KeyDesc, text: &str) -> Vec<u8> {
         desc.parse_bound(text, "test").0.bytes().to_vec()
     }
@@ -196,21 +236,21 @@ mod tests {
         );
         let i8 = pg_sys::INT8OID;
         // k > 5: starts just past 5, open above
-        let s = declared(&d, &[sk(1, gt, five, i8)]);
+        let s = declared_keys(&d, &[sk(1, gt, five, i8)]);
         assert_eq!(s.start.as_bytes(), enc(&d, "6").as_slice());
         assert!(s.end.is_infinite());
         // k >= 5 AND k < 10::int4 (a cross-type qual encodes the same)
-        let s = declared(&d, &[sk(1, ge, five, i8), sk(1, lt, ten4, pg_sys::INT4OID)]);
+        let s = declared_keys(&d, &[sk(1, ge, five, i8), sk(1, lt, ten4, pg_sys::INT4OID)]);
         assert_eq!((s.start.as_bytes(), s.end.as_bytes()), (enc(&d, "5").as_slice(), enc(&d, "10").as_slice()));
         // k <= 10 is [.., 11)
-        let s = declared(&d, &[sk(1, le, ten4, pg_sys::INT4OID)]);
+        let s = declared_keys(&d, &[sk(1, le, ten4, pg_sys::INT4OID)]);
         assert_eq!(s.end.as_bytes(), enc(&d, "11").as_slice());
         // k = 5 is one key; two lower bounds keep the tighter
-        assert_eq!(declared(&d, &[sk(1, eq, five, i8)]), Span::point(&enc(&d, "5")));
-        let s = declared(&d, &[sk(1, gt, five, i8), sk(1, ge, ten4, pg_sys::INT4OID)]);
+        assert_eq!(declared_keys(&d, &[sk(1, eq, five, i8)]), Span::point(&enc(&d, "5")));
+        let s = declared_keys(&d, &[sk(1, gt, five, i8), sk(1, ge, ten4, pg_sys::INT4OID)]);
         assert_eq!(s.start.as_bytes(), enc(&d, "10").as_slice());
         // no quals: the whole table
-        assert_eq!(declared(&d, &[]), Span::ALL);
+        assert_eq!(declared(&d, std::iter::empty()), Span::ALL);
     }
 
     #[pg_test]
@@ -219,7 +259,7 @@ mod tests {
         let d = key("dc");
         let one = pg_sys::Datum::from(1i32);
         let x = pgrx::varlena::rust_str_to_text_p("x").into_pg();
-        let s = declared(
+        let s = declared_keys(
             &d,
             &[
                 sk(1, pg_sys::BTEqualStrategyNumber, one, pg_sys::INT4OID),
@@ -231,7 +271,7 @@ mod tests {
         assert_eq!(s.end, KeyBuf::prefix_successor(&enc(&d, "(1)")));
         assert_eq!(d.format_span(&s), "((1,x), (2)…)");
         // a qual on the second column alone cannot narrow the span
-        let s = declared(&d, &[sk(2, pg_sys::BTEqualStrategyNumber, pg_sys::Datum::from(x), pg_sys::TEXTOID)]);
+        let s = declared_keys(&d, &[sk(2, pg_sys::BTEqualStrategyNumber, pg_sys::Datum::from(x), pg_sys::TEXTOID)]);
         assert_eq!(s, Span::ALL);
     }
 
@@ -242,7 +282,8 @@ mod tests {
         let idx = Spi::get_one::<pg_sys::Oid>("SELECT 'dd_k'::regclass::oid").unwrap().unwrap();
         let d = KeyDesc::resolve(oid, Some(idx));
         // k > 5 on a DESC index: everything before 5 in index order
-        let s = declared(&d, &[sk(1, pg_sys::BTGreaterStrategyNumber, pg_sys::Datum::from(5i32), pg_sys::INT4OID)]);
+        let s =
+            declared_keys(&d, &[sk(1, pg_sys::BTGreaterStrategyNumber, pg_sys::Datum::from(5i32), pg_sys::INT4OID)]);
         assert!(s.start.as_bytes().is_empty());
         assert_eq!(s.end.as_bytes(), enc(&d, "5").as_slice());
         assert!(Span::point(&enc(&d, "6")).overlaps(&s) && !Span::point(&enc(&d, "5")).overlaps(&s));

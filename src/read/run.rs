@@ -1,0 +1,166 @@
+//! Running the read protocol (the latch core's `protocol`) for one read of
+//! latched tables: shared by statements with `PgkvxLimitScan` nodes and by
+//! `pgkvx.arrow_scan`.
+//!
+//! Both readers pick the mode the same way, check and wait through the same
+//! latch table and lock manager, count the same statistics and raise the
+//! same 40001 when a fixed snapshot meets a conflict waiting cannot repair.
+//! What differs is only how they read: each implements [`Reader`].
+
+use super::snapshot::{self, Base};
+use crate::errors;
+use crate::guc::{self, ScanMode};
+use crate::latch::protocol::{self, Env, Outcome, Params, ReadMode, Report};
+use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
+use crate::registry;
+use crate::shmem::{backend, table};
+use pgrx::PgSqlErrorCode;
+
+/// How a read runs an optimistic attempt.
+pub trait Reader {
+    /// Reads with `base` and the `pulled` holders folded in
+    /// ([`Base::spliced`]), buffering everything it would return, and
+    /// returns the footprint it touched; None when the result outgrew the
+    /// buffer (the read then goes fenced).  Each call replaces the previous
+    /// attempt.
+    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Option<Footprint>;
+}
+
+/// The mode a read of latched tables runs in, from `pgkvx.scan_mode` and
+/// the most rows it can return (`want`, None = unknown): optimistic only
+/// when its result is small enough to buffer, otherwise fenced; None for
+/// `off` (plain Postgres).  Counts the read in `pgkvx.stats()`.
+pub fn choose_mode(want: Option<u64>) -> Option<Choice> {
+    let mode = guc::SCAN_MODE.get();
+    if mode == ScanMode::Off {
+        backend::count(Stat::ScansOff, 1);
+        return None;
+    }
+    let small = want.is_some_and(|w| w <= guc::MAX_OPTIMISTIC_ROWS.get() as u64);
+    let read_mode = if mode == ScanMode::Optimistic && small { ReadMode::Optimistic } else { ReadMode::Fenced };
+    backend::count(if read_mode == ReadMode::Optimistic { Stat::ScansOptimistic } else { Stat::ScansFenced }, 1);
+    let declared_first = read_mode == ReadMode::Optimistic && want.is_none_or(|w| w > STREAM_ABOVE_ROWS);
+    Some(Choice { mode: read_mode, declared_first })
+}
+
+/// How a read of latched tables runs: the mode, and for optimistic reads
+/// whether to check the declared footprint first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub mode: ReadMode,
+    pub declared_first: bool,
+}
+
+/// What the read does once the protocol has decided.
+#[derive(Debug)]
+pub enum Then {
+    /// The optimistic attempt the reader buffered last is valid: emit it.
+    Emit,
+    /// Fenced: read the declared footprint now with
+    /// `base.spliced(pulled)` and stream; nothing in it can be missed.
+    Stream { pulled: Vec<Xid> },
+}
+
+/// The protocol's result.
+pub struct Run {
+    pub then: Then,
+    pub report: Report,
+    /// Microseconds spent waiting for writers.
+    pub wait_us: i64,
+    /// The base snapshot the result was read (or is to be read) at: the one
+    /// given, or a fresh one the protocol took (release it when done).
+    pub base: Base,
+}
+
+/// The protocol's view of one read: the reader's reads, our checks and waits.
+struct ReadEnv<'a, R> {
+    reader: &'a mut R,
+    base: Base,
+    wait_us: i64,
+}
+
+impl<R: Reader> Env for ReadEnv<'_, R> {
+    fn read_buffered(&mut self, pulled: &[Xid]) -> Option<Footprint> {
+        self.reader.read_buffered(&self.base, pulled)
+    }
+
+    fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
+        let view = self.base.view(pulled);
+        table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c))
+    }
+
+    fn wait(&mut self, xid: Xid) {
+        self.wait_us += snapshot::wait_for(xid);
+    }
+
+    fn can_pull(&mut self, pulled: &[Xid]) -> bool {
+        self.base.can_pull(pulled)
+    }
+
+    fn refresh_snapshot(&mut self) {
+        self.base.release();
+        self.base = Base::fresh();
+    }
+}
+
+/// Optimistic reads wanting more rows than this check the declared
+/// footprint first and stream when it is clean (`declared_first`): copying
+/// a few rows into the buffer costs less than checking the wider declared
+/// spans, copying many costs far more.
+pub const STREAM_ABOVE_ROWS: u64 = 64;
+
+/// Runs the protocol for a read over `declared`, starting from `base`, and
+/// counts what happened in `pgkvx.stats()`.  A conflict that waiting cannot
+/// repair under REPEATABLE READ or SERIALIZABLE raises 40001 naming the
+/// table and span; `what` names the read in its detail ("LIMIT scan",
+/// "arrow_scan").
+pub fn run<R: Reader>(reader: &mut R, base: Base, declared: &Footprint, choice: Choice, what: &str) -> Run {
+    let params = Params {
+        mode: choice.mode,
+        declared_first: choice.declared_first,
+        retries: guc::OPTIMISTIC_RETRIES.get() as u32,
+        fixed_snapshot: snapshot::fixed_snapshot(),
+    };
+    let mut report = Report::default();
+    let mut env = ReadEnv { reader, base, wait_us: 0 };
+    let outcome = protocol::run(&mut env, declared, &params, &mut report);
+    let (base, wait_us) = (env.base, env.wait_us);
+    count(&report);
+    let then = match outcome {
+        Outcome::Emit => Then::Emit,
+        Outcome::Stream { pulled } => Then::Stream { pulled },
+        Outcome::SerializationFailure { xid, rel, span } => serialization_failure(xid, rel, &span, what),
+    };
+    Run { then, report, wait_us, base }
+}
+
+/// Raises 40001 for a write by `xid` in `span` of `rel` that a fixed
+/// snapshot cannot see.
+pub fn serialization_failure(xid: Xid, rel: RelId, span: &Span, what: &str) -> ! {
+    backend::count(Stat::SerializationFailures, 1);
+    let relid = pgrx::pg_sys::Oid::from(rel.rel());
+    let (name, where_) = match registry::lookup(relid) {
+        Some(l) => (l.key.relname.clone(), l.key.format_span(span)),
+        None => (registry::rel_name(relid), format!("{span:?}")),
+    };
+    errors::raise_full(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        format!("could not serialize access due to a concurrent write to \"{name}\" in {where_}"),
+        Some(format!(
+            "Transaction {} was in flight at this transaction's snapshot and wrote inside the span this {what} read; a fixed snapshot (REPEATABLE READ or SERIALIZABLE) cannot see it.",
+            xid.0
+        )),
+        Some("The transaction might succeed if retried."),
+    )
+}
+
+/// Counts one protocol run in `pgkvx.stats()`.
+pub fn count(r: &Report) {
+    backend::count(Stat::Validations, u64::from(r.validations));
+    backend::count(Stat::Conflicts, u64::from(r.conflicts));
+    backend::count(Stat::Retries, u64::from(r.retries));
+    backend::count(Stat::FreshSnapshots, u64::from(r.fresh_snapshots));
+    if r.fell_back {
+        backend::count(Stat::Fallbacks, 1);
+    }
+}

@@ -1,0 +1,443 @@
+//! Which tables are latched, and their keys: `pgkvx.tables` plus a
+//! per-backend cache.
+//!
+//! A table is latched when its latch trigger exists and `pgkvx.tables` has
+//! its row.  The trigger check reads the relcache (cheap, so unlatched
+//! tables cost a hash lookup per query); the row is read once per backend,
+//! straight from the table — no SQL, so neither the caller's search_path nor
+//! its row_security can change what is read.  Trigger DDL, `enable`,
+//! `disable` and index rebuilds invalidate the relcache entry, and our
+//! relcache callback drops the cached answer with it.
+//!
+//! The key is the primary key or the unique index named at `enable`.  The
+//! row also keeps the key's columns, so that an index rebuilt under a new
+//! oid (`REINDEX CONCURRENTLY`, `ALTER COLUMN ... TYPE`) is followed by its
+//! columns; a key index that is gone raises a clear error.
+
+use crate::errors;
+use crate::keys::KeyDesc;
+pub use crate::pg::rel_name;
+use crate::pg::OpenRel;
+use pgrx::pg_sys::{self, Oid};
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::rc::Rc;
+
+/// Name of the row trigger `enable` installs.  Row triggers of one timing
+/// fire in name order, so "zz_" makes it fire after the user's BEFORE
+/// triggers, which may still change the key (`pgkvx.check()` reports any
+/// that sort later).
+pub const ROW_TRIGGER: &str = "zz_pgkvx_latch";
+pub const TRUNCATE_TRIGGER: &str = "zz_pgkvx_latch_truncate";
+
+/// A latched table as this backend knows it.
+#[derive(Debug)]
+pub struct Latched {
+    pub key: KeyDesc,
+    pub gapless: bool,
+    /// The table's owner (charged for its latch-table slot).
+    pub owner: Oid,
+    /// Why reads of this table cannot be protected, when they cannot: its
+    /// latch trigger does not fire for every write, or it is a logical
+    /// replication target.
+    pub exposure: Option<String>,
+}
+
+thread_local! {
+    static CACHE: RefCell<HashMap<Oid, Option<Rc<Latched>>>> = RefCell::new(HashMap::new());
+}
+
+/// Installs the relcache callback; called from `_PG_init`.
+pub fn init() {
+    // SAFETY: registering a process-wide callback during preload.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_inval), pg_sys::Datum::from(0)) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
+    // Runs inside invalidation processing: no catalog access here.
+    CACHE.with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            if relid == pg_sys::InvalidOid {
+                c.clear();
+            } else {
+                c.remove(&relid);
+            }
+        }
+    });
+}
+
+/// The latch trigger of `rel` (open), as `tgenabled`: 'O' fires in origin
+/// and local mode, 'R' only as a replica, 'A' always, 'D' never.
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn latch_trigger(rel: pg_sys::Relation) -> Option<u8> {
+    // SAFETY: per the contract; trigdesc and its array belong to the relcache entry.
+    unsafe {
+        let td = (*rel).trigdesc;
+        if td.is_null() {
+            return None;
+        }
+        let n = (*td).numtriggers as usize;
+        (0..n)
+            .map(|i| &*(*td).triggers.add(i))
+            .find_map(|t| (CStr::from_ptr(t.tgname).to_bytes() == ROW_TRIGGER.as_bytes()).then_some(t.tgenabled as u8))
+    }
+}
+
+/// The latched table `relid`, or `None` when it is not latched.
+pub fn lookup(relid: Oid) -> Option<Rc<Latched>> {
+    if let Some(hit) = CACHE.with(|c| c.borrow().get(&relid).cloned()) {
+        return hit;
+    }
+    let found = load(relid);
+    CACHE.with(|c| c.borrow_mut().insert(relid, found.clone()));
+    found
+}
+
+/// Like [`lookup`] but raises a clear error for a table that is not latched.
+pub fn require(relid: Oid) -> Rc<Latched> {
+    lookup(relid).unwrap_or_else(|| {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("table \"{}\" is not latched by pgkvx", rel_name(relid)),
+            format!("SELECT pgkvx.enable('{}');", rel_name(relid)),
+        )
+    })
+}
+
+/// `pgkvx.tables` of this database, if the extension is installed here.
+fn tables_relid() -> Option<Oid> {
+    // SAFETY: catalog lookups by name in a fixed schema; no search_path.
+    unsafe {
+        if pg_sys::get_extension_oid(c"pgkvx".as_ptr(), true) == pg_sys::InvalidOid {
+            return None;
+        }
+        let nsp = pg_sys::get_namespace_oid(c"pgkvx".as_ptr(), true);
+        if nsp == pg_sys::InvalidOid {
+            return None;
+        }
+        let t = pg_sys::get_relname_relid(c"tables".as_ptr(), nsp);
+        (t != pg_sys::InvalidOid).then_some(t)
+    }
+}
+
+/// One row of `pgkvx.tables`.
+pub struct Registration {
+    pub key_index: Option<Oid>,
+    pub key_columns: Option<Vec<i16>>,
+    pub gapless: bool,
+}
+
+/// Reads `relid`'s row of `pgkvx.tables`.
+pub fn registration(relid: Oid) -> Option<Registration> {
+    read_rows(Some(relid)).into_iter().next().map(|(_, r)| r)
+}
+
+/// Every row of `pgkvx.tables` in this database.
+pub fn registered() -> Vec<(Oid, Registration)> {
+    read_rows(None)
+}
+
+fn read_rows(only: Option<Oid>) -> Vec<(Oid, Registration)> {
+    let Some(tables_oid) = tables_relid() else { return Vec::new() };
+    let tables = OpenRel::open(tables_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let desc = tables.get().rd_att;
+    let attnum = |name: &CStr| {
+        // SAFETY: a valid tuple descriptor; the name is NUL-terminated.
+        let n = unsafe { (*desc).natts } as usize;
+        (0..n).find_map(|i| {
+            // SAFETY: i < natts.
+            let a = unsafe { &*(*desc).attrs.as_ptr().add(i) };
+            // SAFETY: NameData is NUL-terminated.
+            (!a.attisdropped && unsafe { CStr::from_ptr(a.attname.data.as_ptr()) } == name).then_some(i as i32 + 1)
+        })
+    };
+    let (Some(a_relid), Some(a_index), Some(a_gapless)) = (attnum(c"relid"), attnum(c"key_index"), attnum(c"gapless"))
+    else {
+        return Vec::new();
+    };
+    let a_columns = attnum(c"key_columns");
+    let mut out = Vec::new();
+    // SAFETY: a heap scan of an open relation with at most one equality
+    // key, ended before the relation closes; values are copied out first.
+    unsafe {
+        let mut key = pg_sys::ScanKeyData::default();
+        let nkeys = match only {
+            Some(relid) => {
+                pg_sys::ScanKeyInit(
+                    &mut key,
+                    a_relid as i16,
+                    pg_sys::BTEqualStrategyNumber as u16,
+                    pg_sys::F_OIDEQ.into(),
+                    pg_sys::Datum::from(relid),
+                );
+                1
+            }
+            None => 0,
+        };
+        let scan = pg_sys::systable_beginscan(
+            tables.as_ptr(),
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            nkeys,
+            &mut key,
+        );
+        loop {
+            let tup = pg_sys::systable_getnext(scan);
+            if tup.is_null() {
+                break;
+            }
+            let get = |a: i32| {
+                let mut isnull = false;
+                let d = pg_sys::heap_getattr(tup, a, desc, &mut isnull);
+                (!isnull).then_some(d)
+            };
+            let columns = a_columns.and_then(get).map(|d| {
+                let arr = pgrx::Array::<i16>::from_datum(d, false).expect("not null");
+                arr.iter().map(|v| v.unwrap_or(0)).collect()
+            });
+            let relid = Oid::from(get(a_relid).expect("relid is the primary key").value() as u32);
+            out.push((
+                relid,
+                Registration {
+                    key_index: get(a_index).map(|d| Oid::from(d.value() as u32)),
+                    key_columns: columns,
+                    gapless: get(a_gapless).is_some_and(|d| d.value() != 0),
+                },
+            ));
+        }
+        pg_sys::systable_endscan(scan);
+    }
+    out
+}
+
+fn load(relid: Oid) -> Option<Rc<Latched>> {
+    let rel = OpenRel::try_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)?;
+    // SAFETY: rel is open.
+    let trigger = unsafe { latch_trigger(rel.as_ptr()) }?;
+    let owner = rel.get().rd_rel;
+    // SAFETY: rd_rel of an open relation.
+    let owner = unsafe { (*owner).relowner };
+    let reg = registration(relid)?;
+    let index = resolve_key_index(&rel, relid, &reg);
+    let key = KeyDesc::resolve(relid, index);
+    let mut exposure = match trigger {
+        b'A' => None,
+        b'D' => Some(format!("its latch trigger {ROW_TRIGGER} is disabled: writes are not latched")),
+        b'R' => Some(format!("its latch trigger {ROW_TRIGGER} fires only in replica mode")),
+        _ => Some(format!("its latch trigger {ROW_TRIGGER} does not fire under session_replication_role = replica")),
+    };
+    if exposure.is_none() && is_subscription_target(relid) {
+        exposure = Some(
+            "it is a logical replication target: rows arrive in the publisher's commit order, and the publisher's writers in flight are invisible here"
+                .into(),
+        );
+    }
+    Some(Rc::new(Latched { key, gapless: reg.gapless, owner, exposure }))
+}
+
+/// The key index of a latched table: the one registered, or — when that
+/// oid is gone (rebuilt) — the valid unique btree index on the registered
+/// columns, or the primary key.  Raises when none is left.
+fn resolve_key_index(rel: &OpenRel, relid: Oid, reg: &Registration) -> Option<Oid> {
+    let named = reg.key_index?;
+    // SAFETY: a syscache probe.
+    let alive = unsafe {
+        let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::INDEXRELID as i32, pg_sys::Datum::from(named));
+        let ok = !t.is_null() && {
+            let form = &*(pg_sys::GETSTRUCT(t) as *const pg_sys::FormData_pg_index);
+            form.indrelid == relid && form.indisvalid
+        };
+        if !t.is_null() {
+            pg_sys::ReleaseSysCache(t);
+        }
+        ok
+    };
+    if alive {
+        return Some(named);
+    }
+    let cols = reg.key_columns.clone().unwrap_or_default();
+    if let Some(found) = index_on_columns(rel, &cols) {
+        return Some(found);
+    }
+    errors::raise_hint(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("the key index of latched table \"{}\" no longer exists", rel_name(relid)),
+        format!(
+            "Create a unique index on the key columns again and run SELECT pgkvx.enable('{0}', 'the_index'), or SELECT pgkvx.disable('{0}').",
+            rel_name(relid)
+        ),
+    )
+}
+
+/// A valid, unique, non-partial, plain btree index of `rel` on exactly
+/// `cols`, in that order.
+pub fn index_on_columns(rel: &OpenRel, cols: &[i16]) -> Option<Oid> {
+    if cols.is_empty() {
+        return None;
+    }
+    // SAFETY: the index list of an open relation; each index is opened
+    // (and closed by OpenRel) to read its definition.
+    unsafe {
+        let list = pg_sys::RelationGetIndexList(rel.as_ptr());
+        let found = pgrx::PgList::<std::ffi::c_void>::from_pg(list).iter_oid().find(|&ix| {
+            let Some(ir) = OpenRel::try_open(ix, pg_sys::AccessShareLock as pg_sys::LOCKMODE) else { return false };
+            let Some(ind) = ir.get().rd_index.as_ref() else { return false };
+            ind.indisunique
+                && ind.indisvalid
+                && (*ir.get().rd_rel).relam == pg_sys::BTREE_AM_OID
+                && ind.indnkeyatts as usize == cols.len()
+                && ind.indkey.values.as_slice(cols.len()) == cols
+                && pg_sys::RelationGetIndexPredicate(ir.as_ptr()).is_null()
+                && pg_sys::RelationGetIndexExpressions(ir.as_ptr()).is_null()
+        });
+        pg_sys::list_free(list);
+        found
+    }
+}
+
+/// Whether a logical replication subscription in this database writes
+/// into `relid`.
+fn is_subscription_target(relid: Oid) -> bool {
+    // SAFETY: a syscache list probe on the first key column of
+    // pg_subscription_rel's (srrelid, srsubid) index.
+    unsafe {
+        let list = pg_sys::SearchSysCacheList(
+            pg_sys::SysCacheIdentifier::SUBSCRIPTIONRELMAP as i32,
+            1,
+            pg_sys::Datum::from(relid),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        );
+        let n = (*list).n_members;
+        pg_sys::ReleaseCatCacheList(list);
+        n > 0
+    }
+}
+
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn enable_makes_a_table_latched_and_disable_undoes_it() {
+        Spi::run("CREATE TABLE rt (k int PRIMARY KEY)").unwrap();
+        let oid = Spi::get_one::<pg_sys::Oid>("SELECT 'rt'::regclass::oid").unwrap().unwrap();
+        assert!(super::lookup(oid).is_none());
+        Spi::run("SELECT pgkvx.enable('rt')").unwrap();
+        // The relcache invalidation is processed at the next command.
+        unsafe { pg_sys::CommandCounterIncrement() };
+        let l = super::lookup(oid).expect("latched after enable");
+        assert_eq!(l.key.cols.len(), 1);
+        assert_eq!(l.key.cols[0].name, "k");
+        assert!(l.exposure.is_none());
+        Spi::run("SELECT pgkvx.disable('rt')").unwrap();
+        unsafe { pg_sys::CommandCounterIncrement() };
+        assert!(super::lookup(oid).is_none());
+    }
+
+    #[pg_test]
+    fn a_disabled_latch_trigger_is_an_exposure() {
+        Spi::run("CREATE TABLE rx (k int PRIMARY KEY); SELECT pgkvx.enable('rx')").unwrap();
+        Spi::run("ALTER TABLE rx DISABLE TRIGGER zz_pgkvx_latch").unwrap();
+        unsafe { pg_sys::CommandCounterIncrement() };
+        let oid = Spi::get_one::<pg_sys::Oid>("SELECT 'rx'::regclass::oid").unwrap().unwrap();
+        let l = super::lookup(oid).expect("still registered");
+        assert!(l.exposure.as_deref().is_some_and(|e| e.contains("disabled")), "{:?}", l.exposure);
+    }
+
+    #[pg_test]
+    fn writes_publish_latches_visible_in_the_view() {
+        Spi::run("CREATE TABLE rw (k int PRIMARY KEY); SELECT pgkvx.enable('rw')").unwrap();
+        Spi::run("INSERT INTO rw VALUES (7), (8); UPDATE rw SET k = 9 WHERE k = 8").unwrap();
+        let spans = Spi::get_one::<String>(
+            "SELECT string_agg(span, ' ' ORDER BY span) FROM pgkvx.latches WHERE relid = 'rw'::regclass",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(spans, "[7] [8] [9]");
+        let plan = Spi::explain("SELECT k FROM rw WHERE k > 1 ORDER BY k LIMIT 1").unwrap();
+        assert!(format!("{plan:?}").contains("PgkvxLimitScan"), "{plan:?}");
+    }
+}
+
+/// Writes `relid`'s row of `pgkvx.tables` (inserted, or replaced).  Done
+/// straight on the table, not through SQL: the caller (the table's owner,
+/// checked by `enable`) holds no privilege on it.
+pub fn register(relid: Oid, key_index: Option<Oid>, key_columns: &[i16], gapless: bool) {
+    write_row(relid, Some((key_index, key_columns, gapless)));
+}
+
+/// Deletes `relid`'s row of `pgkvx.tables`, if there is one.
+pub fn unregister(relid: Oid) {
+    write_row(relid, None);
+}
+
+fn write_row(relid: Oid, row: Option<(Option<Oid>, &[i16], bool)>) {
+    let Some(tables_oid) = tables_relid() else {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            "extension \"pgkvx\" is not installed in this database",
+        );
+    };
+    let tables = OpenRel::open(tables_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+    let desc = tables.get().rd_att;
+    // SAFETY: forming a tuple of the table's own descriptor, finding the
+    // old one by a heap scan, and the catalog-style insert/update/delete
+    // helpers (heap change plus index entries) on the open table.
+    unsafe {
+        let natts = (*desc).natts as usize;
+        let name_of = |i: usize| {
+            let a = &*(*desc).attrs.as_ptr().add(i);
+            (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes().to_vec())
+        };
+        let relid_att = (0..natts).find(|&i| name_of(i).as_deref() == Some(b"relid")).expect("relid column") + 1;
+        let mut key = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            relid_att as i16,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::F_OIDEQ.into(),
+            pg_sys::Datum::from(relid),
+        );
+        let scan =
+            pg_sys::systable_beginscan(tables.as_ptr(), pg_sys::InvalidOid, false, std::ptr::null_mut(), 1, &mut key);
+        let old = pg_sys::systable_getnext(scan);
+        let old_tid = (!old.is_null()).then(|| (*old).t_self);
+        pg_sys::systable_endscan(scan);
+        match (row, old_tid) {
+            (None, Some(mut tid)) => pg_sys::CatalogTupleDelete(tables.as_ptr(), &mut tid),
+            (None, None) => {}
+            (Some((index, cols, gapless)), old_tid) => {
+                let mut values = vec![pg_sys::Datum::from(0); natts];
+                let mut nulls = vec![true; natts];
+                for i in 0..natts {
+                    let v: Option<pg_sys::Datum> = match name_of(i).as_deref() {
+                        Some(b"relid") => Some(pg_sys::Datum::from(relid)),
+                        Some(b"key_index") => index.map(pg_sys::Datum::from),
+                        Some(b"key_columns") => cols.to_vec().into_datum(),
+                        Some(b"gapless") => Some(pg_sys::Datum::from(gapless)),
+                        Some(b"enabled_at") => Some(pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp())),
+                        _ => None,
+                    };
+                    if let Some(v) = v {
+                        values[i] = v;
+                        nulls[i] = false;
+                    }
+                }
+                let tup = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+                match old_tid {
+                    Some(mut tid) => pg_sys::CatalogTupleUpdate(tables.as_ptr(), &mut tid, tup),
+                    None => pg_sys::CatalogTupleInsert(tables.as_ptr(), tup),
+                }
+            }
+        }
+        pg_sys::CommandCounterIncrement();
+    }
+}

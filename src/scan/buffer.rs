@@ -1,0 +1,133 @@
+//! A statement's result held back until it is known to be valid: a
+//! DestReceiver that copies each row (bounded in rows and bytes), and the
+//! rows handed on later, as many per call as the caller asks for.
+
+use pgrx::pg_sys::{self, MinimalTuple};
+use pgrx::prelude::*;
+
+/// The receiver the executor hands each row to while an optimistic attempt
+/// runs.  `base` must come first: Postgres sees only a `DestReceiver *`.
+#[repr(C)]
+pub struct BufferDest {
+    base: pg_sys::DestReceiver,
+    rows: Vec<MinimalTuple>,
+    cx: pg_sys::MemoryContext,
+    max_rows: usize,
+    max_bytes: usize,
+    bytes: usize,
+    overflowed: bool,
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn receive_slot(slot: *mut pg_sys::TupleTableSlot, dest: *mut pg_sys::DestReceiver) -> bool {
+    // SAFETY: `dest` is the `base` of a live BufferDest (repr(C), first
+    // field); the copy goes into the buffer's own context.
+    unsafe {
+        let d = &mut *(dest as *mut BufferDest);
+        if d.rows.len() >= d.max_rows || d.bytes > d.max_bytes {
+            d.overflowed = true;
+            return false; // stops the executor
+        }
+        let old = pg_sys::MemoryContextSwitchTo(d.cx);
+        let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
+        pg_sys::MemoryContextSwitchTo(old);
+        d.bytes += (*mt).t_len as usize;
+        d.rows.push(mt);
+        true
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn startup(_dest: *mut pg_sys::DestReceiver, _op: i32, _desc: pg_sys::TupleDesc) {}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn noop(_dest: *mut pg_sys::DestReceiver) {}
+
+impl BufferDest {
+    /// An empty buffer whose rows live in `cx` (reset by [`Self::clear`]).
+    pub fn new(cx: pg_sys::MemoryContext, max_rows: usize, max_bytes: usize) -> Box<BufferDest> {
+        Box::new(BufferDest {
+            base: pg_sys::DestReceiver {
+                receiveSlot: Some(receive_slot),
+                rStartup: Some(startup),
+                rShutdown: Some(noop),
+                rDestroy: Some(noop),
+                mydest: pg_sys::CommandDest::DestNone,
+            },
+            rows: Vec::new(),
+            cx,
+            max_rows,
+            max_bytes,
+            bytes: 0,
+            overflowed: false,
+        })
+    }
+
+    pub fn as_dest(&mut self) -> *mut pg_sys::DestReceiver {
+        &mut self.base
+    }
+
+    /// More rows arrived than fit: the attempt stopped early.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// Forgets the rows (and frees their memory) for the next attempt.
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.bytes = 0;
+        self.overflowed = false;
+        // SAFETY: the context is ours and nothing references its rows now.
+        unsafe { pg_sys::MemoryContextReset(self.cx) };
+    }
+
+    /// The rows, to be handed on.
+    pub fn take(&mut self) -> Vec<MinimalTuple> {
+        std::mem::take(&mut self.rows)
+    }
+}
+
+/// Validated rows waiting to be handed on, in order.
+pub struct Held {
+    rows: Vec<MinimalTuple>,
+    next: usize,
+    slot: *mut pg_sys::TupleTableSlot,
+}
+
+impl Held {
+    /// Rows to hand on through a slot of `desc`, made in the current
+    /// memory context.
+    ///
+    /// # Safety
+    /// `desc` is a valid tuple descriptor that describes the rows.
+    pub unsafe fn new(rows: Vec<MinimalTuple>, desc: pg_sys::TupleDesc) -> Held {
+        // SAFETY: a standalone slot for minimal tuples of the result's
+        // descriptor, freed with the executor's memory.
+        let slot = unsafe { pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsMinimalTuple) };
+        Held { rows, next: 0, slot }
+    }
+
+    /// Hands up to `count` rows (0: all) to `dest` as one executor run
+    /// would: startup, rows, shutdown.  Returns how many.
+    ///
+    /// # Safety
+    /// `dest` is a live receiver; `desc` describes the rows.
+    pub unsafe fn send(&mut self, dest: *mut pg_sys::DestReceiver, desc: pg_sys::TupleDesc, count: u64) -> u64 {
+        let mut n = 0u64;
+        // SAFETY: per contract; the rows live in the buffer context until
+        // the statement ends.
+        unsafe {
+            ((*dest).rStartup.expect("rStartup"))(dest, pg_sys::CmdType::CMD_SELECT as i32, desc);
+            while (count == 0 || n < count) && self.next < self.rows.len() {
+                pg_sys::ExecStoreMinimalTuple(self.rows[self.next], self.slot, false);
+                self.next += 1;
+                n += 1;
+                if !((*dest).receiveSlot.expect("receiveSlot"))(self.slot, dest) {
+                    break;
+                }
+            }
+            ((*dest).rShutdown.expect("rShutdown"))(dest);
+        }
+        n
+    }
+}

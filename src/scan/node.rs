@@ -1,0 +1,576 @@
+//! The `PgkvxLimitScan` executor node: begin, exec, end, rescan (in that
+//! order, as in Postgres's own node*.c files), then mark/restore and
+//! EXPLAIN.
+//!
+//! The node sits on top of the scan the planner chose for a latched table
+//! and passes its rows on untouched.  What it adds is bookkeeping: after an
+//! execution (at rescan, at restore, and when the statement validates) it
+//! records the span of keys that execution touched — from the declared span
+//! up to the row its scan examined last, when the scan runs in key order;
+//! the whole declared span otherwise.  The read protocol itself runs for
+//! the whole statement (`statement.rs`): it needs every guarded scan's
+//! footprint and decides, before anything runs, the one snapshot every
+//! expression of the statement sees.
+
+use super::plan_data::GuardPlan;
+use super::planner::{Methods, NAME};
+use super::statement::StatementReport;
+use crate::guc;
+use crate::keys::KeyDesc;
+use crate::latch::{RelId, Span};
+use crate::read::span::{self, KeyQual};
+use crate::registry::{self, Latched};
+use crate::shmem::backend;
+use pgrx::pg_sys::{self, List, Node};
+use pgrx::prelude::*;
+use pgrx::PgList;
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
+use std::rc::Rc;
+
+pub static SCAN_METHODS: Methods<pg_sys::CustomScanMethods> =
+    Methods(pg_sys::CustomScanMethods { CustomName: NAME.as_ptr(), CreateCustomScanState: Some(create_state) });
+
+static EXEC_METHODS: Methods<pg_sys::CustomExecMethods> = Methods(pg_sys::CustomExecMethods {
+    CustomName: NAME.as_ptr(),
+    BeginCustomScan: Some(begin),
+    ExecCustomScan: Some(exec),
+    EndCustomScan: Some(end),
+    ReScanCustomScan: Some(rescan),
+    MarkPosCustomScan: Some(mark_pos),
+    RestrPosCustomScan: Some(restr_pos),
+    EstimateDSMCustomScan: None,
+    InitializeDSMCustomScan: None,
+    ReInitializeDSMCustomScan: None,
+    InitializeWorkerCustomScan: None,
+    ShutdownCustomScan: None,
+    ExplainCustomScan: Some(explain),
+});
+
+/// Makes plans with our node readable from serialized form (and findable
+/// by name); called from `_PG_init`.
+pub fn register() {
+    // SAFETY: registering a static method table once, at load.
+    unsafe { pg_sys::RegisterCustomScanMethods(&SCAN_METHODS.0) };
+}
+
+/// Touched spans kept per node before they are merged into one.
+const MAX_SPANS: usize = 32;
+
+/// The executor state: Postgres's part first, then ours.
+#[repr(C)]
+pub struct NodeState {
+    css: pg_sys::CustomScanState,
+    rt: *mut Runtime,
+}
+
+/// Where the guarded scan has got to.
+enum Position {
+    /// An index scan in key order: its scan slot holds the row it examined
+    /// last, `attnos` are the key columns' positions in that slot,
+    /// `key_col` maps an index column to its key position, and `forward`
+    /// says whether it moves up the key encoding.
+    Ordered {
+        scan: *mut pg_sys::ScanState,
+        keys: *mut pg_sys::ScanKeyData,
+        nkeys: usize,
+        key_col: Vec<Option<usize>>,
+        attnos: Vec<i32>,
+        forward: bool,
+    },
+    /// Any other scan: it may have looked anywhere in the declared span.
+    Anywhere,
+}
+
+pub struct Runtime {
+    pub plan: GuardPlan,
+    /// None when the table stopped being latched after planning.
+    latched: Option<Rc<Latched>>,
+    pub rel: RelId,
+    child: *mut pg_sys::PlanState,
+    position: Position,
+    bounds: Vec<*mut pg_sys::ExprState>,
+    /// D from the quals known before the statement ran (cached).
+    static_declared: Option<Span>,
+    /// The scan has run since it began or was last rescanned.
+    started: bool,
+    touched: Vec<Span>,
+    /// The statement's protocol outcome, for EXPLAIN.
+    pub statement: Option<Rc<RefCell<StatementReport>>>,
+}
+
+/// Drops the Rust runtime when the executor's memory goes, also after an
+/// ERROR (when EndCustomScan never runs).
+#[pg_guard]
+unsafe extern "C-unwind" fn drop_runtime(arg: *mut std::ffi::c_void) {
+    // SAFETY: `arg` is the Box we leaked in begin(), dropped only here.
+    drop(unsafe { Box::from_raw(arg as *mut Runtime) });
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut Node {
+    // SAFETY: allocating and tagging our state node as the executor expects.
+    unsafe {
+        let ns = pg_sys::palloc0(std::mem::size_of::<NodeState>()) as *mut NodeState;
+        (*ns).css.ss.ps.type_ = pg_sys::NodeTag::T_CustomScanState;
+        (*ns).css.flags = (*cscan).flags;
+        (*ns).css.methods = &EXEC_METHODS.0;
+        ns as *mut Node
+    }
+}
+
+fn tag(n: *const pg_sys::PlanState) -> pg_sys::NodeTag {
+    // SAFETY: every node starts with its tag.
+    unsafe { (*(n as *const Node)).type_ }
+}
+
+/// Whether a scan moving forward through `index` under `keys` returns
+/// rows in the order of `key`'s encoding (Some(true)), in its reverse
+/// (Some(false)), or neither.  Index columns an equality fixes do not
+/// matter; the key's columns must follow in key order.
+///
+/// # Safety
+/// `index` is an open index, `keys` its scan keys.
+unsafe fn index_order(index: pg_sys::Relation, keys: &[pg_sys::ScanKeyData], key: &KeyDesc) -> Option<bool> {
+    // SAFETY: per contract.
+    unsafe {
+        let ind = &*(*index).rd_index;
+        let n = ind.indnkeyatts as usize;
+        let attnums = ind.indkey.values.as_slice(n);
+        let fixed = |col: usize| {
+            keys.iter().any(|sk| {
+                let flags = sk.sk_flags as u32;
+                sk.sk_attno as usize == col + 1
+                    && u32::from(sk.sk_strategy) == pg_sys::BTEqualStrategyNumber
+                    && flags
+                        & (pg_sys::SK_SEARCHARRAY
+                            | pg_sys::SK_ROW_HEADER
+                            | pg_sys::SK_SEARCHNULL
+                            | pg_sys::SK_SEARCHNOTNULL)
+                        == 0
+            })
+        };
+        let mut next = 0;
+        let mut same: Option<bool> = None;
+        for (col, &attnum) in attnums.iter().enumerate() {
+            if next < key.cols.len() && attnum == key.cols[next].attnum {
+                if !fixed(col) {
+                    let index_desc = *(*index).rd_indoption.add(col) & pg_sys::INDOPTION_DESC as i16 != 0;
+                    let s = index_desc == key.cols[next].desc;
+                    if same.is_some_and(|d| d != s) {
+                        return None;
+                    }
+                    same = Some(s);
+                }
+                next += 1;
+            } else if !fixed(col) {
+                break;
+            }
+        }
+        (next == key.cols.len()).then_some(same.unwrap_or(true))
+    }
+}
+
+/// How to follow the child's position.
+///
+/// # Safety
+/// `child` is an initialised plan state (not EXPLAIN-only).
+unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> Position {
+    // SAFETY: per contract; nodes are checked by tag before each cast.
+    unsafe {
+        let mut s = child;
+        // A gating Result (pseudoconstant quals) sits over the scan.
+        while tag(s) == pg_sys::NodeTag::T_ResultState && !(*s).lefttree.is_null() {
+            s = (*s).lefttree;
+        }
+        let (scan, index, keys, nkeys, dir, only) = match tag(s) {
+            pg_sys::NodeTag::T_IndexScanState => {
+                let is = s as *mut pg_sys::IndexScanState;
+                if (*is).iss_NumOrderByKeys > 0 {
+                    return Position::Anywhere;
+                }
+                let plan = (*s).plan as *mut pg_sys::IndexScan;
+                let (k, n) = ((*is).iss_ScanKeys, (*is).iss_NumScanKeys);
+                (s as *mut pg_sys::ScanState, (*is).iss_RelationDesc, k, n, (*plan).indexorderdir, false)
+            }
+            pg_sys::NodeTag::T_IndexOnlyScanState => {
+                let is = s as *mut pg_sys::IndexOnlyScanState;
+                if (*is).ioss_NumOrderByKeys > 0 {
+                    return Position::Anywhere;
+                }
+                let plan = (*s).plan as *mut pg_sys::IndexOnlyScan;
+                let (k, n) = ((*is).ioss_ScanKeys, (*is).ioss_NumScanKeys);
+                (s as *mut pg_sys::ScanState, (*is).ioss_RelationDesc, k, n, (*plan).indexorderdir, true)
+            }
+            _ => return Position::Anywhere,
+        };
+        if index.is_null() {
+            return Position::Anywhere;
+        }
+        let sks: &[pg_sys::ScanKeyData] =
+            if nkeys > 0 { std::slice::from_raw_parts(keys, nkeys as usize) } else { &[] };
+        let Some(same) = index_order(index, sks, key) else { return Position::Anywhere };
+        let ind = &*(*index).rd_index;
+        let attnums = ind.indkey.values.as_slice(ind.indnatts as usize);
+        let key_col = attnums.iter().map(|a| key.cols.iter().position(|c| c.attnum == *a)).collect();
+        // An index-only scan's slot holds the index's columns, in its order.
+        let attnos = key
+            .cols
+            .iter()
+            .map(|c| {
+                if only {
+                    attnums.iter().position(|a| *a == c.attnum).map_or(0, |p| p as i32 + 1)
+                } else {
+                    i32::from(c.attnum)
+                }
+            })
+            .collect::<Vec<_>>();
+        if attnos.contains(&0) {
+            return Position::Anywhere;
+        }
+        let backward = dir == pg_sys::ScanDirection::BackwardScanDirection;
+        Position::Ordered { scan, keys, nkeys: nkeys.max(0) as usize, key_col, attnos, forward: same != backward }
+    }
+}
+
+// ---- begin -----------------------------------------------------------------
+
+#[pg_guard]
+unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
+    // SAFETY (whole body): executor-initialisation protocol; the plan is our
+    // CustomScan, built by the planner with one child and our private list.
+    unsafe {
+        let ns = node as *mut NodeState;
+        let ps = &raw mut (*node).ss.ps;
+        let cs = (*ps).plan as *mut pg_sys::CustomScan;
+        let plan = GuardPlan::from_list((*cs).custom_private).unwrap_or_else(|| {
+            crate::errors::raise(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                "this plan was made by another version of pgkvx; run the statement again to re-plan it",
+            )
+        });
+        let child_plan = PgList::<pg_sys::Plan>::from_pg((*cs).custom_plans).get_ptr(0).expect("one child plan");
+        let child = pg_sys::ExecInitNode(child_plan, estate, eflags);
+        let mut children = PgList::<pg_sys::PlanState>::new();
+        children.push(child);
+        (*node).custom_ps = children.into_pg();
+        // We hand up the child's own slots, so our result slots are of its
+        // kind.  Left as the virtual slots of a CustomScan, a parent would
+        // compile its expressions to read our rows without deforming them.
+        let mut fixed = false;
+        (*ps).resultops = pg_sys::ExecGetResultSlotOps(child, &mut fixed);
+        (*ps).resultopsfixed = fixed;
+        (*ps).resultopsset = true;
+
+        let latched = registry::lookup(plan.relid);
+        let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0;
+        let position = match &latched {
+            Some(l) if !explain_only => position_of(child, &l.key),
+            _ => Position::Anywhere,
+        };
+        let bounds = PgList::<pg_sys::Expr>::from_pg((*cs).custom_exprs)
+            .iter_ptr()
+            .map(|e| pg_sys::ExecInitExpr(e, ps))
+            .collect();
+        let rt = Box::new(Runtime {
+            rel: backend::rel_id(plan.relid),
+            plan,
+            latched,
+            child,
+            position,
+            bounds,
+            static_declared: None,
+            started: false,
+            touched: Vec::new(),
+            statement: None,
+        });
+        let rt = Box::into_raw(rt);
+        let cb =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::MemoryContextCallback>()) as *mut pg_sys::MemoryContextCallback;
+        (*cb).func = Some(drop_runtime);
+        (*cb).arg = rt as *mut std::ffi::c_void;
+        pg_sys::MemoryContextRegisterResetCallback(pg_sys::CurrentMemoryContext, cb);
+        (*ns).rt = rt;
+    }
+}
+
+// ---- exec ------------------------------------------------------------------
+
+/// Every row of the guarded scan, as it comes.
+///
+/// This is the per-row path, so it stays as thin as C: it notes that the
+/// scan has run and calls the child's own ExecProcNode.  It sets up no
+/// error guard.  An ERROR in the child longjmps straight over this frame,
+/// which is sound because the frame owns nothing with a destructor (a
+/// "plain old frame"): nothing here needs unwinding.
+unsafe extern "C-unwind" fn exec(node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: our node, set up by begin(); the child's ExecProcNode is the
+    // function the executor installed for it (ExecInitNode always sets one).
+    unsafe {
+        let rt = (*(node as *mut NodeState)).rt;
+        (*rt).started = true;
+        let child = (*rt).child;
+        // What Postgres's inline ExecProcNode does first: a child whose
+        // parameters changed (an inner scan of a nested loop) starts over.
+        if !(*child).chgParam.is_null() {
+            rescan_child(child);
+        }
+        ((*child).ExecProcNode.unwrap_unchecked())(child)
+    }
+}
+
+/// The cold path of [`exec`], behind its own error guard so that nothing
+/// unwinds through `exec`.
+#[pg_guard]
+unsafe extern "C-unwind" fn rescan_child(child: *mut pg_sys::PlanState) {
+    // SAFETY: a child plan state whose parameters changed.
+    unsafe { pg_sys::ExecReScan(child) };
+}
+
+// ---- end -------------------------------------------------------------------
+
+#[pg_guard]
+unsafe extern "C-unwind" fn end(node: *mut pg_sys::CustomScanState) {
+    // SAFETY: our node; the child was initialised in begin().  The Rust
+    // runtime itself is dropped with the executor's memory context.
+    unsafe { pg_sys::ExecEndNode((*(*(node as *mut NodeState)).rt).child) };
+}
+
+// ---- rescan ----------------------------------------------------------------
+
+#[pg_guard]
+unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
+    // SAFETY: our node.  The execution that ends here is recorded before
+    // its scan moves back to the start.
+    unsafe {
+        let rt = &mut *(*(node as *mut NodeState)).rt;
+        rt.fold(node);
+        let child = rt.child;
+        let changed = (*node).ss.ps.chgParam;
+        if !changed.is_null() {
+            pg_sys::UpdateChangedParamSet(child, changed);
+        }
+        // With changed parameters the child rescans itself when next run.
+        if (*child).chgParam.is_null() {
+            pg_sys::ExecReScan(child);
+        }
+    }
+}
+
+// ---- mark / restore (the inner side of a merge join) -----------------------
+
+#[pg_guard]
+unsafe extern "C-unwind" fn mark_pos(node: *mut pg_sys::CustomScanState) {
+    // SAFETY: our node; offered only over a child that supports marking.
+    unsafe { pg_sys::ExecMarkPos((*(*(node as *mut NodeState)).rt).child) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn restr_pos(node: *mut pg_sys::CustomScanState) {
+    // SAFETY: as above.  How far the scan got is recorded before it moves
+    // back; it goes on from the mark, so it has still started.
+    unsafe {
+        let rt = &mut *(*(node as *mut NodeState)).rt;
+        rt.fold(node);
+        rt.started = true;
+        pg_sys::ExecRestrPos(rt.child);
+    }
+}
+
+impl Runtime {
+    /// The key of the latched table, if it is still latched.
+    pub fn key(&self) -> Option<&KeyDesc> {
+        self.latched.as_ref().map(|l| &l.key)
+    }
+
+    /// D from the quals known before the statement ran, evaluated in the
+    /// node's expression context.
+    unsafe fn static_declared(&mut self, node: *mut pg_sys::CustomScanState) -> Span {
+        if let Some(d) = self.static_declared {
+            return d;
+        }
+        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Span::ALL };
+        // SAFETY: expression states built in begin(), evaluated in the
+        // node's per-tuple context.
+        let quals: Vec<KeyQual> = unsafe {
+            let econtext = (*node).ss.ps.ps_ExprContext;
+            self.plan
+                .bounds
+                .iter()
+                .zip(&self.bounds)
+                .map(|(b, &e)| {
+                    let mut isnull = false;
+                    let value = pg_sys::ExecEvalExprSwitchContext(e, econtext, &mut isnull);
+                    KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull }
+                })
+                .collect()
+        };
+        let d = span::declared(key, quals);
+        self.static_declared = Some(d);
+        d
+    }
+
+    /// Records the span the current execution touched, if it ran.
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    unsafe fn fold(&mut self, node: *mut pg_sys::CustomScanState) {
+        if !self.started {
+            return;
+        }
+        self.started = false;
+        // SAFETY: per contract.
+        let d = unsafe { self.static_declared(node) };
+        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return };
+        let t = match &self.position {
+            Position::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
+                // SAFETY: the child's scan keys (evaluated for this
+                // execution) and its scan slot, both live for the scan.
+                unsafe {
+                    let sks: &[pg_sys::ScanKeyData] =
+                        if *nkeys > 0 { std::slice::from_raw_parts(*keys, *nkeys) } else { &[] };
+                    let d = span::declared(key, span::scan_key_quals(sks, |c| key_col.get(c).copied().flatten()))
+                        .intersect(&d);
+                    let slot = (**scan).ss_ScanTupleSlot;
+                    if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                        // Ran out of rows: it looked at all of D.
+                        d
+                    } else {
+                        let last = key.encode_slot_at(slot, attnos);
+                        span::touched(&d, Some(&last), *forward)
+                    }
+                }
+            }
+            Position::Anywhere => d,
+        };
+        self.add_touched(t);
+    }
+
+    fn add_touched(&mut self, t: Span) {
+        if t.is_empty() {
+            return;
+        }
+        if let Some(last) = self.touched.last_mut() {
+            if last.overlaps(&t) || last.end == t.start || t.end == last.start {
+                *last = last.hull(&t);
+                return;
+            }
+        }
+        self.touched.push(t);
+        if self.touched.len() > MAX_SPANS {
+            // Many scattered executions (an inner loop): one span over
+            // them all is wider, never narrower.
+            let all = self.touched.iter().fold(Span::EMPTY, |a, s| a.hull(s));
+            self.touched = vec![all];
+        }
+    }
+
+    /// Every span this node's executions touched, including the current one.
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    pub unsafe fn touched(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<Span> {
+        // SAFETY: per contract.
+        unsafe { self.fold(node) };
+        self.touched.clone()
+    }
+
+    /// D as known before the statement runs (for fenced reads).
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Span {
+        // SAFETY: per contract.
+        unsafe { self.static_declared(node) }
+    }
+}
+
+/// The runtime of a node of ours.
+///
+/// # Safety
+/// `node` is a `PgkvxLimitScan` state that has begun.
+pub unsafe fn runtime<'a>(node: *mut pg_sys::CustomScanState) -> &'a mut Runtime {
+    // SAFETY: per contract.
+    unsafe { &mut *(*(node as *mut NodeState)).rt }
+}
+
+/// Whether a plan state is one of our nodes.
+///
+/// # Safety
+/// `ps` is a valid plan state.
+pub unsafe fn is_ours(ps: *mut pg_sys::PlanState) -> bool {
+    // SAFETY: per contract; methods are compared by address.
+    unsafe {
+        tag(ps) == pg_sys::NodeTag::T_CustomScanState
+            && std::ptr::eq((*(ps as *mut pg_sys::CustomScanState)).methods, &EXEC_METHODS.0)
+    }
+}
+
+// ---- explain ---------------------------------------------------------------
+
+fn prop_text(es: *mut pg_sys::ExplainState, label: &CStr, value: &str) {
+    let v = CString::new(value.replace('\0', "")).expect("no NUL");
+    // SAFETY: ExplainState from the caller; strings outlive the call.
+    unsafe { pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es) };
+}
+
+fn prop_int(es: *mut pg_sys::ExplainState, label: &CStr, value: i64) {
+    // SAFETY: as above.
+    unsafe { pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), value, es) };
+}
+
+fn spans_text(key: &KeyDesc, spans: &[Span]) -> String {
+    if spans.is_empty() {
+        return "none".into();
+    }
+    spans.iter().map(|s| key.format_span(s)).collect::<Vec<_>>().join(", ")
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn explain(
+    node: *mut pg_sys::CustomScanState,
+    _ancestors: *mut List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY (whole body): our node and the caller's ExplainState.
+    unsafe {
+        let rt = &mut *(*(node as *mut NodeState)).rt;
+        let analyze = (*es).analyze;
+        let st = rt.statement.clone();
+        let mode = match (&st, analyze) {
+            (Some(st), true) => st.borrow().mode.to_string(),
+            _ => guc::SCAN_MODE.get().name().to_string(),
+        };
+        prop_text(es, c"Mode", &mode);
+        let Some(key) = rt.latched.as_ref().map(|l| l.key.clone()) else {
+            prop_text(es, c"Table", &format!("{} (no longer latched)", registry::rel_name(rt.plan.relid)));
+            return;
+        };
+        prop_text(es, c"Table", &key.relname);
+        let declared = rt.declared(node);
+        prop_text(es, c"Declared Span", &key.format_span(&declared));
+        let Some(st) = st.filter(|_| analyze) else { return };
+        let st = st.borrow();
+        if st.mode == "off" {
+            return;
+        }
+        let touched = rt.touched(node);
+        prop_text(es, c"Touched Span", &spans_text(&key, &touched));
+        let r = &st.report;
+        let outcome = if r.conflicts == 0 { "clean" } else { "conflicts resolved" };
+        prop_text(es, c"Validation", outcome);
+        prop_int(es, c"Validations", i64::from(r.validations));
+        prop_int(es, c"Conflicts", i64::from(r.conflicts));
+        prop_int(es, c"Retries", i64::from(r.retries));
+        if r.pulled_after > 0 {
+            prop_int(es, c"Pulled In After Snapshot", i64::from(r.pulled_after));
+        }
+        if r.fresh_snapshots > 0 {
+            prop_int(es, c"Fresh Snapshots", i64::from(r.fresh_snapshots));
+        }
+        prop_int(es, c"Waits", i64::from(r.waits));
+        if (*es).timing {
+            pg_sys::ExplainPropertyFloat(c"Wait Time".as_ptr(), c"ms".as_ptr(), st.wait_us as f64 / 1000.0, 3, es);
+        }
+    }
+}

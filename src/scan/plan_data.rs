@@ -1,0 +1,106 @@
+//! What the planner tells the executor about one `PgkvxLimitScan`: one
+//! struct, written to and read from the CustomScan's `custom_private` list
+//! here and nowhere else.  A list of Integer nodes survives `copyObject`,
+//! the plan cache and EXPLAIN.
+
+use pgrx::pg_sys::{self, List, Oid};
+use pgrx::PgList;
+
+/// Bumped whenever the layout changes: a plan cached by an older library
+/// is refused rather than misread.
+const LAYOUT: i32 = 2;
+
+/// A qual `key column <strategy> expression` that bounds the declared span,
+/// the expression being the matching entry of `custom_exprs`.  Only
+/// expressions computable before the statement runs (constants, query
+/// parameters, stable functions of them) are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    /// Position in the key (0-based).
+    pub col: u16,
+    /// btree strategy number of the operator, with the key column on its left.
+    pub strategy: u16,
+    /// The expression's type.
+    pub typid: Oid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardPlan {
+    /// The latched table the guarded scan reads.
+    pub relid: Oid,
+    /// The statement has no side effects, so it may run again: optimistic
+    /// reads may retry it at another snapshot.
+    pub restartable: bool,
+    pub bounds: Vec<Bound>,
+}
+
+fn int(v: i32) -> *mut std::ffi::c_void {
+    // SAFETY: makeInteger pallocs a node in the current context.
+    unsafe { pg_sys::makeInteger(v) as *mut std::ffi::c_void }
+}
+
+impl GuardPlan {
+    /// The plan's private list.
+    pub fn to_list(&self) -> *mut List {
+        let mut v = vec![LAYOUT, self.relid.to_u32() as i32, i32::from(self.restartable), self.bounds.len() as i32];
+        for b in &self.bounds {
+            v.extend([i32::from(b.col), i32::from(b.strategy), b.typid.to_u32() as i32]);
+        }
+        let mut list = PgList::<std::ffi::c_void>::new();
+        for x in v {
+            list.push(int(x));
+        }
+        list.into_pg()
+    }
+
+    /// Reads the private list back; None for a list this library did not
+    /// write.
+    ///
+    /// # Safety
+    /// `list` is a valid List (or NULL).
+    pub unsafe fn from_list(list: *mut List) -> Option<GuardPlan> {
+        // SAFETY: per contract; every element is checked to be an Integer.
+        let ints: Vec<i32> = unsafe {
+            PgList::<pg_sys::Node>::from_pg(list)
+                .iter_ptr()
+                .map(|n| ((*n).type_ == pg_sys::NodeTag::T_Integer).then(|| (*(n as *mut pg_sys::Integer)).ival))
+                .collect::<Option<Vec<i32>>>()?
+        };
+        let (&[layout, relid, restartable, n], rest) = ints.split_first_chunk::<4>()?;
+        if layout != LAYOUT || rest.len() != 3 * n as usize {
+            return None;
+        }
+        let bounds = rest
+            .chunks_exact(3)
+            .map(|c| Bound { col: c[0] as u16, strategy: c[1] as u16, typid: Oid::from(c[2] as u32) })
+            .collect();
+        Some(GuardPlan { relid: Oid::from(relid as u32), restartable: restartable != 0, bounds })
+    }
+}
+
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn plan_data_round_trips_through_copy_object() {
+        let p = GuardPlan {
+            relid: Oid::from(4_000_000_123),
+            restartable: true,
+            bounds: vec![
+                Bound { col: 0, strategy: 5, typid: pg_sys::INT8OID },
+                Bound { col: 1, strategy: 3, typid: pg_sys::TEXTOID },
+            ],
+        };
+        let list = p.to_list();
+        // SAFETY: a list we just built, and its copy.
+        let copied = unsafe { pg_sys::copyObjectImpl(list as *const std::ffi::c_void) as *mut List };
+        assert_eq!(unsafe { GuardPlan::from_list(copied) }, Some(p));
+        // A list of another layout is not misread.
+        let mut other = PgList::<std::ffi::c_void>::new();
+        other.push(int(99));
+        assert_eq!(unsafe { GuardPlan::from_list(other.into_pg()) }, None);
+    }
+}

@@ -1,0 +1,762 @@
+//! The statement guard: executor hooks that run the read protocol once per
+//! statement over every `PgkvxLimitScan` in its plan.
+//!
+//! Every expression a statement evaluates — the guarded scans, filters and
+//! their subqueries, joins to other tables, init plans, target lists,
+//! functions that read tables — must see one snapshot consistent with the
+//! rows returned.  So the protocol decides the snapshot before anything
+//! runs, and a retry runs the whole statement again:
+//!
+//! - fenced: at executor start, before any node is initialised, wait for
+//!   the writers in flight in the declared spans, fold them into the
+//!   statement's snapshot, and start the executor at that snapshot.  Rows
+//!   then stream.  Statements that cannot run twice (side effects, row
+//!   locks, volatile functions, scrollable or holdable cursors) and results
+//!   too large to hold back always read fenced.
+//! - optimistic: start at the statement's snapshot; on the first run, run
+//!   the plan to the end into a buffer, then validate the spans the guarded
+//!   scans touched.  Clean: hand the rows on.  A conflict: wait for the
+//!   holders, run the statement again (a second executor for the same plan)
+//!   at the snapshot with them folded in, validate again; after
+//!   `pgkvx.optimistic_retries` such attempts, or if the result outgrows
+//!   the buffer, fall back to fenced, again in a second executor.
+//!   Before buffering many rows, an optimistic read first checks its
+//!   declared spans: when they are clean it streams at once.
+//! - off: nothing; the nodes only pass rows on.
+
+use super::buffer::{BufferDest, Held};
+use super::node;
+use super::plan_data::GuardPlan;
+use crate::errors;
+use crate::guc;
+use crate::latch::protocol::{ReadMode, Report};
+use crate::latch::{Footprint, Xid};
+use crate::read::run::{self, Choice, Reader, Then};
+use crate::read::snapshot::{self, Base};
+use crate::read::span::{self, KeyQual};
+use crate::registry;
+use crate::shmem::{backend, table};
+use pgrx::pg_sys::{self, Node, QueryDesc};
+use pgrx::prelude::*;
+use pgrx::PgList;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// What the protocol did for a statement, for its nodes' EXPLAIN.
+#[derive(Default, Debug)]
+pub struct StatementReport {
+    pub mode: String,
+    pub report: Report,
+    pub wait_us: i64,
+}
+
+/// Where a statement's rows come from when it runs.
+enum Source {
+    /// Its own executor, as usual (fenced, off, or clean declared spans).
+    Plan,
+    /// Optimistic and not yet run: the first run reads into a buffer.
+    Pending,
+    /// The validated rows of an optimistic attempt.
+    Held(Held),
+    /// A second executor at another snapshot, streaming (fenced fallback).
+    Second(*mut QueryDesc),
+}
+
+struct Statement {
+    qd: *mut QueryDesc,
+    source: Source,
+    report: Rc<RefCell<StatementReport>>,
+    /// The statement's snapshot as the protocol sees it (optimistic).
+    base: Option<Base>,
+    /// We replaced the statement's snapshot: it must be the active one
+    /// while the statement runs, for functions that read tables.
+    swapped: bool,
+    /// The second executor has run ExecutorFinish.
+    second_finished: bool,
+    eflags: i32,
+}
+
+thread_local! {
+    static STATEMENTS: RefCell<Vec<Statement>> = const { RefCell::new(Vec::new()) };
+}
+
+static mut PREV_START: pg_sys::ExecutorStart_hook_type = None;
+static mut PREV_RUN: pg_sys::ExecutorRun_hook_type = None;
+static mut PREV_FINISH: pg_sys::ExecutorFinish_hook_type = None;
+static mut PREV_END: pg_sys::ExecutorEnd_hook_type = None;
+
+unsafe extern "C-unwind" {
+    // nodes/nodeFuncs.h; not in pgrx's bindings.  Called only through the
+    // FFI boundary guard.
+    fn planstate_tree_walker(
+        planstate: *mut pg_sys::PlanState,
+        walker: Option<unsafe extern "C-unwind" fn(*mut pg_sys::PlanState, *mut std::ffi::c_void) -> bool>,
+        context: *mut std::ffi::c_void,
+    ) -> bool;
+}
+
+pub fn init() {
+    // SAFETY: _PG_init, single-threaded.
+    unsafe {
+        PREV_START = pg_sys::ExecutorStart_hook;
+        pg_sys::ExecutorStart_hook = Some(executor_start);
+        PREV_RUN = pg_sys::ExecutorRun_hook;
+        pg_sys::ExecutorRun_hook = Some(executor_run);
+        PREV_FINISH = pg_sys::ExecutorFinish_hook;
+        pg_sys::ExecutorFinish_hook = Some(executor_finish);
+        PREV_END = pg_sys::ExecutorEnd_hook;
+        pg_sys::ExecutorEnd_hook = Some(executor_end);
+    }
+}
+
+// ---- finding the guarded scans ---------------------------------------------
+
+fn tag(n: *const Node) -> pg_sys::NodeTag {
+    // SAFETY: every node starts with its tag.
+    unsafe { (*n).type_ }
+}
+
+/// Every `PgkvxLimitScan` plan node of a statement.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::CustomScan> {
+    /// # Safety
+    /// `p` is a valid plan tree (or NULL).
+    unsafe fn walk(p: *mut pg_sys::Plan, out: &mut Vec<*mut pg_sys::CustomScan>) {
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: per contract; each cast follows a tag check.
+        unsafe {
+            let lists: &[*mut pg_sys::List] = match tag(p as *const Node) {
+                pg_sys::NodeTag::T_CustomScan => {
+                    let cs = p as *mut pg_sys::CustomScan;
+                    if std::ptr::eq((*cs).methods, &super::node::SCAN_METHODS.0) {
+                        out.push(cs);
+                    }
+                    &[(*cs).custom_plans]
+                }
+                pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
+                pg_sys::NodeTag::T_MergeAppend => &[(*(p as *mut pg_sys::MergeAppend)).mergeplans],
+                pg_sys::NodeTag::T_BitmapAnd => &[(*(p as *mut pg_sys::BitmapAnd)).bitmapplans],
+                pg_sys::NodeTag::T_BitmapOr => &[(*(p as *mut pg_sys::BitmapOr)).bitmapplans],
+                pg_sys::NodeTag::T_SubqueryScan => {
+                    walk((*(p as *mut pg_sys::SubqueryScan)).subplan, out);
+                    &[]
+                }
+                _ => &[],
+            };
+            for &l in lists {
+                for c in PgList::<pg_sys::Plan>::from_pg(l).iter_ptr() {
+                    walk(c, out);
+                }
+            }
+            walk((*p).lefttree, out);
+            walk((*p).righttree, out);
+        }
+    }
+    let mut out = Vec::new();
+    // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
+    // all in the statement's list.
+    unsafe {
+        walk((*stmt).planTree, &mut out);
+        for sp in PgList::<pg_sys::Plan>::from_pg((*stmt).subplans).iter_ptr() {
+            walk(sp, &mut out);
+        }
+    }
+    out
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn collect_nodes(ps: *mut pg_sys::PlanState, cx: *mut std::ffi::c_void) -> bool {
+    // SAFETY: called by planstate_tree_walker with our Vec as context.
+    unsafe {
+        if node::is_ours(ps) {
+            (*(cx as *mut Vec<*mut pg_sys::CustomScanState>)).push(ps as *mut pg_sys::CustomScanState);
+        }
+        pg_sys::ffi::pg_guard_ffi_boundary(|| planstate_tree_walker(ps, Some(collect_nodes), cx))
+    }
+}
+
+/// Every `PgkvxLimitScan` node of a started executor.
+///
+/// # Safety
+/// `qd` has been started.
+unsafe fn guard_nodes(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScanState> {
+    let mut out: Vec<*mut pg_sys::CustomScanState> = Vec::new();
+    // SAFETY: per contract; the walker only reads the tree.
+    unsafe { collect_nodes((*qd).planstate, &mut out as *mut _ as *mut std::ffi::c_void) };
+    out
+}
+
+// ---- values known before the statement runs --------------------------------
+
+/// Evaluates `expr` with the statement's parameters when it needs nothing
+/// the statement computes (no PARAM_EXEC, no subplan, no Vars).
+///
+/// # Safety
+/// `expr` is a valid expression; `params` the statement's (or NULL).
+unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
+    // SAFETY: per contract; a standalone context, freed before returning.
+    unsafe {
+        if !pg_sys::pull_paramids(expr).is_null()
+            || pg_sys::contain_subplans(expr as *mut Node)
+            || pg_sys::contain_var_clause(expr as *mut Node)
+        {
+            return None;
+        }
+        let econtext = pg_sys::CreateStandaloneExprContext();
+        (*econtext).ecxt_param_list_info = params;
+        let state = pg_sys::ExecInitExpr(expr, std::ptr::null_mut());
+        let mut isnull = false;
+        let v = pg_sys::ExecEvalExprSwitchContext(state, econtext, &mut isnull);
+        // By-reference values live in the caller's context: the per-query
+        // context of the standalone ExprContext goes with FreeExprContext.
+        let v = if isnull { v } else { copy_datum(v, pg_sys::exprType(expr as *mut Node)) };
+        pg_sys::FreeExprContext(econtext, true);
+        Some((v, isnull))
+    }
+}
+
+/// A copy of `v` (of type `typid`) in the current memory context.
+///
+/// # Safety
+/// `v` is a valid non-null datum of `typid`.
+unsafe fn copy_datum(v: pg_sys::Datum, typid: pg_sys::Oid) -> pg_sys::Datum {
+    // SAFETY: per contract.
+    unsafe {
+        let mut len = 0i16;
+        let mut byval = false;
+        pg_sys::get_typlenbyval(typid, &mut len, &mut byval);
+        if byval {
+            return v;
+        }
+        let size = match len {
+            -1 => return pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(v.cast_mut_ptr())),
+            -2 => std::ffi::CStr::from_ptr(v.cast_mut_ptr()).to_bytes_with_nul().len(),
+            n => n as usize,
+        };
+        let p = pg_sys::palloc(size);
+        std::ptr::copy_nonoverlapping(v.cast_mut_ptr::<u8>(), p as *mut u8, size);
+        pg_sys::Datum::from(p)
+    }
+}
+
+/// D of one guarded scan as known before the statement runs.
+///
+/// # Safety
+/// `cs` is one of our plan nodes; `params` the statement's.
+unsafe fn declared_at_start(
+    cs: *mut pg_sys::CustomScan,
+    params: pg_sys::ParamListInfo,
+) -> Option<(GuardPlan, Footprint)> {
+    // SAFETY: per contract.
+    unsafe {
+        let plan = GuardPlan::from_list((*cs).custom_private)?;
+        let latched = registry::lookup(plan.relid)?;
+        let quals: Vec<KeyQual> = plan
+            .bounds
+            .iter()
+            .zip(PgList::<pg_sys::Expr>::from_pg((*cs).custom_exprs).iter_ptr())
+            .filter_map(|(b, e)| {
+                let (value, isnull) = eval_at_start(e, params)?;
+                Some(KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull })
+            })
+            .collect();
+        let d = span::declared(&latched.key, quals);
+        let rel = backend::rel_id(plan.relid);
+        Some((plan, vec![(rel, d)]))
+    }
+}
+
+/// At most how many rows the statement returns, if that is known before
+/// it runs: a top-level LIMIT, or else the planner's estimate.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; `params` its parameters.
+unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamListInfo) -> Option<u64> {
+    // SAFETY: per contract.
+    unsafe {
+        let top = (*stmt).planTree;
+        if tag(top as *const Node) == pg_sys::NodeTag::T_Limit {
+            let l = top as *mut pg_sys::Limit;
+            if !(*l).limitCount.is_null() {
+                let int = |e: *mut Node| -> Option<u64> {
+                    if e.is_null() {
+                        return Some(0);
+                    }
+                    let (v, isnull) = eval_at_start(e as *mut pg_sys::Expr, params)?;
+                    Some(if isnull { 0 } else { (v.value() as i64).max(0) as u64 })
+                };
+                if let (Some(c), Some(o)) = (int((*l).limitCount), int((*l).limitOffset)) {
+                    return Some(c.saturating_add(o));
+                }
+            }
+        }
+        let est = (*top).plan_rows;
+        (est.is_finite() && est < 1e12).then(|| est.ceil().max(1.0) as u64)
+    }
+}
+
+// ---- the hooks ---------------------------------------------------------------
+
+fn find<R>(qd: *mut QueryDesc, f: impl FnOnce(&mut Statement) -> R) -> Option<R> {
+    STATEMENTS.with(|s| s.borrow_mut().iter_mut().find(|st| st.qd == qd).map(f))
+}
+
+fn take(qd: *mut QueryDesc) -> Option<Statement> {
+    STATEMENTS.with(|s| {
+        let mut s = s.borrow_mut();
+        let i = s.iter().position(|st| st.qd == qd)?;
+        Some(s.swap_remove(i))
+    })
+}
+
+/// Forgets a statement whose executor memory goes away (after an ERROR,
+/// when ExecutorEnd never runs).
+#[pg_guard]
+unsafe extern "C-unwind" fn forget(arg: *mut std::ffi::c_void) {
+    STATEMENTS.with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            s.retain(|st| st.qd as *mut std::ffi::c_void != arg);
+        }
+    });
+}
+
+/// Runs the previous ExecutorStart hook, or the standard one.
+unsafe fn prev_start(qd: *mut QueryDesc, eflags: i32) {
+    // SAFETY: chaining with the same arguments.
+    unsafe {
+        match PREV_START {
+            Some(f) => f(qd, eflags),
+            None => pg_sys::standard_ExecutorStart(qd, eflags),
+        }
+    }
+}
+
+unsafe fn prev_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
+    // SAFETY: chaining with the same arguments.
+    unsafe {
+        match PREV_RUN {
+            Some(f) => f(qd, dir, count, once),
+            None => pg_sys::standard_ExecutorRun(qd, dir, count, once),
+        }
+    }
+}
+
+/// Refuses to pretend on a hot standby: its latch table is empty, and its
+/// snapshots keep in-progress xids where reads of ours do not look.
+fn refuse_on_standby() {
+    // SAFETY: a plain read of recovery state.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "pgkvx cannot protect LIMIT scans of latched tables on a hot standby",
+            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
+        );
+    }
+}
+
+/// Says so (per `pgkvx.unprotected_reads`) when a guarded table's writes
+/// can escape its latches: the read runs, but it cannot keep its promise.
+///
+/// # Safety
+/// `guards` are plan nodes of ours.
+unsafe fn report_unprotected(guards: &[*mut pg_sys::CustomScan]) {
+    let setting = guc::UNPROTECTED_READS.get();
+    if setting == guc::Unprotected::Allow {
+        return;
+    }
+    for &g in guards {
+        // SAFETY: per contract.
+        let Some(plan) = (unsafe { GuardPlan::from_list((*g).custom_private) }) else { continue };
+        let Some(latched) = registry::lookup(plan.relid) else { continue };
+        let Some(why) = latched.exposure.as_deref() else { continue };
+        let msg = format!("a LIMIT read of \"{}\" can skip rows: {why}", latched.key.relname);
+        let hint = "See pgkvx.check(); SET pgkvx.unprotected_reads = allow to read without this message.";
+        match setting {
+            guc::Unprotected::Error => {
+                errors::raise_hint(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, msg, hint)
+            }
+            _ => errors::warn_hint(PgSqlErrorCode::ERRCODE_WARNING, msg, hint),
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
+    // SAFETY (whole body): the executor's QueryDesc, before and after the
+    // standard start.
+    unsafe {
+        let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0;
+        let stmt = (*qd).plannedstmt;
+        let guards =
+            if explain_only || crate::shmem::table_if_attached().is_none() { Vec::new() } else { guard_plans(stmt) };
+        if guards.is_empty() {
+            prev_start(qd, eflags);
+            return;
+        }
+        let params = (*qd).params;
+        let restartable = (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
+            && !(*stmt).hasModifyingCTE
+            && (*stmt).rowMarks.is_null()
+            && eflags & pg_sys::EXEC_FLAG_BACKWARD as i32 == 0
+            && guards.iter().all(|&g| GuardPlan::from_list((*g).custom_private).is_some_and(|p| p.restartable));
+        let want = if restartable { rows_wanted(stmt, params) } else { None };
+        let Some(mut choice) = run::choose_mode(want) else {
+            // off: plain Postgres.
+            prev_start(qd, eflags);
+            attach(qd, Source::Plan, "off", None, false, eflags);
+            return;
+        };
+        refuse_on_standby();
+        report_unprotected(&guards);
+        if !restartable {
+            choice = Choice { mode: ReadMode::Fenced, declared_first: false };
+        }
+        let declared = || -> Footprint {
+            guards.iter().filter_map(|&g| declared_at_start(g, params)).flat_map(|(_, fp)| fp).collect()
+        };
+        let base = Base::of((*qd).snapshot, snapshot::after_for_statement());
+        match choice.mode {
+            ReadMode::Fenced => {
+                let fp = declared();
+                let ran = run::run(&mut NoReads, base, &fp, choice, "LIMIT scan");
+                let Then::Stream { pulled } = ran.then else { unreachable!("fenced reads never buffer") };
+                let mut b = ran.base;
+                let swapped = !pulled.is_empty() || b.snap != (*qd).snapshot;
+                if swapped {
+                    let template = b.spliced(&pulled);
+                    let new = pg_sys::RegisterSnapshot(template);
+                    pg_sys::UnregisterSnapshot((*qd).snapshot);
+                    (*qd).snapshot = new;
+                }
+                b.release();
+                prev_start(qd, eflags);
+                let st = attach(qd, Source::Plan, "fenced", None, swapped, eflags);
+                st.borrow_mut().report = ran.report;
+                st.borrow_mut().wait_us = ran.wait_us;
+            }
+            ReadMode::Optimistic
+                if choice.declared_first && {
+                    let fp = declared();
+                    let view = base.view(&[]);
+                    let clean = table().check_footprint(&fp, &view, &snapshot::committed, &mut |_| {}).clean();
+                    backend::count(crate::latch::Stat::Validations, 1);
+                    clean
+                } =>
+            {
+                prev_start(qd, eflags);
+                let st = attach(qd, Source::Plan, "optimistic, declared spans clean: streamed", None, false, eflags);
+                st.borrow_mut().report.validations = 1;
+                st.borrow_mut().report.streamed = true;
+            }
+            ReadMode::Optimistic => {
+                prev_start(qd, eflags);
+                attach(qd, Source::Pending, "optimistic", Some(base), false, eflags);
+            }
+        }
+    }
+}
+
+/// Registers a started statement and shows its report to its nodes.
+///
+/// # Safety
+/// `qd` has been started.
+unsafe fn attach(
+    qd: *mut QueryDesc,
+    source: Source,
+    mode: &str,
+    base: Option<Base>,
+    swapped: bool,
+    eflags: i32,
+) -> Rc<RefCell<StatementReport>> {
+    let report = Rc::new(RefCell::new(StatementReport { mode: mode.to_string(), ..Default::default() }));
+    // SAFETY: per contract.
+    unsafe {
+        for n in guard_nodes(qd) {
+            node::runtime(n).statement = Some(report.clone());
+        }
+        let cb = pg_sys::MemoryContextAlloc(
+            (*(*qd).estate).es_query_cxt,
+            std::mem::size_of::<pg_sys::MemoryContextCallback>(),
+        ) as *mut pg_sys::MemoryContextCallback;
+        (*cb).func = Some(forget);
+        (*cb).arg = qd as *mut std::ffi::c_void;
+        (*cb).next = std::ptr::null_mut();
+        pg_sys::MemoryContextRegisterResetCallback((*(*qd).estate).es_query_cxt, cb);
+    }
+    let st = Statement { qd, source, report: report.clone(), base, swapped, second_finished: false, eflags };
+    STATEMENTS.with(|s| s.borrow_mut().push(st));
+    report
+}
+
+/// A reader for fenced runs, which never buffer.
+struct NoReads;
+impl Reader for NoReads {
+    fn read_buffered(&mut self, _base: &Base, _pulled: &[Xid]) -> Option<Footprint> {
+        unreachable!("fenced reads never buffer")
+    }
+}
+
+/// Runs `qd` with `snap` as the active snapshot.
+unsafe fn with_active<R>(snap: pg_sys::Snapshot, f: impl FnOnce() -> R) -> R {
+    // SAFETY: pushing a registered snapshot and popping it again; an ERROR
+    // in between resets the active snapshot stack at abort.
+    unsafe {
+        pg_sys::PushActiveSnapshot(snap);
+        let r = f();
+        pg_sys::PopActiveSnapshot();
+        r
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
+    enum Step {
+        Plain(bool),
+        Pending,
+        Serve,
+        Second(*mut QueryDesc),
+    }
+    let step = find(qd, |st| match &st.source {
+        Source::Plan => Step::Plain(st.swapped),
+        Source::Pending => Step::Pending,
+        Source::Held(_) => Step::Serve,
+        Source::Second(q2) => Step::Second(*q2),
+    });
+    // SAFETY (whole body): the executor's QueryDesc, started by us.
+    unsafe {
+        match step {
+            None | Some(Step::Plain(false)) => prev_run(qd, dir, count, once),
+            Some(Step::Plain(true)) => {
+                with_active((*(*qd).estate).es_snapshot, || prev_run(qd, dir, count, once));
+            }
+            Some(Step::Pending) => {
+                validate(qd, once);
+                executor_run(qd, dir, count, once);
+            }
+            Some(Step::Serve) => {
+                let dest = (*qd).dest;
+                let desc = (*qd).tupDesc;
+                let n = if dir == pg_sys::ScanDirection::NoMovementScanDirection {
+                    0
+                } else {
+                    find(qd, |st| match &mut st.source {
+                        Source::Held(h) => h.send(dest, desc, count),
+                        _ => 0,
+                    })
+                    .unwrap_or(0)
+                };
+                (*(*qd).estate).es_processed = n;
+            }
+            Some(Step::Second(q2)) => {
+                (*q2).dest = (*qd).dest;
+                with_active((*(*q2).estate).es_snapshot, || pg_sys::standard_ExecutorRun(q2, dir, count, once));
+                (*(*qd).estate).es_processed = (*(*q2).estate).es_processed;
+            }
+        }
+    }
+}
+
+/// The first run of an optimistic statement: attempts, validation, retries,
+/// fallback.  Leaves the statement's source set to what its rows come from.
+///
+/// # Safety
+/// `qd` is a started, optimistic, not yet run statement of ours.
+unsafe fn validate(qd: *mut QueryDesc, once: bool) {
+    let (base, eflags) =
+        find(qd, |st| (st.base.take().expect("an optimistic statement has its base"), st.eflags)).expect("ours");
+    // SAFETY: per contract.
+    unsafe {
+        let estate = (*qd).estate;
+        let cx = pg_sys::AllocSetContextCreateInternal(
+            (*estate).es_query_cxt,
+            c"pgkvx held rows".as_ptr(),
+            pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+        );
+        let max_rows = guc::MAX_OPTIMISTIC_ROWS.get() as usize;
+        let max_bytes = pg_sys::work_mem as usize * 1024;
+        let mut reader = Attempts { qd, once, eflags, attempts: 0, buffer: BufferDest::new(cx, max_rows, max_bytes) };
+        let declared: Footprint = guard_plans((*qd).plannedstmt)
+            .into_iter()
+            .filter_map(|g| declared_at_start(g, (*qd).params))
+            .flat_map(|(_, fp)| fp)
+            .collect();
+        let choice = Choice { mode: ReadMode::Optimistic, declared_first: false };
+        let run::Run { then, report, wait_us, base } = run::run(&mut reader, base, &declared, choice, "LIMIT scan");
+        let mode = if report.overflowed {
+            "optimistic, result too large to hold back: fenced"
+        } else if report.fell_back {
+            "optimistic, fell back to fenced"
+        } else {
+            "optimistic"
+        };
+        let mut base = base;
+        let source = match then {
+            Then::Emit => {
+                let rows = reader.buffer.take();
+                let old = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
+                let held = Held::new(rows, (*qd).tupDesc);
+                pg_sys::MemoryContextSwitchTo(old);
+                Source::Held(held)
+            }
+            // Pulled-in holders are folded in even if more xids have been
+            // assigned since the protocol checked the bound: a fresh
+            // snapshot here would bring writers nobody checked.
+            Then::Stream { pulled } => Source::Second(second(qd, base.spliced(&pulled), (*qd).dest, eflags)),
+        };
+        base.release();
+        find(qd, |st| {
+            st.source = source;
+            let mut r = st.report.borrow_mut();
+            r.mode = mode.to_string();
+            r.report = report;
+            r.wait_us = wait_us;
+        });
+    }
+}
+
+/// Starts a second executor for `qd`'s plan at `snap` (registered by it),
+/// in `qd`'s memory, sending to `dest`.
+///
+/// # Safety
+/// `qd` is started; `snap` a valid MVCC snapshot or template.
+unsafe fn second(
+    qd: *mut QueryDesc,
+    snap: pg_sys::Snapshot,
+    dest: *mut pg_sys::DestReceiver,
+    eflags: i32,
+) -> *mut QueryDesc {
+    // SAFETY: per contract; the second executor's memory is a child of the
+    // first's, so it goes with it at the latest.
+    unsafe {
+        let old = pg_sys::MemoryContextSwitchTo((*(*qd).estate).es_query_cxt);
+        let q2 = pg_sys::CreateQueryDesc(
+            (*qd).plannedstmt,
+            (*qd).sourceText,
+            snap,
+            std::ptr::null_mut(),
+            dest,
+            (*qd).params,
+            (*qd).queryEnv,
+            (*qd).instrument_options,
+        );
+        pg_sys::standard_ExecutorStart(q2, eflags);
+        pg_sys::MemoryContextSwitchTo(old);
+        q2
+    }
+}
+
+/// Ends a second executor.
+unsafe fn end_second(q2: *mut QueryDesc, finished: bool) {
+    // SAFETY: a second executor we started and have not ended.
+    unsafe {
+        if !finished {
+            pg_sys::standard_ExecutorFinish(q2);
+        }
+        pg_sys::standard_ExecutorEnd(q2);
+        pg_sys::FreeQueryDesc(q2);
+    }
+}
+
+/// Optimistic attempts of one statement: the first runs its own executor,
+/// later ones a second executor at the snapshot the protocol asks for.
+struct Attempts {
+    qd: *mut QueryDesc,
+    once: bool,
+    eflags: i32,
+    attempts: u32,
+    buffer: Box<BufferDest>,
+}
+
+/// The footprint of the guarded scans of a started executor that has run.
+///
+/// # Safety
+/// `qd` has been started (and run).
+unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
+    let mut fp = Footprint::new();
+    // SAFETY: per contract.
+    unsafe {
+        for n in guard_nodes(qd) {
+            let rt = node::runtime(n);
+            let rel = rt.rel;
+            for s in rt.touched(n) {
+                fp.push((rel, s));
+            }
+        }
+    }
+    fp
+}
+
+impl Reader for Attempts {
+    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Option<Footprint> {
+        self.buffer.clear();
+        let dest = self.buffer.as_dest();
+        // SAFETY: our statement's QueryDesc; the buffer outlives each run.
+        let fp = unsafe {
+            if self.attempts == 0 && pulled.is_empty() && base.snap == (*self.qd).snapshot {
+                let saved = (*self.qd).dest;
+                (*self.qd).dest = dest;
+                prev_run(self.qd, pg_sys::ScanDirection::ForwardScanDirection, 0, self.once);
+                (*self.qd).dest = saved;
+                footprint(self.qd)
+            } else {
+                let q2 = second(self.qd, base.spliced(pulled), dest, self.eflags);
+                with_active((*(*q2).estate).es_snapshot, || {
+                    pg_sys::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true)
+                });
+                let fp = footprint(q2);
+                end_second(q2, false);
+                fp
+            }
+        };
+        self.attempts += 1;
+        (!self.buffer.overflowed()).then_some(fp)
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn executor_finish(qd: *mut QueryDesc) {
+    let second = find(qd, |st| match st.source {
+        Source::Second(q2) if !st.second_finished => {
+            st.second_finished = true;
+            Some(q2)
+        }
+        _ => None,
+    })
+    .flatten();
+    // SAFETY: finishing a second executor we started, then chaining.
+    unsafe {
+        if let Some(q2) = second {
+            pg_sys::standard_ExecutorFinish(q2);
+        }
+        match PREV_FINISH {
+            Some(f) => f(qd),
+            None => pg_sys::standard_ExecutorFinish(qd),
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn executor_end(qd: *mut QueryDesc) {
+    let st = take(qd);
+    // SAFETY: ending what we started, then chaining.
+    unsafe {
+        if let Some(mut st) = st {
+            if let Source::Second(q2) = st.source {
+                end_second(q2, st.second_finished);
+            }
+            if let Some(mut b) = st.base.take() {
+                b.release();
+            }
+        }
+        match PREV_END {
+            Some(f) => f(qd),
+            None => pg_sys::standard_ExecutorEnd(qd),
+        }
+    }
+}

@@ -1,0 +1,398 @@
+"""A randomized, seeded torture test of the tail guarantee, with an oracle.
+
+Writers of many kinds append to, move within and delete from a gapless
+`events` table (and write to an `orders` table the readers' filters read),
+roll back whole transactions, savepoints and PL/pgSQL exception blocks,
+load in bulk, and disable the table or drop it inside savepoints they roll
+back.  Consumers of many kinds tail the table by key — plainly, by category
+through a (category, id) index, through a filter subquery, through a
+semi-join, with generic plans prepared under every scan mode, with cursors,
+under REPEATABLE READ and SERIALIZABLE, and through arrow_scan — each
+moving its cursor to the last key it got.
+
+The oracle: every row committed and never deleted or moved must be
+delivered to every consumer whose predicate it matches, once, in key order;
+no consumer ever gets a row that never committed.  REPEATABLE READ and
+SERIALIZABLE consumers may fail with 40001 (they retry from the same
+cursor); anyone may meet a deadlock (40P01, retried).
+
+Every decision comes from a seeded generator per thread, so a seed names a
+schedule; the interleaving itself is the machine's.  `run()` returns a
+report of what was checked; `tests/e2e/test_torture.py` runs a bounded round
+in `make test`, `bench/torture` runs long ones.
+"""
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+import pyarrow
+
+CATEGORIES = ["c0", "c1", "c2", "c3"]
+SUBSCRIBED = {"c1", "c3"}
+
+SETUP = """
+DROP TABLE IF EXISTS events, orders, subscriptions;
+CREATE TABLE orders (id bigint PRIMARY KEY, paid boolean NOT NULL, note text);
+CREATE TABLE events (id bigserial PRIMARY KEY, category text COLLATE "C" NOT NULL,
+                     order_id bigint NOT NULL, payload text);
+CREATE INDEX events_category_id ON events (category, id);
+SELECT pgkvx.enable('events', gapless => true);
+CREATE TABLE subscriptions (category text COLLATE "C" PRIMARY KEY);
+INSERT INTO subscriptions VALUES ('c1'), ('c3');
+-- statistics that make the planner pick the index plans a tail uses
+INSERT INTO orders SELECT g, true, NULL FROM generate_series(-5000, -1) g;
+ANALYZE orders, subscriptions;
+"""
+
+# Errors a consumer or writer may meet and retry: serialization failure,
+# deadlock, lock timeout (a disable waits behind readers).
+RETRYABLE = {"40001", "40P01", "55P03"}
+
+
+@dataclass
+class Ledger:
+    """What committed: the oracle's view of the table."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    rows: dict = field(default_factory=dict)      # id -> category, committed and alive
+    gone: set = field(default_factory=set)        # ids committed, then deleted or moved
+    seen_ids: set = field(default_factory=set)    # every id ever committed
+    order_seq: int = 0
+
+    def next_order(self):
+        with self.lock:
+            self.order_seq += 1
+            return self.order_seq
+
+    def commit(self, added, removed):
+        with self.lock:
+            for i, cat in added:
+                self.rows[i] = cat
+                self.seen_ids.add(i)
+            for i in removed:
+                self.rows.pop(i, None)
+                self.gone.add(i)
+
+    def sample(self, rng):
+        with self.lock:
+            if not self.rows:
+                return None
+            # Rows near the tail, where readers are.
+            keys = sorted(self.rows)[-200:]
+            return rng.choice(keys)
+
+
+@dataclass
+class Report:
+    seed: int = 0
+    writer_txns: int = 0
+    writer_rollbacks: int = 0
+    writer_retries: int = 0
+    writer_kinds: dict = field(default_factory=dict)
+    polls: int = 0
+    consumer_retries: int = 0
+    consumers: dict = field(default_factory=dict)   # name -> delivered count
+    committed_rows: int = 0
+    stats: dict = field(default_factory=dict)       # pgkvx.stats() deltas
+    skipped: dict = field(default_factory=dict)     # name -> [ids]
+    phantoms: dict = field(default_factory=dict)    # name -> [ids]
+    disorder: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+
+    def ok(self):
+        return not (any(self.skipped.values()) or any(self.phantoms.values()) or self.disorder or self.errors)
+
+    def summary(self):
+        s = self.stats
+        return (f"seed {self.seed}: {self.writer_txns} writer transactions "
+                f"({self.writer_rollbacks} rolled back, {self.writer_retries} retried), "
+                f"{self.committed_rows} rows committed, {self.polls} consumer polls over "
+                f"{len(self.consumers)} consumers ({self.consumer_retries} retried); "
+                f"protocol: {s.get('validations', 0)} validations, {s.get('conflicts', 0)} conflicts, "
+                f"{s.get('retries', 0)} retries, {s.get('fallbacks_to_fenced', 0)} fallbacks, "
+                f"{s.get('serialization_failures', 0)} serialization failures, "
+                f"{s.get('fresh_snapshots', 0)} fresh snapshots; writer kinds {self.writer_kinds}")
+
+
+def _sqlstate(e):
+    return getattr(getattr(e, "diag", None), "sqlstate", None)
+
+
+class Writer:
+    """One writer thread: random transactions of random kinds."""
+
+    KINDS = [("insert", 40), ("savepoint", 10), ("exception_block", 6), ("bulk", 4), ("move", 8),
+             ("delete", 6), ("orders", 8), ("disable_rolled_back", 2), ("drop_rolled_back", 1),
+             ("disable_in_exception_block", 1)]
+
+    def __init__(self, connect, ledger, report, seed, stop):
+        self.connect, self.ledger, self.report = connect, ledger, report
+        self.rng = random.Random(seed)
+        self.stop = stop
+
+    def pick(self):
+        total = sum(w for _, w in self.KINDS)
+        x = self.rng.randrange(total)
+        for k, w in self.KINDS:
+            if x < w:
+                return k
+            x -= w
+        raise AssertionError
+
+    def insert_event(self, c, added):
+        order = self.ledger.next_order()
+        cat = self.rng.choice(CATEGORIES)
+        c.execute("INSERT INTO orders VALUES (%s, true, NULL)", (order,))
+        (i,) = c.execute("INSERT INTO events (category, order_id, payload) VALUES (%s, %s, 'w') RETURNING id",
+                         (cat, order)).fetchone()
+        added.append((i, cat))
+
+    def pause(self):
+        time.sleep(self.rng.random() * 0.004)
+
+    def txn(self, c, kind):
+        added, removed = [], []
+        rollback = False
+        if kind == "insert":
+            for _ in range(self.rng.randint(1, 3)):
+                self.insert_event(c, added)
+                self.pause()
+            rollback = self.rng.random() < 0.1
+        elif kind == "savepoint":
+            self.insert_event(c, added)
+            c.execute("SAVEPOINT s")
+            lost = []
+            self.insert_event(c, lost)
+            self.pause()
+            c.execute("ROLLBACK TO SAVEPOINT s")
+            self.insert_event(c, added)
+        elif kind == "exception_block":
+            self.insert_event(c, added)
+            c.execute("""DO $$ BEGIN
+                INSERT INTO events (category, order_id, payload) VALUES ('c0', -1, 'lost');
+                RAISE EXCEPTION 'rolled back';
+              EXCEPTION WHEN raise_exception THEN NULL; END $$""")
+            self.pause()
+        elif kind == "bulk":
+            n = self.rng.randint(20, 200)
+            cat = self.rng.choice(CATEGORIES)
+            rows = c.execute("INSERT INTO events (category, order_id, payload) "
+                             "SELECT %s, -1 - (g %% 5000), 'bulk' FROM generate_series(1, %s) g RETURNING id",
+                             (cat, n)).fetchall()
+            added += [(i, cat) for (i,) in rows]
+        elif kind == "move":
+            victim = self.ledger.sample(self.rng)
+            if victim is not None:
+                r = c.execute("UPDATE events SET id = pgkvx.next_key('events') WHERE id = %s "
+                              "RETURNING id, category", (victim,)).fetchone()
+                if r:
+                    removed.append(victim)
+                    added.append((r[0], r[1]))
+            self.pause()
+        elif kind == "delete":
+            victim = self.ledger.sample(self.rng)
+            if victim is not None and c.execute("DELETE FROM events WHERE id = %s", (victim,)).rowcount:
+                removed.append(victim)
+        elif kind == "orders":
+            c.execute("UPDATE orders SET note = md5(random()::text) WHERE id = (SELECT max(id) FROM orders)")
+        elif kind == "disable_rolled_back":
+            c.execute("SET LOCAL lock_timeout = '200ms'")
+            c.execute("SAVEPOINT s")
+            c.execute("SELECT pgkvx.disable('events')")
+            c.execute("ROLLBACK TO SAVEPOINT s")
+        elif kind == "drop_rolled_back":
+            c.execute("SET LOCAL lock_timeout = '200ms'")
+            c.execute("SAVEPOINT s")
+            c.execute("DROP TABLE events")
+            c.execute("ROLLBACK TO SAVEPOINT s")
+        elif kind == "disable_in_exception_block":
+            c.execute("SET LOCAL lock_timeout = '200ms'")
+            c.execute("""DO $$ BEGIN
+                PERFORM pgkvx.disable('events');
+                RAISE EXCEPTION 'rolled back';
+              EXCEPTION WHEN raise_exception THEN NULL; END $$""")
+        return added, removed, rollback
+
+    def __call__(self):
+        try:
+            with self.connect(autocommit=False) as c:
+                while not self.stop.is_set():
+                    kind = self.pick()
+                    try:
+                        added, removed, rollback = self.txn(c, kind)
+                        if rollback:
+                            c.rollback()
+                            self.report.writer_rollbacks += 1
+                        else:
+                            c.commit()
+                            self.ledger.commit(added, removed)
+                        self.report.writer_txns += 1
+                        self.report.writer_kinds[kind] = self.report.writer_kinds.get(kind, 0) + 1
+                    except psycopg.Error as e:
+                        c.rollback()
+                        if _sqlstate(e) not in RETRYABLE:
+                            raise
+                        self.report.writer_retries += 1
+        except Exception as e:  # noqa: BLE001 - reported, checked by the caller
+            self.report.errors.append(f"writer: {e!r}")
+
+
+class Consumer:
+    """One consumer thread: polls the tail, moves its cursor, never looks back."""
+
+    def __init__(self, name, connect, report, seed, stop, drained, setup, poll, matches, iso=None):
+        self.name, self.connect, self.report = name, connect, report
+        self.rng = random.Random(seed)
+        self.stop, self.drained = stop, drained
+        self.setup, self.poll, self.matches, self.iso = setup, poll, matches, iso
+        self.delivered = []
+
+    def __call__(self):
+        try:
+            with self.connect(autocommit=self.iso is None) as c:
+                for s in self.setup:
+                    c.execute(s)
+                if self.iso is not None:
+                    c.commit()
+                cursor, quiet = 0, 0
+                while True:
+                    try:
+                        if self.iso is not None:
+                            c.execute(f"SET TRANSACTION ISOLATION LEVEL {self.iso}")
+                        ids = self.poll(c, cursor, self.rng.randint(1, 20))
+                        if self.iso is not None:
+                            c.commit()
+                    except psycopg.Error as e:
+                        if not c.autocommit:
+                            c.rollback()
+                        if _sqlstate(e) not in RETRYABLE:
+                            raise
+                        self.report.consumer_retries += 1
+                        continue
+                    self.report.polls += 1
+                    for i in ids:
+                        if i <= cursor:
+                            self.report.disorder.append((self.name, cursor, i))
+                        self.delivered.append(i)
+                        cursor = i
+                    if ids:
+                        quiet = 0
+                        continue
+                    if self.drained.is_set():
+                        quiet += 1
+                        if quiet > 30:
+                            return
+                    time.sleep(0.001)
+        except Exception as e:  # noqa: BLE001 - reported, checked by the caller
+            self.report.errors.append(f"{self.name}: {e!r}")
+
+
+def _ids(rows):
+    return [r[0] for r in rows]
+
+
+def consumers(connect, report, seed, stop, drained):
+    """Every consumer kind, with its predicate."""
+    every = lambda cat: True  # noqa: E731
+    out = []
+
+    def add(name, setup, poll, matches=every, iso=None):
+        out.append(Consumer(name, connect, report, seed * 1000 + len(out), stop, drained, setup, poll, matches, iso))
+
+    for mode in ("optimistic", "fenced"):
+        add(f"tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
+            lambda c, cur, n: _ids(c.execute("SELECT id FROM events WHERE id > %s ORDER BY id LIMIT %s",
+                                             (cur, n)).fetchall()))
+    for cat in ("c0", "c2"):
+        add(f"category {cat}", ["SET pgkvx.scan_mode = optimistic"],
+            lambda c, cur, n, cat=cat: _ids(c.execute(
+                "SELECT id FROM events WHERE category = %s AND id > %s ORDER BY id LIMIT %s",
+                (cat, cur, n)).fetchall()),
+            lambda x, cat=cat: x == cat)
+    add("filter subquery", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute(
+            "SELECT id FROM events e WHERE id > %s "
+            "AND (SELECT paid FROM orders o WHERE o.id = e.order_id) "
+            "ORDER BY id LIMIT %s", (cur, n)).fetchall()))
+    add("semi-join", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute(
+            "SELECT id FROM events WHERE id > %s AND category IN (SELECT category FROM subscriptions) "
+            "ORDER BY id LIMIT %s", (cur, n)).fetchall()),
+        lambda x: x in SUBSCRIBED)
+    for made, run in (("off", "optimistic"), ("fenced", "optimistic"), ("optimistic", "fenced")):
+        add(f"generic plan made {made}, run {run}",
+            ["SET plan_cache_mode = force_generic_plan", f"SET pgkvx.scan_mode = {made}",
+             "PREPARE tail_q(bigint, int) AS SELECT id FROM events WHERE id > $1 ORDER BY id LIMIT $2",
+             "EXECUTE tail_q(0, 1)", f"SET pgkvx.scan_mode = {run}"],
+            lambda c, cur, n: _ids(c.execute(f"EXECUTE tail_q({int(cur)}, {int(n)})").fetchall()))
+
+    def cursor_poll(c, cur, n):
+        with c.transaction():
+            c.execute("DECLARE tc CURSOR FOR SELECT id FROM events WHERE id > %s ORDER BY id LIMIT %s",
+                      (cur, n * 3))
+            got = []
+            while True:
+                rows = c.execute("FETCH 4 FROM tc").fetchall()
+                got += _ids(rows)
+                if len(rows) < 4:
+                    return got
+    add("cursor", ["SET pgkvx.scan_mode = optimistic"], cursor_poll)
+    for iso in ("REPEATABLE READ", "SERIALIZABLE"):
+        add(f"tail {iso.lower()}", ["SET pgkvx.scan_mode = optimistic"],
+            lambda c, cur, n: _ids(c.execute("SELECT id FROM events WHERE id > %s ORDER BY id LIMIT %s",
+                                             (cur, n)).fetchall()),
+            iso=iso)
+
+    def arrow_poll(c, cur, n):
+        cur_ = c.cursor(binary=True)
+        stream = b"".join(r[0] for r in cur_.execute(
+            "SELECT pgkvx.arrow_scan('events', '{id}', lower => %s, max_rows => %s)",
+            (str(cur + 1), n)).fetchall())
+        return pyarrow.ipc.open_stream(stream).read_all().column("id").to_pylist()
+    add("arrow_scan", ["SET pgkvx.scan_mode = optimistic"], arrow_poll)
+    return out
+
+
+STAT_KEYS = ("validations", "conflicts", "retries", "fallbacks_to_fenced", "serialization_failures",
+             "fresh_snapshots", "latches_escalated")
+
+
+def _stats(connect):
+    with connect() as c:
+        return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
+
+
+def run(connect, seed, seconds, writers=4):
+    """One round: `connect(autocommit=True)` opens a connection to a database
+    with pgkvx installed.  Returns a Report."""
+    report = Report(seed=seed)
+    with connect() as c:
+        c.execute(SETUP)
+    before = _stats(connect)
+    ledger = Ledger()
+    stop, drained = threading.Event(), threading.Event()
+    ws = [Writer(connect, ledger, report, seed * 100 + i, stop) for i in range(writers)]
+    cs = consumers(connect, report, seed, stop, drained)
+    threads = [threading.Thread(target=w) for w in ws] + [threading.Thread(target=c) for c in cs]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads[:len(ws)]:
+        t.join()
+    drained.set()
+    for t in threads[len(ws):]:
+        t.join()
+    after = _stats(connect)
+    report.stats = {k: after.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
+    report.committed_rows = len(ledger.seen_ids)
+    for cons in cs:
+        got = set(cons.delivered)
+        report.consumers[cons.name] = len(cons.delivered)
+        if len(got) != len(cons.delivered):
+            report.disorder.append((cons.name, "duplicates"))
+        expected = {i for i, cat in ledger.rows.items() if cons.matches(cat)}
+        report.skipped[cons.name] = sorted(expected - got)
+        report.phantoms[cons.name] = sorted(got - ledger.seen_ids)
+    return report
