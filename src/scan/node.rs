@@ -539,7 +539,12 @@ unsafe extern "C-unwind" fn explain(
         let st = rt.statement.clone();
         let mode = match (&st, analyze) {
             (Some(st), true) => st.borrow().mode.to_string(),
-            _ => guc::SCAN_MODE.get().name().to_string(),
+            // What the statement would read in: one that cannot run twice
+            // (row locks, side effects) never reads optimistically.
+            _ => match guc::SCAN_MODE.get() {
+                guc::ScanMode::Optimistic if !rt.plan.restartable => "fenced".to_string(),
+                m => m.name().to_string(),
+            },
         };
         prop_text(es, c"Mode", &mode);
         let Some(key) = rt.latched.as_ref().map(|l| l.key.clone()) else {

@@ -375,11 +375,10 @@ unsafe extern "C-unwind" fn plan_custom_path(
         (*cs).custom_plans = custom_plans;
         (*cs).custom_exprs = exprs.into_pg();
         (*cs).custom_private = plan.to_list();
-        let mut flags = (*best_path).flags;
-        if pg_sys::ExecSupportsBackwardScan(child) {
-            flags |= pg_sys::CUSTOMPATH_SUPPORT_BACKWARD_SCAN;
-        }
-        (*cs).flags = flags;
+        // Not backward-scannable: a cursor declared without SCROLL then
+        // stays forward-only (and reads optimistically); a SCROLL cursor
+        // gets a Material over the plan and reads fenced.
+        (*cs).flags = (*best_path).flags;
         (*cs).methods = &super::node::SCAN_METHODS.0;
         cs as *mut pg_sys::Plan
     }

@@ -64,3 +64,57 @@ def cluster(*args, check=True, env=None):
     """Runs scripts/cluster with the given arguments."""
     return subprocess.run([os.path.join(ROOT, "scripts", "cluster"), *args],
                           check=check, capture_output=True, text=True, env=env)
+
+
+PG_BINDIR = subprocess.run([os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config"), "--bindir"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+PORT = int(os.environ.get("PGPORT", "55432"))
+SCRATCH = os.environ.get("PGKVX_CLUSTER", f"/tmp/pgkvx-cluster-{PORT}")
+
+
+def as_postgres(*cmd, check=True, timeout=120):
+    """Runs a command as the postgres OS user (the server refuses root)."""
+    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    return subprocess.run(prefix + [str(c) for c in cmd], check=check, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def wait_until(fn, what, timeout=60.0, step=0.1):
+    """Polls `fn` until it is true; fails with `what` after `timeout` seconds
+    (a hang guard, not a performance expectation)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fn():
+            return
+        time.sleep(step)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def standby():
+    """A hot standby of the scratch cluster, streaming, pgkvx preloaded as on
+    the primary: yields its connection keywords."""
+    import shutil
+    d = f"{SCRATCH}-standby"
+    port = PORT + 3
+    data = f"{d}/data"
+
+    def stop():
+        if os.path.exists(f"{data}/postmaster.pid"):
+            as_postgres(f"{PG_BINDIR}/pg_ctl", "-D", data, "stop", "-m", "immediate", check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+    stop()
+    os.makedirs(f"{d}/sock")
+    shutil.chown(d, "postgres")
+    shutil.chown(f"{d}/sock", "postgres")
+    as_postgres(f"{PG_BINDIR}/pg_basebackup", "-h", "127.0.0.1", "-p", PORT, "-D", data, "-X", "stream",
+                "-c", "fast", "-R")
+    with open(f"{data}/postgresql.conf", "a") as f:
+        f.write(f"\nport = {port}\nunix_socket_directories = '{d}/sock'\nhot_standby = on\n")
+    as_postgres(f"{PG_BINDIR}/pg_ctl", "-D", data, "-l", f"{d}/server.log", "-w", "-t", "60", "start")
+    try:
+        yield {"host": f"{d}/sock", "port": port}
+    finally:
+        stop()

@@ -5,7 +5,7 @@ import shutil
 import psycopg
 import pytest
 
-from conftest import cluster, conninfo
+from conftest import cluster, connect, conninfo
 
 
 def test_version_is_reported(conn):
@@ -43,3 +43,39 @@ def test_create_extension_without_preload_is_refused(unpreloaded_cluster):
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
             c.execute("CREATE EXTENSION pgkvx")
         assert "shared_preload_libraries" in str(e.value)
+
+
+def test_drop_extension_leaves_nothing_and_tables_keep_working(conn):
+    """DROP EXTENSION refuses while tables are latched (Postgres's own
+    dependency error); with CASCADE, gapless tables get their sequence
+    default back before their next_key default goes, so inserts go on; the
+    pgkvx schema goes with the extension."""
+    conn.execute("CREATE TABLE dx_events (id bigserial PRIMARY KEY, v text)")
+    conn.execute("SELECT pgkvx.enable('dx_events', gapless => true)")
+    conn.execute("INSERT INTO dx_events (v) VALUES ('before')")
+    try:
+        with pytest.raises(psycopg.errors.DependentObjectsStillExist):
+            conn.execute("DROP EXTENSION pgkvx")
+        conn.execute("DROP EXTENSION pgkvx CASCADE")
+        conn.execute("INSERT INTO dx_events (v) VALUES ('after')")
+        assert [i for (i,) in conn.execute("SELECT id FROM dx_events ORDER BY id")] == [1, 2]
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'pgkvx'").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'zz_pgkvx%'").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'pgkvx%'").fetchone() == (0,)
+    finally:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgkvx")
+        conn.execute("DROP TABLE dx_events")
+
+
+def test_a_schema_named_pgkvx_made_beforehand_is_not_used(db):
+    """Someone who creates a schema called pgkvx before the extension must
+    not end up owning the schema its objects live in."""
+    with connect(db) as c:
+        c.execute("DROP EXTENSION pgkvx CASCADE")
+        try:
+            c.execute("CREATE SCHEMA pgkvx")
+            with pytest.raises(psycopg.errors.DuplicateSchema):
+                c.execute("CREATE EXTENSION pgkvx")
+        finally:
+            c.execute("DROP SCHEMA IF EXISTS pgkvx")
+            c.execute("CREATE EXTENSION pgkvx")

@@ -33,16 +33,30 @@ EXECUTE span(1995, 10);
 EXECUTE span(100, NULL);
 RESET plan_cache_mode;
 
--- shapes that stay plain Postgres
+-- whatever plan Postgres picks for a read in key order under a LIMIT runs
+-- under the node: other indexes, joins, row locks (those read fenced),
+-- WITH TIES, LIMITs only known as it runs, a security-barrier view, a
+-- subquery whose order the outer query keeps
+CREATE INDEX kv_v_k ON kv (v, k);
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE v = 3 AND k > 100 ORDER BY k LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT kv.k FROM kv JOIN plain USING (k) ORDER BY kv.k LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT k FROM kv WHERE k > 100 AND v IN (SELECT v FROM plain WHERE k < 50) ORDER BY k LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3 FOR UPDATE;
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k FETCH FIRST 3 ROWS WITH TIES;
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT (random() * 3)::int + 1;
+CREATE VIEW kv_odd WITH (security_barrier) AS SELECT * FROM kv WHERE v % 2 = 1;
+EXPLAIN (COSTS OFF) SELECT * FROM kv_odd WHERE k > 100 ORDER BY k LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT * FROM (SELECT DISTINCT ON (k) k, v FROM kv ORDER BY k) d WHERE k > 100 ORDER BY k LIMIT 3;
+DROP VIEW kv_odd;
+DROP INDEX kv_v_k;
+-- shapes that are no tail read keep plain Postgres plans
 EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 LIMIT 3;                       -- no ORDER BY
 EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY v LIMIT 3;            -- not the key order
 EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k;                    -- no LIMIT
-EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3 FOR UPDATE; -- row locks
 EXPLAIN (COSTS OFF) SELECT v, count(*) FROM kv GROUP BY v ORDER BY v LIMIT 3;     -- grouping
-EXPLAIN (COSTS OFF) SELECT kv.k FROM kv JOIN plain USING (k) ORDER BY kv.k LIMIT 3; -- a join
 EXPLAIN (COSTS OFF) SELECT * FROM plain WHERE k > 100 ORDER BY k LIMIT 3;         -- not latched
-EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k FETCH FIRST 3 ROWS WITH TIES;
-EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT (random() * 3)::int + 1; -- volatile LIMIT
+-- the planner does not look at pgkvx.scan_mode: a plan made while it is
+-- off protects once it is on
 SET pgkvx.scan_mode = off;
 EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
 RESET pgkvx.scan_mode;
@@ -83,8 +97,14 @@ SELECT q, same_everywhere(q) FROM (VALUES
   ('SELECT * FROM kv ORDER BY k DESC LIMIT 7'),
   ('SELECT * FROM comp WHERE a = 2 AND b > ''b1'' ORDER BY a, b LIMIT 4'),
   ('SELECT * FROM comp WHERE a >= 3 ORDER BY a DESC, b DESC LIMIT 6'),
-  ('SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 80')
+  ('SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 80'),
+  ('SELECT kv.k, (SELECT p.v FROM plain p WHERE p.k = kv.k) FROM kv WHERE k > 100 ORDER BY k LIMIT 5'),
+  ('SELECT k FROM kv WHERE k > 100 AND v IN (SELECT v FROM plain WHERE k < 50) ORDER BY k LIMIT 6')
 ) t(q);
+-- and equal to a table that is not latched at all
+SELECT a.r IS NOT DISTINCT FROM b.r AS same_as_unlatched FROM
+  (SELECT results('SELECT kv.k, (SELECT p.v FROM plain p WHERE p.k = kv.k) FROM kv WHERE k > 100 ORDER BY k LIMIT 5') r) a,
+  (SELECT results('SELECT p1.k, (SELECT p.v FROM plain p WHERE p.k = p1.k) FROM plain p1 WHERE k > 100 ORDER BY k LIMIT 5') r) b;
 SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
 SELECT * FROM comp WHERE a = 2 AND b > 'b1' ORDER BY a, b LIMIT 4;
 SELECT stat, s.value > b.value AS counted FROM pgkvx.stats() s JOIN stats_before b USING (stat)

@@ -1,0 +1,217 @@
+-- pgkvx 0.1.0 -> 0.2.0.
+--
+-- pgkvx.tables: no row level security any more (enable/disable write it
+-- directly, as the table's owner they checked), nobody but them writes
+-- it, and each row keeps its key's columns so a rebuilt key index is
+-- followed.  Functions: NULL arguments are errors instead of crashes,
+-- next_key is strict, and DROP EXTENSION ... CASCADE gives gapless tables
+-- their sequence default back.  The new library also serves 0.1.0's
+-- objects until this script has run.
+--
+-- The pgkvx schema of a 0.1.0 installation was made by CREATE EXTENSION
+-- outside the extension and stays so: DROP EXTENSION leaves it, empty.
+
+ALTER TABLE pgkvx.tables ADD COLUMN key_columns int2[];
+UPDATE pgkvx.tables t
+   SET key_columns = (SELECT (i.indkey::int2[])[0:i.indnkeyatts - 1]
+                        FROM pg_catalog.pg_index i
+                       WHERE (t.key_index IS NOT NULL AND i.indexrelid OPERATOR(pg_catalog.=) t.key_index::pg_catalog.oid)
+                          OR (t.key_index IS NULL AND i.indrelid OPERATOR(pg_catalog.=) t.relid::pg_catalog.oid AND i.indisprimary));
+DROP POLICY tables_read ON pgkvx.tables;
+DROP POLICY tables_insert ON pgkvx.tables;
+DROP POLICY tables_update ON pgkvx.tables;
+DROP POLICY tables_delete ON pgkvx.tables;
+ALTER TABLE pgkvx.tables DISABLE ROW LEVEL SECURITY;
+REVOKE INSERT, UPDATE, DELETE ON pgkvx.tables FROM PUBLIC;
+
+
+CREATE OR REPLACE FUNCTION pgkvx."arrow_query"(
+	"query" TEXT, /* Option < & str > */
+	"batch_rows" INT DEFAULT 65536 /* i32 */
+) RETURNS SETOF bytea /* Vec < u8 > */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'arrow_query_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."latch_span"(
+	"rel" regclass, /* Option < Regclass > */
+	"lo" TEXT, /* Option < & str > */
+	"hi" TEXT /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'latch_span_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."stats"() RETURNS TABLE (
+	"stat" TEXT,  /* String */
+	"value" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'stats_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."latch_list"(
+	"include_tombstones" bool DEFAULT false /* bool */
+) RETURNS TABLE (
+	"relid" oid,  /* Oid */
+	"span" TEXT,  /* Option < String > */
+	"state" TEXT,  /* String */
+	"holder_pid" INT,  /* i32 */
+	"holder_xid" bigint,  /* i64 */
+	"acquired_at" timestamp with time zone,  /* pgrx :: datum :: TimestampWithTimeZone */
+	"range_id" INT  /* i32 */
+)
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'latch_list_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."range_list"() RETURNS TABLE (
+	"relid" oid,  /* Oid */
+	"range_id" INT,  /* i32 */
+	"lower" TEXT,  /* Option < String > */
+	"upper" TEXT,  /* Option < String > */
+	"live" INT,  /* i32 */
+	"tombstones" INT,  /* i32 */
+	"coalesced" INT,  /* i32 */
+	"acquires" bigint,  /* i64 */
+	"lock_waits" bigint,  /* i64 */
+	"queue_state" TEXT  /* String */
+)
+STRICT VOLATILE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'range_list_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."key_bytes"(
+	"rel" regclass, /* Regclass */
+	"key" TEXT /* & str */
+) RETURNS bytea /* Vec < u8 > */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'key_bytes_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."arrow_scan"(
+	"rel" regclass, /* Option < crate :: api :: regclass :: Regclass > */
+	"columns" TEXT[] DEFAULT NULL, /* :: std :: option :: Option < Vec < Option < String > > > */
+	"lower" TEXT DEFAULT NULL, /* Option < String > */
+	"upper" TEXT DEFAULT NULL, /* Option < String > */
+	"max_rows" bigint DEFAULT NULL, /* Option < i64 > */
+	"batch_rows" INT DEFAULT 65536 /* i32 */
+) RETURNS SETOF bytea /* Vec < u8 > */
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'arrow_scan_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."disable"(
+	"rel" regclass /* Option < Regclass > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'disable_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."enable"(
+	"rel" regclass, /* Option < Regclass > */
+	"index" regclass DEFAULT NULL, /* Option < Regclass > */
+	"gapless" bool DEFAULT false /* bool */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'enable_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."next_key"(
+	"rel" regclass /* Regclass */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'next_key_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."version"() RETURNS TEXT /* & '_ str */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'version_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx."_forget_table"(
+	"rel" oid /* Oid */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE  
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'forget_table_wrapper';
+
+CREATE OR REPLACE FUNCTION pgkvx._on_sql_drop() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    o record;
+BEGIN
+    FOR o IN SELECT d.objid FROM pg_catalog.pg_event_trigger_dropped_objects() d
+              WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objsubid = 0
+                AND EXISTS (SELECT 1 FROM pgkvx.tables t WHERE t.relid::pg_catalog.oid = d.objid)
+    LOOP
+        PERFORM pgkvx._forget_table(o.objid);
+    END LOOP;
+END $$;
+
+-- DROP EXTENSION pgkvx CASCADE drops the next_key() defaults of gapless
+-- tables; they get their sequence default back first, so inserts go on.
+CREATE FUNCTION pgkvx._on_drop_extension() RETURNS event_trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'pgkvx_on_drop_extension';
+CREATE EVENT TRIGGER pgkvx_drop_extension ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION') EXECUTE FUNCTION pgkvx._on_drop_extension();
+
+CREATE OR REPLACE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT t.relid, format('latch trigger %s is missing: writes are not latched; run pgkvx.enable(%L) again', n.tgname, t.relid::text)
+      FROM pgkvx.tables t CROSS JOIN (VALUES ('zz_pgkvx_latch'), ('zz_pgkvx_latch_truncate')) AS n(tgname)
+     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = n.tgname)
+    UNION ALL
+    SELECT t.relid, CASE g.tgenabled
+               WHEN 'D' THEN format('latch trigger %s is disabled: writes are not latched', g.tgname)
+               WHEN 'O' THEN format('latch trigger %s fires only in origin mode: session_replication_role = replica and logical replication apply write unlatched', g.tgname)
+               WHEN 'R' THEN format('latch trigger %s fires only in replica mode: ordinary writes are not latched', g.tgname)
+           END
+      FROM pgkvx.tables t JOIN pg_trigger g ON g.tgrelid = t.relid
+     WHERE g.tgname IN ('zz_pgkvx_latch', 'zz_pgkvx_latch_truncate') AND g.tgenabled <> 'A'
+    UNION ALL
+    -- Row triggers of one timing fire in name order: a BEFORE INSERT/UPDATE
+    -- row trigger named after ours may change the key after it was latched.
+    SELECT t.relid, format('BEFORE ROW trigger %I fires after the latch trigger and may change the key unlatched; rename it to sort before zz_pgkvx_latch', g.tgname)
+      FROM pgkvx.tables t JOIN pg_trigger g ON g.tgrelid = t.relid
+     WHERE NOT g.tgisinternal AND g.tgname COLLATE "C" > 'zz_pgkvx_latch'
+       AND g.tgname NOT IN ('zz_pgkvx_latch_truncate') AND g.tgenabled <> 'D'
+       AND (g.tgtype & 1) <> 0 AND (g.tgtype & 2) <> 0 AND (g.tgtype & (4 | 16)) <> 0
+    UNION ALL
+    -- The key index: the one named at enable, or a rebuild of it on the
+    -- same columns, or the primary key.
+    SELECT t.relid, CASE WHEN t.key_index IS NULL
+               THEN 'it has no primary key any more: reads and writes fail until it gets one or pgkvx.disable runs'
+               ELSE 'its key index no longer exists and no unique index is on its key columns: reads and writes fail until pgkvx.enable runs again with a new key index, or pgkvx.disable'
+           END
+      FROM pgkvx.tables t
+     WHERE CASE WHEN t.key_index IS NULL
+               THEN NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = t.relid AND i.indisprimary)
+               ELSE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indexrelid = t.key_index AND i.indisvalid)
+                AND NOT EXISTS (SELECT 1 FROM pg_index i
+                                 WHERE i.indrelid = t.relid AND i.indisunique AND i.indisvalid
+                                   AND i.indpred IS NULL AND i.indexprs IS NULL
+                                   AND i.indnkeyatts = pg_catalog.cardinality(t.key_columns)
+                                   AND (i.indkey::int2[])[0:i.indnkeyatts - 1] = t.key_columns)
+           END
+    UNION ALL
+    -- Gapless keys come from next_key(); any other default is refused.
+    SELECT t.relid, format('gapless key column %I does not default to pgkvx.next_key(): inserts that leave it to its default are refused; run pgkvx.enable(%L, gapless => true) again', a.attname, t.relid::text)
+      FROM pgkvx.tables t
+      JOIN pg_attribute a ON a.attrelid = t.relid AND a.attnum = t.key_columns[1]
+     WHERE t.gapless AND NOT EXISTS (
+           SELECT 1 FROM pg_attrdef d JOIN pg_depend dep
+                ON dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid
+               AND dep.refclassid = 'pg_proc'::regclass
+               AND dep.refobjid = 'pgkvx.next_key(pg_catalog.regclass)'::regprocedure
+            WHERE d.adrelid = t.relid AND d.adnum = a.attnum)
+    UNION ALL
+    SELECT t.relid, 'logical replication writes into it: rows arrive in the publisher''s commit order and the publisher''s writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)'
+      FROM pgkvx.tables t
+     WHERE EXISTS (SELECT 1 FROM pg_subscription_rel s WHERE s.srrelid = t.relid)
+$$;
+COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing without latching, or whose reads cannot be protected';
+
+COMMENT ON VIEW pgkvx.latches IS 'Live write latches on tables you may SELECT (all with pg_monitor); spans only where you may read every row';
+
+COMMENT ON VIEW pgkvx.ranges IS 'Latch ranges of tables you may SELECT (all with pg_monitor); bounds only where you may read every row';

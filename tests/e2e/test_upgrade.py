@@ -1,0 +1,76 @@
+"""Users upgrade in place: ALTER EXTENSION pgkvx UPDATE from 0.1.0 keeps
+latched tables working, and installing a new library never crashes a
+running server."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import PG_BINDIR, ROOT, connect, stats
+from test_tail import run_tail
+
+LIBDIR = subprocess.run([os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config"), "--pkglibdir"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def db010():
+    name = "e2e_upgrade_from_010"
+    with connect("postgres") as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{name}"')
+    yield name
+    with connect("postgres") as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_update_from_0_1_0(db010):
+    with connect(db010) as c:
+        c.execute("CREATE EXTENSION pgkvx VERSION '0.1.0'")
+        c.execute("CREATE TABLE events (id bigserial PRIMARY KEY, payload text)")
+        c.execute("SELECT pgkvx.enable('events', gapless => true)")
+        c.execute("CREATE TABLE coded (id int, code int NOT NULL)")
+        c.execute("CREATE UNIQUE INDEX coded_code ON coded (code)")
+        c.execute("SELECT pgkvx.enable('coded', 'coded_code')")
+        c.execute("INSERT INTO events (payload) SELECT 'before' FROM generate_series(1, 10)")
+        c.execute("INSERT INTO coded SELECT g, g FROM generate_series(1, 10) g")
+        c.execute("ALTER EXTENSION pgkvx UPDATE")
+        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'pgkvx'").fetchone() == ("0.2.0",)
+        assert c.execute("SELECT relid::text, key_columns FROM pgkvx.tables ORDER BY 1").fetchall() == \
+            [("coded", [2]), ("events", [1])]
+        assert c.execute("SELECT relrowsecurity FROM pg_class WHERE oid = 'pgkvx.tables'::regclass").fetchone() == (False,)
+        assert c.execute("SELECT * FROM pgkvx.check()").fetchall() == []
+        # 0.2.0's behaviour, on the tables enabled under 0.1.0.
+        c.execute("REINDEX INDEX CONCURRENTLY coded_code")
+        c.execute("INSERT INTO coded VALUES (11, 11)")
+        import psycopg
+        with pytest.raises(psycopg.errors.GeneratedAlways):
+            c.execute("INSERT INTO events (id, payload) VALUES (1000, 'explicit')")
+        with pytest.raises(psycopg.errors.NullValueNotAllowed):
+            c.execute("SELECT pgkvx.disable(NULL)")
+    committed, skipped = run_tail(db010, "events", "optimistic", seed=7)
+    assert len(committed) > 50 and skipped == [[]] * len(skipped), skipped
+
+
+def test_installing_a_new_library_keeps_running_backends_alive(conn, tmp_path):
+    lib = os.path.join(LIBDIR, "pgkvx.so")
+    stage = tmp_path / "stage"
+    os.makedirs(stage / LIBDIR.lstrip("/"))
+    shutil.copy(lib, stage / LIBDIR.lstrip("/") / "pgkvx.so")
+    conn.execute("CREATE TABLE inst (k int PRIMARY KEY)")
+    conn.execute("SELECT pgkvx.enable('inst')")
+    conn.execute("INSERT INTO inst SELECT generate_series(1, 100)")
+    (started,) = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+    before = os.stat(lib).st_ino
+    done = subprocess.run([os.path.join(ROOT, "scripts", "install"), "--stage", str(stage)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    # Renamed into place, not written over the file backends have mapped.
+    assert os.stat(lib).st_ino != before
+    # This backend, which has the old library loaded, goes on; so does the
+    # server.
+    assert conn.execute("SELECT k FROM inst WHERE k > 50 ORDER BY k LIMIT 2").fetchall() == [(51,), (52,)]
+    conn.execute("INSERT INTO inst VALUES (1000)")
+    assert conn.execute("SELECT pg_postmaster_start_time()").fetchone() == (started,)
+    conn.execute("DROP TABLE inst")
