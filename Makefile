@@ -23,7 +23,7 @@ test: deps
 	scripts/test
 
 unit:
-	cargo test --lib
+	cargo test --workspace --lib
 
 cluster-start:
 	scripts/cluster start
@@ -35,8 +35,7 @@ fmt:
 	cargo fmt
 
 lint:
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	scripts/test lint
 
 bench: install
 	bench/run

@@ -94,6 +94,12 @@ impl Holdings {
         self.live
     }
 
+    /// Point latches the transaction holds on `rel` since its last
+    /// escalation: load a range carries because of this writer alone.
+    pub fn points_on(&self, rel: RelId) -> u32 {
+        self.tables.iter().find(|t| t.rel == rel).map_or(0, |t| t.points.len() as u32)
+    }
+
     /// Forgets everything (the transaction's latches were released).
     pub fn clear(&mut self) {
         self.tables.clear();

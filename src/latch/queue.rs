@@ -20,6 +20,7 @@
 
 use super::locks::{LockId, LockSet, Mode};
 use super::table::LatchTable;
+use super::tree;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -222,7 +223,10 @@ impl<L: LockSet> LatchTable<'_, L> {
         let (contended, seen) = self.contended_since(r);
         seen.fetch_add(contended, Relaxed);
         let load = self.load(r);
-        let action = if load > limit || (contended >= CONTENTION_SPLIT && load >= 32) {
+        let contended_now = contended >= CONTENTION_SPLIT && load >= 32;
+        // One transaction's own point latches are thinned by its escalation,
+        // not by a split: splitting them only churns the directory.
+        let action = if contended_now || (load > limit && !self.mostly_one_holder(r)) {
             if self.split(slot, r).is_some() {
                 Action::Split
             } else if load > limit {
@@ -255,6 +259,32 @@ impl<L: LockSet> LatchTable<'_, L> {
         };
         let again = self.finish_counted(r);
         (action, again)
+    }
+
+    /// Whether one transaction holds at least three quarters of range `r`'s
+    /// live latches (a majority vote, then a count).
+    fn mostly_one_holder(&self, r: u32) -> bool {
+        let _g = self.lock(LockId::Range(r), Mode::Shared);
+        // SAFETY: range lock held.
+        let root = unsafe { self.body(r) }.root;
+        let nodes = self.nodes();
+        let live = |e: u32| self.state(e) == super::region::State::Live;
+        // SAFETY (both walks): entries of r's tree, its lock held.
+        let xid = |e: u32| unsafe { (*self.data(e)).xid };
+        let (mut cand, mut votes, mut total) = (super::xid::Xid(0), 0u32, 0u32);
+        tree::for_each(&nodes, root, &mut |e| {
+            if !live(e) {
+                return;
+            }
+            total += 1;
+            if votes == 0 {
+                cand = xid(e);
+            }
+            votes = if xid(e) == cand { votes + 1 } else { votes - 1 };
+        });
+        let mut theirs = 0u32;
+        tree::for_each(&nodes, root, &mut |e| theirs += u32::from(live(e) && xid(e) == cand));
+        total > 0 && theirs * 4 >= total * 3
     }
 
     /// The range right of `r` in the same table, if any.

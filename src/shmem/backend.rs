@@ -297,11 +297,14 @@ const WORKER_GONE_US: i64 = 1_000_000;
 /// limit gives the maintenance workers a few milliseconds to split it
 /// (sleeping on its latch, so interrupts and shutdown are honoured, and
 /// holding no lock), and goes on regardless after that.  It never waits
-/// for workers that are not running.
+/// for workers that are not running, nor for load that is its own point
+/// latches: a split does not thin one writer's latches, escalation does.
 pub fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
     let t = table();
     let limit = t.range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR);
-    if load <= limit || !workers_running() {
+    let own = HOLDINGS.with(|held| held.borrow().points_on(rel));
+    let crowded = |load: u32| load.saturating_sub(own) > limit;
+    if !crowded(load) || !workers_running() {
         return;
     }
     for _ in 0..BACK_PRESSURE_MAX_MS {
@@ -316,7 +319,7 @@ pub fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
         pg_sys::check_for_interrupts!();
-        if t.max_load(rel, span) <= limit || !workers_running() {
+        if !crowded(t.max_load(rel, span)) || !workers_running() {
             return;
         }
     }
