@@ -1,7 +1,7 @@
 //! Microbenchmarks of the latch core (pure Rust, process-local locks):
 //! acquire+release and validation at 1k, 10k and 60k live latches, on one
-//! thread and on two.  Goals (issue 3): acquire+release <= 250 ns and
-//! validate <= 200 ns at 10k live latches, no allocation on these paths.
+//! thread and on two.  Goals: acquire+release <= 250 ns and validate <=
+//! 200 ns at 10k live latches, no allocation on these paths.
 //!
 //!     cargo bench --features std-locks --bench latch
 //!
@@ -11,7 +11,7 @@ use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criteri
 use pgkvx_latch::locks::heap_table;
 use pgkvx_latch::locks::std_locks::StdLocks;
 use pgkvx_latch::rng::XorShift64 as Rng;
-use pgkvx_latch::{Config, Holder, LatchTable, Outcome, ReadSnapshot, RelId, Span, Xid};
+use pgkvx_latch::{Config, Holder, LatchTable, ReadSnapshot, RelId, Span, TxEnd, Xid};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -94,7 +94,7 @@ fn populated_default_ranges(live: u32) -> Table {
 fn acquire_release(t: &LatchTable<'_, StdLocks>, slot: u32, r: &mut Rng, xid: u32, commit: bool) {
     let h = Holder { xid: Xid(xid), pid: 1, now_us: 0, owner: 0 };
     t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
-    t.release_all(slot, if commit { Outcome::Committed } else { Outcome::Aborted });
+    t.release_all(slot, if commit { TxEnd::Committed } else { TxEnd::Aborted });
 }
 
 fn validate(t: &LatchTable<'_, StdLocks>, r: &mut Rng, xip: &[Xid]) -> bool {

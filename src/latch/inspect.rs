@@ -2,11 +2,11 @@
 //! `pgkvx.stats()`.  Each copies what it reports under the locks and calls
 //! back with plain values, so callers never touch shared memory.
 
-use super::locks::{LockId, LockSet, Mode};
+use super::guard::{Directory, RangeAccess};
+use super::locks::LockSet;
 use super::region::{RelId, State};
 use super::span::{KeyBuf, Span};
 use super::table::LatchTable;
-use super::tree;
 use super::xid::Xid;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -48,60 +48,41 @@ pub struct Usage {
 }
 
 impl<L: LockSet> LatchTable<'_, L> {
-    fn tables_in_use(&self) -> Vec<(u32, RelId)> {
-        (0..self.config().max_tables)
-            .filter_map(|t| {
-                // SAFETY: the caller holds the Directory lock.
-                let rel = unsafe { self.table_data(t) }.rel;
-                (rel != RelId::EMPTY && rel != RelId::DELETED).then_some((t, rel))
-            })
-            .collect()
-    }
-
     /// Every latch and tombstone, table by table in key order.
     pub fn for_each_latch(&self, f: &mut dyn FnMut(&LatchInfo)) {
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        for (t, rel) in self.tables_in_use() {
-            self.for_each_range_of(t, &Span::ALL, &mut |r| {
-                let _g = self.lock(LockId::Range(r), Mode::Shared);
-                // SAFETY: range lock held.
-                let body = unsafe { self.body(r) };
-                tree::for_each(&self.nodes(), body.root, &mut |e| {
-                    // SAFETY: as above.
-                    let d = unsafe { self.data(e) };
+        let mut d = self.dir_read();
+        for (t, rel) in tables_in_use(&d) {
+            for &r in d.ranges_of(t).as_slice() {
+                let g = d.range_read(r);
+                g.for_each(&mut |e| {
                     let state = self.state(e);
                     if state == State::Dead {
                         return;
                     }
+                    let data = g.data(e);
                     f(&LatchInfo {
                         rel,
                         range: r,
-                        span: d.span,
-                        xid: d.xid,
-                        pid: d.pid,
+                        span: data.span,
+                        xid: data.xid,
+                        pid: data.pid,
                         state,
-                        seq: d.seq,
-                        acquired_at: d.acquired_at,
+                        seq: data.seq,
+                        acquired_at: data.acquired_at,
                     });
                 });
-                true
-            });
+            }
         }
     }
 
     /// Every range, table by table in key order.
     pub fn for_each_range(&self, f: &mut dyn FnMut(&RangeInfo)) {
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        for (t, rel) in self.tables_in_use() {
-            self.for_each_range_of(t, &Span::ALL, &mut |r| {
-                // SAFETY: Directory lock held.
-                let meta = *unsafe { self.meta(r) };
-                let body = {
-                    let _g = self.lock(LockId::Range(r), Mode::Shared);
-                    // SAFETY: range lock held.
-                    *unsafe { self.body(r) }
-                };
-                let slot = &self.p.ranges[r as usize];
+        let mut d = self.dir_read();
+        for (t, rel) in tables_in_use(&d) {
+            for &r in d.ranges_of(t).as_slice() {
+                let meta = *d.meta(r);
+                let body = *d.range_read(r).body();
+                let slot = &self.region.ranges[r as usize];
                 f(&RangeInfo {
                     id: r,
                     rel,
@@ -114,23 +95,31 @@ impl<L: LockSet> LatchTable<'_, L> {
                     lock_waits: slot.contended.load(Relaxed),
                     queue: slot.queue.load(Relaxed),
                 });
-                true
-            });
+            }
         }
     }
 
     pub fn usage(&self) -> Usage {
         let cfg = self.config();
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        // SAFETY: Directory lock held.
-        let dir = unsafe { &*self.p.hdr.dir.get() };
+        let d = self.dir_read();
+        let counts = d.counts();
         Usage {
             entries_used: cfg.max_entries - self.free_entries(),
             entries_max: cfg.max_entries,
-            ranges_used: dir.ranges_used,
+            ranges_used: counts.ranges_used,
             ranges_max: cfg.max_ranges,
-            tables_used: dir.tables_used,
+            tables_used: counts.tables_used,
             tables_max: cfg.max_tables,
         }
     }
+}
+
+/// The latched tables' slots.
+fn tables_in_use<'t>(d: &impl Directory<'t>) -> Vec<(u32, RelId)> {
+    (0..d.region().tables.len() as u32)
+        .filter_map(|t| {
+            let rel = d.table_data(t).rel;
+            (rel != RelId::EMPTY && rel != RelId::DELETED).then_some((t, rel))
+        })
+        .collect()
 }

@@ -7,6 +7,7 @@
 //! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
 //! (views), `stats` (counters), `rng` (the tests' and benchmarks' generator).
 
+pub mod guard;
 pub mod holdings;
 pub mod inspect;
 pub mod locks;
@@ -31,11 +32,11 @@ mod tests;
 pub use holdings::{Holdings, Latched, Limits};
 pub use inspect::{LatchInfo, RangeInfo, Usage};
 pub use locks::{LockId, LockSet, Mode};
-pub use protocol::{Outcome as ReadOutcome, Params as ReadParams, ReadMode, Report as ReadReport};
+pub use protocol::{ReadMode, ReadOutcome, ReadParams, ReadReport};
 pub use region::{Config, RelId, State};
 pub use snapshot::ReadSnapshot;
 pub use span::{KeyBuf, Span, KEY_MAX};
 pub use stats::{Stat, NSTATS};
-pub use table::{AcquireError, Holder, LatchTable, Outcome};
+pub use table::{AcquireError, Holder, LatchTable, TxEnd};
 pub use validate::{Check, Conflict, Footprint};
 pub use xid::Xid;

@@ -6,27 +6,26 @@
 //! race with each other and every other process holds at most one range lock
 //! at a time: no lock-order deadlock is possible.
 
+use super::guard::{Directory, RangeAccess, RangeMut, RangeRef};
 use super::locks::{LockId, LockSet, Mode};
 use super::region::{RangeBody, RelId, MAX_RANGES_PER_TABLE};
 use super::span::{KeyBuf, Span};
 use super::stats::Stat;
 use super::table::LatchTable;
-use super::tree::{self, NodeStore, NIL};
-use std::sync::atomic::Ordering::{Relaxed, Release};
+use super::tree::NIL;
+use std::sync::atomic::Ordering::Relaxed;
 
 impl<L: LockSet> LatchTable<'_, L> {
     /// Reclaims every expired tombstone in every range.  Returns how many.
     pub fn reclaim_all(&self, slot: u32) -> u32 {
         self.drain_released(slot);
-        let _d = self.lock(LockId::Directory, Mode::Shared);
+        let mut d = self.dir_read();
         let mut n = 0;
         for r in 0..self.config().max_ranges {
-            // SAFETY: Directory lock held.
-            if !unsafe { self.meta(r) }.in_use {
+            if !d.meta(r).in_use {
                 continue;
             }
-            let _g = self.lock(LockId::Range(r), Mode::Exclusive);
-            n += self.reclaim_locked(slot, r, u32::MAX);
+            n += self.reclaim(&mut d.range_write(r), slot, u32::MAX);
         }
         n
     }
@@ -35,22 +34,23 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// entries.  Readers then see more conflicts, never fewer.
     pub fn coalesce(&self, slot: u32, r: u32) -> u32 {
         self.drain_released(slot);
-        let _g = self.lock(LockId::Range(r), Mode::Exclusive);
-        // SAFETY: exclusive range lock held.
-        let body = unsafe { self.body(r) };
-        let mut n = 0;
-        let mut e = body.fifo_head;
-        while e != NIL {
-            // SAFETY: `e` is a tombstone in range `r`.
-            let d = unsafe { self.data(e) };
-            let next = d.fifo_next;
-            body.summary.absorb(&d.span, d.xid, d.seq, self.seq_hi(e));
-            body.root = tree::remove(&self.nodes(), body.root, e);
-            // SAFETY: unlinked from the tree; the list is dropped below.
-            unsafe { self.free(e) };
-            n += 1;
-            e = next;
+        let mut d = self.dir_read();
+        if !d.meta(r).in_use {
+            return 0;
         }
+        let mut g = d.range_write(r);
+        let mut n = 0;
+        let mut e = g.body().fifo_head;
+        while e != NIL {
+            let data = *g.data(e);
+            let seq_hi = self.seq_hi(e);
+            g.body_mut().summary.absorb(&data.span, data.xid, data.seq, seq_hi);
+            let gone = g.remove(e);
+            self.free(gone);
+            n += 1;
+            e = data.fifo_next;
+        }
+        let body = g.body_mut();
         body.fifo_head = NIL;
         body.fifo_tail = NIL;
         body.tombstones = 0;
@@ -66,9 +66,8 @@ impl<L: LockSet> LatchTable<'_, L> {
             return self.free_entries();
         }
         let ranges: Vec<u32> = {
-            let _d = self.lock(LockId::Directory, Mode::Shared);
-            // SAFETY: Directory lock held.
-            (0..self.config().max_ranges).filter(|&r| unsafe { self.meta(r) }.in_use).collect()
+            let d = self.dir_read();
+            (0..self.config().max_ranges).filter(|&r| d.meta(r).in_use).collect()
         };
         for r in ranges {
             self.coalesce(slot, r);
@@ -79,162 +78,88 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Splits range `r` near its median key at a point no latch crosses.
     /// Returns the new right-hand range, or None when it cannot split.
     pub fn split(&self, slot: u32, r: u32) -> Option<u32> {
-        let _d = self.lock(LockId::Directory, Mode::Exclusive);
-        // SAFETY: exclusive Directory lock held.
-        let meta = *unsafe { self.meta(r) };
-        if !meta.in_use {
-            return None;
-        }
-        // SAFETY: as above.
-        let td = unsafe { self.table_data(meta.table) };
-        if td.nranges as usize >= MAX_RANGES_PER_TABLE {
+        let mut d = self.dir_write();
+        let meta = *d.meta(r);
+        if !meta.in_use || d.table_data(meta.table).nranges as usize >= MAX_RANGES_PER_TABLE {
             return None;
         }
         // Keep one free range for every free table slot: however one table
         // splits, a new table can always be latched.
-        // SAFETY: exclusive Directory lock held.
-        let dir = unsafe { self.dir() };
-        let reserve = self.config().max_tables - dir.tables_used;
-        if dir.ranges_used + reserve >= self.config().max_ranges {
+        let counts = d.counts();
+        let reserve = self.config().max_tables - counts.tables_used;
+        if counts.ranges_used + reserve >= self.config().max_ranges {
             return None;
         }
-        let at = {
-            let _g = self.lock(LockId::Range(r), Mode::Shared);
-            self.split_point(r, &meta.lo)?
-        };
-        let r2 = self.new_range(meta.table, at, meta.hi)?;
-        let _g1 = self.lock(LockId::Range(r), Mode::Exclusive);
-        let _g2 = self.lock(LockId::Range(r2), Mode::Exclusive);
-        // SAFETY: exclusive Directory lock held.
-        unsafe { self.meta(r) }.hi = at;
-        // SAFETY: both range locks held exclusively.
-        let (b1, b2) = unsafe { (self.body(r), self.body(r2)) };
-        let nodes = self.nodes();
-        // Move every entry starting at or after the split point.
-        loop {
-            let m = tree::last(&nodes, b1.root);
-            if m == NIL || *nodes.start(m) < at {
-                break;
+        let at = split_point(&d.range_mut(r).as_ref(), &meta.lo)?;
+        let r2 = self.new_range(&mut d, meta.table, at, meta.hi)?;
+        {
+            let (mut b1, mut b2) = d.two_ranges_mut(r, r2);
+            // Move every entry starting at or after the split point.
+            loop {
+                let m = b1.last();
+                if m == NIL || *b1.start(m) < at {
+                    break;
+                }
+                // Drained tombstones are counted (and listed) as tombstones;
+                // everything else, released-but-undrained included, as live.
+                let live = !b1.data(m).in_fifo;
+                let moved = b1.remove(m);
+                b2.insert(moved);
+                if live {
+                    b1.body_mut().live -= 1;
+                    b2.body_mut().live += 1;
+                }
             }
-            b1.root = tree::remove(&nodes, b1.root, m);
-            b2.root = tree::insert(&nodes, b2.root, m);
-            self.entry(m).range.store(r2, Release);
-            // SAFETY: `m` is now in r2, whose lock we hold.  Drained
-            // tombstones are counted (and listed) as tombstones; everything
-            // else, released-but-undrained included, as live.
-            if !unsafe { self.data(m) }.in_fifo {
-                b1.live -= 1;
-                b2.live += 1;
+            rebuild_fifo(&mut b1, &mut b2);
+            if b1.body().summary.span.overlaps(&Span { start: at, end: meta.hi }) {
+                b2.body_mut().summary = b1.body().summary;
             }
         }
-        self.rebuild_fifo(b1, b2, r2);
-        if b1.summary.span.overlaps(&Span { start: at, end: meta.hi }) {
-            b2.summary = b1.summary;
-        }
+        d.meta_mut(r).hi = at;
+        let td = d.table_data_mut(meta.table);
         let pos = td.position(r);
         td.insert_range(pos + 1, r2, at.head());
-        self.p.hdr.dir_version.fetch_add(1, Relaxed);
+        self.region.hdr.dir_version.fetch_add(1, Relaxed);
         self.count(slot, Stat::RangeSplits, 1);
         Some(r2)
-    }
-
-    /// A key near the median start of `r`'s latches, above `lo`, that no
-    /// latch spans across.  Range lock held.
-    fn split_point(&self, r: u32, lo: &KeyBuf) -> Option<KeyBuf> {
-        // SAFETY: the caller holds r's lock.
-        let body = unsafe { self.body(r) };
-        let n = body.live + body.tombstones;
-        if n < 2 {
-            return None;
-        }
-        let nodes = self.nodes();
-        for k in [n / 2, n / 3, 2 * n / 3, n / 4, 3 * n / 4, 1, n - 1] {
-            let mut i = 0;
-            let mut key = None;
-            tree::for_each(&nodes, body.root, &mut |e| {
-                if i == k {
-                    key = Some(*nodes.start(e));
-                }
-                i += 1;
-            });
-            let Some(at) = key else { continue };
-            if at <= *lo {
-                continue;
-            }
-            let probe = Span::point(at.as_bytes());
-            let mut crossed = false;
-            tree::for_each_overlap(&nodes, body.root, &probe, &mut |e| {
-                crossed = *nodes.start(e) < at;
-                !crossed
-            });
-            if !crossed {
-                return Some(at);
-            }
-        }
-        None
-    }
-
-    /// Splits the tombstone list of `b1` between `b1` and `b2` (entries now
-    /// in `r2`), keeping release order.
-    fn rebuild_fifo(&self, b1: &mut RangeBody, b2: &mut RangeBody, r2: u32) {
-        let mut e = b1.fifo_head;
-        b1.fifo_head = NIL;
-        b1.fifo_tail = NIL;
-        b1.tombstones = 0;
-        while e != NIL {
-            // SAFETY: both ranges' locks are held by the caller.
-            let next = unsafe { self.data(e) }.fifo_next;
-            if self.entry(e).range.load(Relaxed) == r2 {
-                self.fifo_push(b2, e);
-                b2.tombstones += 1;
-            } else {
-                self.fifo_push(b1, e);
-                b1.tombstones += 1;
-            }
-            e = next;
-        }
     }
 
     /// Merges range `right` into its left neighbour `left` (same table,
     /// adjacent).  Returns false when they are not neighbours.
     pub fn merge(&self, slot: u32, left: u32, right: u32) -> bool {
-        let _d = self.lock(LockId::Directory, Mode::Exclusive);
-        // SAFETY: exclusive Directory lock held.
-        let (ml, mr) = unsafe { (*self.meta(left), *self.meta(right)) };
+        let mut d = self.dir_write();
+        let (ml, mr) = (*d.meta(left), *d.meta(right));
         if !ml.in_use || !mr.in_use || ml.table != mr.table || ml.hi != mr.lo {
             return false;
         }
         {
-            let _g1 = self.lock(LockId::Range(left), Mode::Exclusive);
-            let _g2 = self.lock(LockId::Range(right), Mode::Exclusive);
-            // SAFETY: both range locks held exclusively.
-            let (bl, br) = unsafe { (self.body(left), self.body(right)) };
-            let nodes = self.nodes();
-            while br.root != NIL {
-                let m = tree::first(&nodes, br.root);
-                br.root = tree::remove(&nodes, br.root, m);
-                bl.root = tree::insert(&nodes, bl.root, m);
-                self.entry(m).range.store(left, Release);
+            let (mut bl, mut br) = d.two_ranges_mut(left, right);
+            loop {
+                let m = br.first();
+                if m == NIL {
+                    break;
+                }
+                let moved = br.remove(m);
+                bl.insert(moved);
             }
-            bl.live += br.live;
-            let mut e = br.fifo_head;
+            let (live, tombstones, summary, mut e) =
+                (br.body().live, br.body().tombstones, br.body().summary, br.body().fifo_head);
             while e != NIL {
-                // SAFETY: locks held.
-                let next = unsafe { self.data(e) }.fifo_next;
-                self.fifo_push(bl, e);
+                let next = bl.data(e).fifo_next;
+                bl.fifo_push(e);
                 e = next;
             }
-            bl.tombstones += br.tombstones;
-            bl.summary.merge(&br.summary);
-            *br = RangeBody::EMPTY;
+            let body = bl.body_mut();
+            body.live += live;
+            body.tombstones += tombstones;
+            body.summary.merge(&summary);
+            *br.body_mut() = RangeBody::EMPTY;
         }
-        // SAFETY: exclusive Directory lock held.
-        unsafe { self.meta(left) }.hi = mr.hi;
-        // SAFETY: as above.
-        let td = unsafe { self.table_data(ml.table) };
+        d.meta_mut(left).hi = mr.hi;
+        let td = d.table_data_mut(ml.table);
         let pos = td.position(right);
         td.remove_range(pos);
-        self.free_range(right);
+        self.free_range(&mut d, right);
         self.count(slot, Stat::RangeMerges, 1);
         true
     }
@@ -244,41 +169,32 @@ impl<L: LockSet> LatchTable<'_, L> {
     pub fn purge_table(&self, rel: RelId) -> bool {
         // Latches released but not drained still count as live.
         self.drain_released(u32::MAX);
-        let _d = self.lock(LockId::Directory, Mode::Exclusive);
-        let Some(t) = self.find_table(rel) else {
+        let mut d = self.dir_write();
+        let Some(t) = d.find_table(rel) else {
             return true;
         };
-        // SAFETY: exclusive Directory lock held.
-        let td = unsafe { self.table_data(t) };
-        let ranges = td.ranges;
-        let nranges = td.nranges as usize;
-        for &r in &ranges[..nranges] {
-            let _g = self.lock(LockId::Range(r), Mode::Shared);
-            // SAFETY: range lock held.
-            if unsafe { self.body(r) }.live > 0 {
-                return false;
-            }
+        let ranges = d.ranges_of(t);
+        if ranges.as_slice().iter().any(|&r| d.range_mut(r).body().live > 0) {
+            return false;
         }
-        for &r in &ranges[..nranges] {
-            {
-                let _g = self.lock(LockId::Range(r), Mode::Exclusive);
-                // SAFETY: exclusive range lock held.
-                let body = unsafe { self.body(r) };
-                let nodes = self.nodes();
-                while body.root != NIL {
-                    let m = tree::first(&nodes, body.root);
-                    body.root = tree::remove(&nodes, body.root, m);
-                    // SAFETY: tombstones only (no live latches): on no chain.
-                    unsafe { self.free(m) };
+        for &r in ranges.as_slice() {
+            let mut g = d.range_mut(r);
+            loop {
+                let m = g.first();
+                if m == NIL {
+                    break;
                 }
-                *body = RangeBody::EMPTY;
+                // Tombstones only (no live latches): on no chain.
+                let gone = g.remove(m);
+                self.free(gone);
             }
-            self.free_range(r);
+            *g.body_mut() = RangeBody::EMPTY;
+            self.free_range(&mut d, r);
         }
+        let td = d.table_data_mut(t);
         td.rel = RelId::DELETED;
         td.nranges = 0;
-        // SAFETY: exclusive Directory lock held.
-        unsafe { self.dir() }.tables_used -= 1;
+        d.counts_mut().tables_used -= 1;
         true
     }
 
@@ -287,23 +203,20 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// or of a dropped database (DROP DATABASE fires no event trigger).  A
     /// table written again simply gets a fresh slot.  Returns how many.
     pub fn gc_idle_tables(&self) -> u32 {
-        let _d = self.lock(LockId::Directory, Mode::Exclusive);
+        let mut d = self.dir_write();
         let mut freed = 0;
         for t in 0..self.config().max_tables {
-            // SAFETY: exclusive Directory lock held.
-            let td = unsafe { self.table_data(t) };
-            if td.rel == RelId::EMPTY || td.rel == RelId::DELETED {
+            if matches!(d.table_data(t).rel, RelId::EMPTY | RelId::DELETED) {
                 continue;
             }
-            let ranges = td.ranges;
-            let ranges = &ranges[..td.nranges as usize];
-            let acquires: u64 = ranges.iter().map(|&r| self.p.ranges[r as usize].acquires.load(Relaxed)).sum();
+            let ranges = d.ranges_of(t);
+            let ranges = ranges.as_slice();
+            let acquires: u64 = ranges.iter().map(|&r| self.region.ranges[r as usize].acquires.load(Relaxed)).sum();
+            let td = d.table_data_mut(t);
             let idle = acquires == td.seen_acquires;
             td.seen_acquires = acquires;
             let empty = ranges.iter().all(|&r| {
-                let _g = self.lock(LockId::Range(r), Mode::Shared);
-                // SAFETY: range lock held.
-                let b = unsafe { self.body(r) };
+                let b = *d.range_mut(r).body();
                 b.live == 0 && b.tombstones == 0 && b.summary.is_empty()
             });
             // A key draw in progress holds the table lock: leave it alone.
@@ -311,12 +224,12 @@ impl<L: LockSet> LatchTable<'_, L> {
                 continue;
             }
             for &r in ranges {
-                self.free_range(r);
+                self.free_range(&mut d, r);
             }
+            let td = d.table_data_mut(t);
             td.rel = RelId::DELETED;
             td.nranges = 0;
-            // SAFETY: exclusive Directory lock held.
-            unsafe { self.dir() }.tables_used -= 1;
+            d.counts_mut().tables_used -= 1;
             self.locks.release(LockId::Table(t));
             freed += 1;
         }
@@ -325,23 +238,18 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// The ranges of `rel` in key order (empty when it was never latched).
     pub fn ranges_of(&self, rel: RelId) -> Vec<u32> {
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        let Some(t) = self.find_table(rel) else {
-            return Vec::new();
-        };
-        // SAFETY: Directory lock held.
-        let td = unsafe { self.table_data(t) };
-        td.ranges[..td.nranges as usize].to_vec()
+        let d = self.dir_read();
+        d.find_table(rel).map_or_else(Vec::new, |t| d.ranges_of(t).as_slice().to_vec())
     }
 
     /// Tree nodes on the pool's free stack (walked; call while quiet).
     #[cfg(test)]
     pub(crate) fn free_tree_nodes(&self) -> u32 {
         use std::sync::atomic::Ordering::Acquire;
-        let (mut n, mut count) = (self.p.hdr.node_free_head.load(Acquire) as u32, 0);
+        let (mut n, mut count) = (self.region.hdr.node_free_head.load(Acquire) as u32, 0);
         while n != NIL {
             count += 1;
-            n = self.p.node_next[n as usize].load(Acquire);
+            n = self.region.node_next[n as usize].load(Acquire);
         }
         count
     }
@@ -351,34 +259,85 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Returns how many entries the trees hold.
     #[cfg(test)]
     pub(crate) fn check_structure(&self, rel: RelId) -> usize {
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        let Some(t) = self.find_table(rel) else {
+        let mut d = self.dir_read();
+        let Some(t) = d.find_table(rel) else {
             return 0;
         };
-        // SAFETY: Directory lock held.
-        let td = unsafe { self.table_data(t) };
+        let td = d.table_data(t).clone();
         let mut total = 0;
         for i in 0..td.nranges as usize {
             let r = td.ranges[i];
-            // SAFETY: as above.
-            let lo = unsafe { self.meta(r) }.lo;
+            let lo = d.meta(r).lo;
             assert_eq!(td.lo_heads[i], lo.head(), "cached low bound of range {r}");
             if i > 0 {
-                // SAFETY: as above.
-                assert!(unsafe { self.meta(td.ranges[i - 1]) }.lo < lo, "ranges out of key order");
+                assert!(d.meta(td.ranges[i - 1]).lo < lo, "ranges out of key order");
             }
-            let _g = self.lock(LockId::Range(r), Mode::Shared);
-            // SAFETY: range lock held.
-            total += tree::check(&self.nodes(), unsafe { self.body(r) }.root);
+            total += d.range_read(r).check_tree();
         }
         total
+    }
+}
+
+/// A key near the median start of `g`'s latches, above `lo`, that no
+/// latch spans across.
+fn split_point(g: &RangeRef<'_>, lo: &KeyBuf) -> Option<KeyBuf> {
+    let n = g.body().live + g.body().tombstones;
+    if n < 2 {
+        return None;
+    }
+    for k in [n / 2, n / 3, 2 * n / 3, n / 4, 3 * n / 4, 1, n - 1] {
+        let mut i = 0;
+        let mut key = None;
+        g.for_each(&mut |e| {
+            if i == k {
+                key = Some(*g.start(e));
+            }
+            i += 1;
+        });
+        let Some(at) = key else { continue };
+        if at <= *lo {
+            continue;
+        }
+        let probe = Span::point(at.as_bytes());
+        let mut crossed = false;
+        g.for_each_overlap(&probe, &mut |e| {
+            crossed = *g.start(e) < at;
+            !crossed
+        });
+        if !crossed {
+            return Some(at);
+        }
+    }
+    None
+}
+
+/// Splits the tombstone list of `b1` between `b1` and `b2` (some of its
+/// entries now in `b2`), keeping release order.
+fn rebuild_fifo(b1: &mut RangeMut<'_>, b2: &mut RangeMut<'_>) {
+    let r2 = b2.id();
+    let mut e = b1.body().fifo_head;
+    let body = b1.body_mut();
+    body.fifo_head = NIL;
+    body.fifo_tail = NIL;
+    body.tombstones = 0;
+    while e != NIL {
+        let moved = b1.range_of(e) == r2;
+        let next = if moved { b2.data(e).fifo_next } else { b1.data(e).fifo_next };
+        if moved {
+            b2.fifo_push(e);
+            b2.body_mut().tombstones += 1;
+        } else {
+            b1.fifo_push(e);
+            b1.body_mut().tombstones += 1;
+        }
+        e = next;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use crate::locks::heap_table;
-    use crate::{Config, Holder, Outcome, RelId, Span, Xid};
+    use crate::{Config, Holder, RelId, Span, TxEnd, Xid};
 
     #[test]
     fn idle_empty_tables_are_freed_and_come_back_on_demand() {
@@ -388,12 +347,12 @@ mod tests {
         t.acquire(0, a, &Span::point(b"x"), &h(50)).unwrap();
         t.acquire(0, b, &Span::point(b"y"), &h(50)).unwrap();
         assert_eq!(t.gc_idle_tables(), 0, "live latches: nothing to free");
-        t.release_all(0, Outcome::Committed);
+        t.release_all(0, TxEnd::Committed);
         t.set_horizon(Xid(51));
         t.reclaim_all(0);
         // b is written again; a stays idle (and empty) since the last look
         t.acquire(0, b, &Span::point(b"y2"), &h(52)).unwrap();
-        t.release_all(0, Outcome::Aborted);
+        t.release_all(0, TxEnd::Aborted);
         t.drain_released(0);
         {
             let _draws = t.lock_draws(a, 0).unwrap(); // a key draw in progress protects a
@@ -405,6 +364,6 @@ mod tests {
         // Writing again recreates the table.
         t.acquire(0, b, &Span::point(b"z"), &h(60)).unwrap();
         assert_eq!(t.usage().tables_used, 1);
-        t.release_all(0, Outcome::Aborted);
+        t.release_all(0, TxEnd::Aborted);
     }
 }

@@ -42,7 +42,7 @@ pub enum ReadMode {
 }
 
 #[derive(Clone, Copy, Debug)]
-pub struct Params {
+pub struct ReadParams {
     pub mode: ReadMode,
     /// Conflicting optimistic attempts before falling back to fenced.
     pub retries: u32,
@@ -56,7 +56,7 @@ pub struct Params {
 
 /// What the protocol decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum ReadOutcome {
     /// The buffered optimistic result is valid: emit it.
     Emit,
     /// Fenced: D is clean for the snapshot with `pulled` folded in; read it
@@ -68,7 +68,7 @@ pub enum Outcome {
 
 /// What happened on the way, for EXPLAIN ANALYZE and `pgkvx.stats()`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Report {
+pub struct ReadReport {
     pub validations: u32,
     pub conflicts: u32,
     pub retries: u32,
@@ -86,9 +86,9 @@ pub struct Report {
     pub checked: Option<Footprint>,
 }
 
-impl Report {
+impl ReadReport {
     /// Adds another run's counts to these.
-    pub fn add(&mut self, r: &Report) {
+    pub fn add(&mut self, r: &ReadReport) {
         self.validations += r.validations;
         self.conflicts += r.conflicts;
         self.retries += r.retries;
@@ -123,7 +123,7 @@ pub trait Env {
 }
 
 /// Runs the protocol for a read whose declared footprint is `declared`.
-pub fn run<E: Env>(env: &mut E, declared: &Footprint, p: &Params, report: &mut Report) -> Outcome {
+pub fn run<E: Env>(env: &mut E, declared: &Footprint, p: &ReadParams, report: &mut ReadReport) -> ReadOutcome {
     let mut mode = p.mode;
     let mut pulled: Vec<Xid> = Vec::new();
     let mut conflicts: Vec<Conflict> = Vec::new();
@@ -136,7 +136,7 @@ pub fn run<E: Env>(env: &mut E, declared: &Footprint, p: &Params, report: &mut R
         if c.clean() {
             report.checked = Some(declared.clone());
             report.streamed = true;
-            return Outcome::Stream { pulled };
+            return ReadOutcome::Stream { pulled };
         }
     }
     loop {
@@ -158,8 +158,8 @@ pub fn run<E: Env>(env: &mut E, declared: &Footprint, p: &Params, report: &mut R
         if c.clean() {
             report.checked = Some(fp);
             return match mode {
-                ReadMode::Optimistic => Outcome::Emit,
-                ReadMode::Fenced => Outcome::Stream { pulled },
+                ReadMode::Optimistic => ReadOutcome::Emit,
+                ReadMode::Fenced => ReadOutcome::Stream { pulled },
             };
         }
         dedup(&mut conflicts);
@@ -177,12 +177,12 @@ pub fn run<E: Env>(env: &mut E, declared: &Footprint, p: &Params, report: &mut R
             report.checked = Some(fp.clone());
             if again.clean() {
                 return match mode {
-                    ReadMode::Optimistic => Outcome::Emit,
-                    ReadMode::Fenced => Outcome::Stream { pulled },
+                    ReadMode::Optimistic => ReadOutcome::Emit,
+                    ReadMode::Fenced => ReadOutcome::Stream { pulled },
                 };
             }
             let c = conflicts.first().copied();
-            return Outcome::SerializationFailure {
+            return ReadOutcome::SerializationFailure {
                 xid: c.map_or(Xid::INVALID, |c| c.xid),
                 rel: c.map_or(RelId::EMPTY, |c| c.rel),
                 span: c.map_or(Span::EMPTY, |c| c.span),

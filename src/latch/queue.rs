@@ -18,9 +18,10 @@
 //! workers, each processing one range at a time, so at most that many ranges
 //! are processed at once.
 
-use super::locks::{LockId, LockSet, Mode};
+use super::guard::{Directory, RangeAccess};
+use super::locks::LockSet;
+use super::region::State;
 use super::table::LatchTable;
-use super::tree;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -93,11 +94,11 @@ const MERGE_DIVISOR: u32 = 8;
 
 impl<L: LockSet> LatchTable<'_, L> {
     pub(crate) fn queue_state(&self, r: u32) -> &AtomicU32 {
-        &self.p.ranges[r as usize].queue
+        &self.region.ranges[r as usize].queue
     }
 
     fn contended_since(&self, r: u32) -> (u64, &AtomicU64) {
-        let s = &self.p.ranges[r as usize];
+        let s = &self.region.ranges[r as usize];
         (s.contended.load(Relaxed).saturating_sub(s.contended_seen.load(Relaxed)), &s.contended_seen)
     }
 
@@ -105,20 +106,20 @@ impl<L: LockSet> LatchTable<'_, L> {
     pub fn enqueue(&self, r: u32) -> bool {
         let queued = enqueue(self.queue_state(r));
         if queued {
-            self.p.hdr.queued.fetch_add(1, Relaxed);
+            self.region.hdr.queued.fetch_add(1, Relaxed);
         }
         queued
     }
 
     /// Ranges waiting for a worker.
     pub fn queued(&self) -> u32 {
-        self.p.hdr.queued.load(Relaxed)
+        self.region.hdr.queued.load(Relaxed)
     }
 
     fn claim_counted(&self, r: u32) -> bool {
         let ok = claim(self.queue_state(r));
         if ok {
-            self.p.hdr.queued.fetch_sub(1, Relaxed);
+            self.region.hdr.queued.fetch_sub(1, Relaxed);
         }
         ok
     }
@@ -131,7 +132,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     fn finish_counted(&self, r: u32) -> bool {
         let again = finish(self.queue_state(r));
         if again {
-            self.p.hdr.queued.fetch_add(1, Relaxed);
+            self.region.hdr.queued.fetch_add(1, Relaxed);
         }
         again
     }
@@ -139,16 +140,15 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Forgets the queue state of a range being freed.
     pub(crate) fn dequeue_freed(&self, r: u32) {
         if self.queue_state(r).swap(IDLE, AcqRel) == QUEUED {
-            self.p.hdr.queued.fetch_sub(1, Relaxed);
+            self.region.hdr.queued.fetch_sub(1, Relaxed);
         }
     }
 
     /// Latches plus tombstones in range `r`.
     pub fn load(&self, r: u32) -> u32 {
-        let _g = self.lock(LockId::Range(r), Mode::Shared);
-        // SAFETY: range lock held.
-        let b = unsafe { self.body(r) };
-        b.live + b.tombstones
+        let mut d = self.dir_read();
+        let g = d.range_read(r);
+        g.body().live + g.body().tombstones
     }
 
     /// The queued range a worker should take next, claimed for it.
@@ -160,13 +160,16 @@ impl<L: LockSet> LatchTable<'_, L> {
             let limit = self.range_max_latches();
             let mut best: Option<(u64, u32)> = None;
             {
-                let _d = self.lock(LockId::Directory, Mode::Shared);
+                let mut d = self.dir_read();
                 for r in 0..self.config().max_ranges {
-                    // SAFETY: Directory lock held.
-                    if !unsafe { self.meta(r) }.in_use || self.queue_state(r).load(Relaxed) != QUEUED {
+                    if !d.meta(r).in_use || self.queue_state(r).load(Relaxed) != QUEUED {
                         continue;
                     }
-                    let p = priority(self.load(r), limit, self.contended_since(r).0);
+                    let load = {
+                        let g = d.range_read(r);
+                        g.body().live + g.body().tombstones
+                    };
+                    let p = priority(load, limit, self.contended_since(r).0);
                     if best.is_none_or(|(bp, _)| p > bp) {
                         best = Some((p, r));
                     }
@@ -185,17 +188,15 @@ impl<L: LockSet> LatchTable<'_, L> {
         self.drain_released(u32::MAX);
         let limit = self.range_max_latches();
         let mut queued = 0;
-        let _d = self.lock(LockId::Directory, Mode::Shared);
+        let mut d = self.dir_read();
         for r in 0..self.config().max_ranges {
-            // SAFETY: Directory lock held.
-            let meta = *unsafe { self.meta(r) };
+            let meta = *d.meta(r);
             if !meta.in_use {
                 continue;
             }
             let (tombstones, load) = {
-                let _g = self.lock(LockId::Range(r), Mode::Shared);
-                // SAFETY: range lock held.
-                let b = unsafe { self.body(r) };
+                let g = d.range_read(r);
+                let b = g.body();
                 (b.tombstones + b.summary.count, b.live + b.tombstones)
             };
             let small =
@@ -217,8 +218,8 @@ impl<L: LockSet> LatchTable<'_, L> {
     pub fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
         let limit = self.range_max_latches();
         {
-            let _g = self.lock(LockId::Range(r), Mode::Exclusive);
-            self.reclaim_locked(slot, r, u32::MAX);
+            let mut d = self.dir_read();
+            self.reclaim(&mut d.range_write(r), slot, u32::MAX);
         }
         let (contended, seen) = self.contended_since(r);
         seen.fetch_add(contended, Relaxed);
@@ -264,40 +265,35 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Whether one transaction holds at least three quarters of range `r`'s
     /// live latches (a majority vote, then a count).
     fn mostly_one_holder(&self, r: u32) -> bool {
-        let _g = self.lock(LockId::Range(r), Mode::Shared);
-        // SAFETY: range lock held.
-        let root = unsafe { self.body(r) }.root;
-        let nodes = self.nodes();
-        let live = |e: u32| self.state(e) == super::region::State::Live;
-        // SAFETY (both walks): entries of r's tree, its lock held.
-        let xid = |e: u32| unsafe { (*self.data(e)).xid };
+        let mut d = self.dir_read();
+        let g = d.range_read(r);
+        let live = |e: u32| self.state(e) == State::Live;
         let (mut cand, mut votes, mut total) = (super::xid::Xid(0), 0u32, 0u32);
-        tree::for_each(&nodes, root, &mut |e| {
+        g.for_each(&mut |e| {
             if !live(e) {
                 return;
             }
             total += 1;
+            let x = g.data(e).xid;
             if votes == 0 {
-                cand = xid(e);
+                cand = x;
             }
-            votes = if xid(e) == cand { votes + 1 } else { votes - 1 };
+            votes = if x == cand { votes + 1 } else { votes - 1 };
         });
         let mut theirs = 0u32;
-        tree::for_each(&nodes, root, &mut |e| theirs += u32::from(live(e) && xid(e) == cand));
+        g.for_each(&mut |e| theirs += u32::from(live(e) && g.data(e).xid == cand));
         total > 0 && theirs * 4 >= total * 3
     }
 
     /// The range right of `r` in the same table, if any.
     fn right_neighbour(&self, r: u32) -> Option<u32> {
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        // SAFETY: Directory lock held.
-        let meta = *unsafe { self.meta(r) };
+        let d = self.dir_read();
+        let meta = *d.meta(r);
         if !meta.in_use || meta.hi.is_infinite() {
             return None;
         }
-        // SAFETY: as above.
-        let td = unsafe { self.table_data(meta.table) };
-        let ranges = &td.ranges[..td.nranges as usize];
+        let ranges = d.ranges_of(meta.table);
+        let ranges = ranges.as_slice();
         let pos = ranges.iter().position(|&x| x == r)?;
         ranges.get(pos + 1).copied()
     }
@@ -307,7 +303,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 mod tests {
     use super::*;
     use crate::locks::heap_table;
-    use crate::{Config, Holder, Outcome, RelId, Span, Xid};
+    use crate::{Config, Holder, RelId, Span, TxEnd, Xid};
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
@@ -363,22 +359,47 @@ mod tests {
     fn workers_split_crowded_ranges_and_merge_cold_ones() {
         let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
         t.set_range_max_latches(64);
+        // Four writers, interleaved in key order.
         for i in 0..500u64 {
-            let h = Holder { xid: Xid(100), pid: 1, now_us: 0, owner: 0 };
-            t.acquire(0, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
+            let h = Holder { xid: Xid(100 + (i % 4) as u32), pid: 1, now_us: 0, owner: 0 };
+            t.acquire((i % 4) as u32, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
         }
         let mut actions = work(t, 50);
         let split = t.ranges_of(REL).len();
         assert!(split >= 8, "500 latches over a limit of 64 need several ranges, got {split}");
         assert!(t.ranges_of(REL).iter().all(|&r| t.load(r) <= 64));
-        // The writer commits; once the horizon passes, tombstones go and
+        // The writers commit; once the horizon passes, tombstones go and
         // cold neighbours merge back.
-        t.release_all(0, Outcome::Committed);
+        for slot in 0..4 {
+            t.release_all(slot, TxEnd::Committed);
+        }
         t.set_horizon(Xid(200));
         actions.extend(work(t, 50));
         assert!(actions.contains(&Action::Split) && actions.contains(&Action::Merged), "{actions:?}");
         assert_eq!(t.ranges_of(REL).len(), 1, "empty ranges merge back into one");
         assert_eq!(t.usage().entries_used, 0);
+    }
+
+    #[test]
+    fn one_writers_crowd_is_not_split() {
+        // A bulk writer's own points are thinned by its escalation; splitting
+        // them would only churn the directory.
+        let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
+        t.set_range_max_latches(64);
+        let h = Holder { xid: Xid(100), pid: 1, now_us: 0, owner: 0 };
+        for i in 0..500u64 {
+            t.acquire(0, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
+        }
+        // A few latches of another writer do not make it a crowd.
+        let other = Holder { xid: Xid(101), ..h };
+        for i in 0..20u64 {
+            t.acquire(1, REL, &Span::point(&(1000 + i).to_be_bytes()), &other).unwrap();
+        }
+        let actions = work(t, 10);
+        assert!(!actions.contains(&Action::Split), "{actions:?}");
+        assert_eq!(t.ranges_of(REL).len(), 1);
+        t.release_all(0, TxEnd::Aborted);
+        t.release_all(1, TxEnd::Aborted);
     }
 
     /// Sweeps and lets one worker process everything queued, `rounds` times.
@@ -396,7 +417,7 @@ mod tests {
     /// Lock waits on every range of REL, as acquirers would count them.
     fn wait_on_every_range(t: &LatchTable<'_, impl LockSet>, waits: u64) {
         for r in t.ranges_of(REL) {
-            t.p.ranges[r as usize].contended.fetch_add(waits, Relaxed);
+            t.region.ranges[r as usize].contended.fetch_add(waits, Relaxed);
         }
     }
 
@@ -420,7 +441,7 @@ mod tests {
         assert_eq!(t.ranges_of(REL).len(), 2);
         // The halves are small and would merge at once; while they keep
         // waiting, they stay apart.
-        t.release_all(0, Outcome::Committed);
+        t.release_all(0, TxEnd::Committed);
         t.set_horizon(Xid(200));
         for _ in 0..20 {
             wait_on_every_range(t, CONTENTION_MERGE / 2);

@@ -4,16 +4,12 @@
 //! Nothing is allocated after `init`, so the region can be Postgres shared
 //! memory mapped at different addresses in different processes.
 //!
-//! Field protection, in one place:
-//! - `TableSlot` and `RangeMeta`: the Directory lock (read shared, written
-//!   exclusive; a range's bounds change only while its Range lock is also held).
-//! - `RangeBody`, the tree nodes reachable from its root, and `EntryData`
-//!   of every entry in that range's tree: the Range lock.
-//! - A free tree node: whoever popped it from the node pool.
-//! - `EntryData` of a free entry: whoever popped it from the free list.
-//! - `Entry::range`: written only under the Range lock it names (and, when
-//!   moving between ranges, both); read without locks and re-checked.
-//! - `Entry::holder_next` / `BackendSlot::chain`: the owning backend only.
+//! What protects what (guard.rs hands each out under its lock):
+//! - `TableData`, `RangeMeta`, `DirCounts`: the Directory lock.
+//! - `RangeBody`, the tree nodes its root reaches, and the `EntryData` of
+//!   every entry in its tree: the range's lock.
+//! - A free tree node, or a free entry's `EntryData`: whoever popped it.
+//! - `Entry::holder_next` and `BackendSlot::chain`: the owning backend.
 //! - Everything else is atomic.
 
 use super::span::{KeyBuf, Span};
@@ -21,9 +17,9 @@ use super::tree::{self, NIL};
 use super::xid::Xid;
 use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-pub const MAGIC: u64 = 0x706b_7678_6c74_0006; // "pkvxlt" v6
+pub const MAGIC: u64 = 0x706b_7678_6c74_0007; // "pkvxlt" v7
 
 /// Most ranges one table can be split into.
 pub const MAX_RANGES_PER_TABLE: usize = 128;
@@ -98,10 +94,10 @@ pub(crate) struct Header {
     /// range's tombstone list or freed: a lock-free stack (see table.rs).
     pub released: AtomicU32,
     pub released_count: AtomicU32,
-    pub dir: UnsafeCell<DirHeader>,
+    pub dir: UnsafeCell<DirCounts>,
 }
 
-pub(crate) struct DirHeader {
+pub(crate) struct DirCounts {
     pub free_range: u32,
     pub ranges_used: u32,
     pub tables_used: u32,
@@ -112,6 +108,7 @@ pub(crate) struct TableSlot {
     pub inner: UnsafeCell<TableData>,
 }
 
+#[derive(Clone)]
 pub(crate) struct TableData {
     pub rel: RelId,
     /// The table's owner (a role oid), for the per-owner slot bound.
@@ -315,12 +312,8 @@ pub(crate) struct EntryData {
 
 #[repr(C)]
 pub(crate) struct BackendSlot {
-    pub pid: AtomicI32,
-    pub xid: AtomicU32,
     /// Head of this backend's live latches (linked by `Entry::holder_next`).
     pub chain: AtomicU32,
-    pub count: AtomicU32,
-    pub since: AtomicI64,
     pub stats: [AtomicU64; super::stats::NSTATS],
 }
 
@@ -385,7 +378,7 @@ fn aligned(mem: *mut u8) -> *mut u8 {
     mem.wrapping_add(mem.align_offset(REGION_ALIGN))
 }
 
-pub(crate) struct Parts<'r> {
+pub(crate) struct Region<'r> {
     pub hdr: &'r Header,
     pub tables: &'r [TableSlot],
     pub ranges: &'r [RangeSlot],
@@ -400,7 +393,7 @@ pub(crate) struct Parts<'r> {
 /// # Safety
 /// `mem` must point to `Layout::of(cfg).size` writable bytes aligned to
 /// 8, not in use by anyone else during the call.
-pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
+pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Region<'r> {
     assert!(cfg.max_entries > 0 && cfg.max_entries < NIL);
     assert!(cfg.max_ranges > 0 && cfg.max_tables > 0 && cfg.max_backends > 0);
     assert_eq!(mem as usize % 8, 0, "latch region misaligned");
@@ -426,7 +419,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
                 worker_beat: AtomicI64::new(0),
                 released: AtomicU32::new(NIL),
                 released_count: AtomicU32::new(0),
-                dir: UnsafeCell::new(DirHeader { free_range: 0, ranges_used: 0, tables_used: 0 }),
+                dir: UnsafeCell::new(DirCounts { free_range: 0, ranges_used: 0, tables_used: 0 }),
             },
         );
         let tables = mem.add(lay.tables) as *mut TableSlot;
@@ -492,14 +485,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
         for i in 0..cfg.max_backends as usize {
             std::ptr::write(
                 backends.add(i),
-                BackendSlot {
-                    pid: AtomicI32::new(0),
-                    xid: AtomicU32::new(0),
-                    chain: AtomicU32::new(NIL),
-                    count: AtomicU32::new(0),
-                    since: AtomicI64::new(0),
-                    stats: std::array::from_fn(|_| AtomicU64::new(0)),
-                },
+                BackendSlot { chain: AtomicU32::new(NIL), stats: std::array::from_fn(|_| AtomicU64::new(0)) },
             );
         }
         attach(mem)
@@ -511,7 +497,7 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Parts<'r> {
 /// # Safety
 /// `mem` must point to a region written by [`init`] (in this or another
 /// process) that stays mapped for `'r`.
-pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
+pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Region<'r> {
     let mem = aligned(mem);
     // SAFETY: per the contract the header is initialised; the arrays follow
     // at the offsets Layout::of computes from the config stored in it.
@@ -520,7 +506,7 @@ pub(crate) unsafe fn attach<'r>(mem: *mut u8) -> Parts<'r> {
         assert_eq!(hdr.magic, MAGIC, "latch region has the wrong layout version");
         let cfg = hdr.cfg;
         let lay = Layout::of(&cfg);
-        Parts {
+        Region {
             hdr,
             tables: std::slice::from_raw_parts(mem.add(lay.tables) as *const TableSlot, cfg.max_tables as usize),
             ranges: std::slice::from_raw_parts(mem.add(lay.ranges) as *const RangeSlot, cfg.max_ranges as usize),

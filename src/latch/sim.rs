@@ -8,12 +8,12 @@
 //! `WHERE key > cursor ORDER BY key LIMIT n` never skips a committed row.
 
 use super::locks::std_locks::StdLocks;
-use super::protocol::{self, Env, Outcome, Params, ReadMode, Report};
+use super::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
 use super::region::{Config, RelId};
 use super::rng::XorShift64;
 use super::snapshot::ReadSnapshot;
 use super::span::{KeyBuf, Span};
-use super::table::{Holder, LatchTable, Outcome as End};
+use super::table::{Holder, LatchTable, TxEnd};
 use super::validate::{Check, Conflict, Footprint};
 use super::xid::Xid;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -153,12 +153,12 @@ impl Db {
             for k in std::mem::take(&mut self.producers[p].keys) {
                 self.rows.remove(&k);
             }
-            self.t.release_all(p as u32, End::Aborted);
+            self.t.release_all(p as u32, TxEnd::Aborted);
         } else {
             // The commit becomes visible, then the latches are released.
             self.status.insert(x, Status::Committed);
             self.producers[p].keys.clear();
-            self.t.release_all(p as u32, End::Committed);
+            self.t.release_all(p as u32, TxEnd::Committed);
         }
         if self.rng.below(4) == 0 {
             self.refresh_horizon();
@@ -267,11 +267,11 @@ pub fn run(
     producers: usize,
     capacity: u32,
     early_xids: bool,
-) -> (usize, usize, Vec<u64>, Report) {
+) -> (usize, usize, Vec<u64>, ReadReport) {
     let mut db = Db::new(seed, producers, capacity, early_xids);
     let mut delivered: BTreeSet<u64> = BTreeSet::new();
     let mut cursor = 0u64;
-    let mut totals = Report::default();
+    let mut totals = ReadReport::default();
     let limit = 1 + (seed % 7) as usize;
     for round in 0..1200 {
         // Producers advance a little, then the consumer polls.
@@ -295,14 +295,14 @@ pub fn run(
             Consumer::Plain => db.read(cursor, limit, &snap, &[]),
             Consumer::Protocol(mode, fixed, declared_first) => {
                 let mut poll = Poll { db: &mut db, snap, cursor, limit, buffer: Vec::new(), declared, waits: 0 };
-                let params = Params { mode, retries: 2, fixed_snapshot: fixed, declared_first };
-                let mut report = Report::default();
+                let params = ReadParams { mode, retries: 2, fixed_snapshot: fixed, declared_first };
+                let mut report = ReadReport::default();
                 let out = protocol::run(&mut poll, &vec![(REL, declared)], &params, &mut report);
                 totals.add(&report);
                 match out {
-                    Outcome::Emit => std::mem::take(&mut poll.buffer),
-                    Outcome::Stream { pulled } => poll.db.read(cursor, limit, &poll.snap, &pulled),
-                    Outcome::SerializationFailure { .. } => Vec::new(), // retry next poll
+                    ReadOutcome::Emit => std::mem::take(&mut poll.buffer),
+                    ReadOutcome::Stream { pulled } => poll.db.read(cursor, limit, &poll.snap, &pulled),
+                    ReadOutcome::SerializationFailure { .. } => Vec::new(), // retry next poll
                 }
             }
         };
@@ -378,7 +378,7 @@ mod tests {
 
     #[test]
     fn declared_first_streams_when_the_declared_span_is_clean_and_reads_t_otherwise() {
-        let mut t = Report::default();
+        let mut t = ReadReport::default();
         for seed in 0..10u64 {
             let (_, _, skipped, r) =
                 run(seed + 5, Consumer::Protocol(ReadMode::Optimistic, false, true), 6, 4096, true);
@@ -393,7 +393,7 @@ mod tests {
 
     #[test]
     fn conflicts_happen_and_get_resolved() {
-        let mut t = Report::default();
+        let mut t = ReadReport::default();
         for seed in 0..10u64 {
             let (_, _, _, r) = run(seed + 5, Consumer::Protocol(ReadMode::Optimistic, false, false), 6, 4096, true);
             t.conflicts += r.conflicts;

@@ -6,7 +6,7 @@ use super::locks::std_locks::StdLocks;
 use super::region::{Config, RelId};
 use super::snapshot::ReadSnapshot;
 use super::span::Span;
-use super::table::{AcquireError, Holder, LatchTable, Outcome};
+use super::table::{AcquireError, Holder, LatchTable, TxEnd};
 use super::validate::Conflict;
 use super::xid::Xid;
 use std::collections::BTreeSet;
@@ -137,7 +137,7 @@ fn own_latches_never_conflict() {
 
 #[test]
 fn released_after_snapshot_still_conflicts_then_reclaims() {
-    for outcome in [Outcome::Committed, Outcome::Aborted] {
+    for outcome in [TxEnd::Committed, TxEnd::Aborted] {
         let t = small();
         t.acquire(1, REL, &pt(5), &holder(50)).unwrap();
         // Reader's snapshot saw 50 in progress; 50 then ends.
@@ -147,7 +147,7 @@ fn released_after_snapshot_still_conflicts_then_reclaims() {
         let got = conflicts_of(t, REL, &pt(5), &[50], 60);
         match outcome {
             // A committed prerequisite released after the snapshot still conflicts...
-            Outcome::Committed => {
+            TxEnd::Committed => {
                 assert_eq!(got, set(&[50]));
                 let mut live = None;
                 let mut xs = [Xid(50)];
@@ -163,7 +163,7 @@ fn released_after_snapshot_still_conflicts_then_reclaims() {
                 assert_eq!(t.free_entries(), before + 1);
             }
             // ...while an aborted one is gone at once.
-            Outcome::Aborted => {
+            TxEnd::Aborted => {
                 assert!(got.is_empty());
                 assert_eq!(t.free_entries(), before + 1);
             }
@@ -174,14 +174,14 @@ fn released_after_snapshot_still_conflicts_then_reclaims() {
 #[test]
 fn release_settles_at_once_unless_the_range_lock_is_busy() {
     use super::locks::{LockId, Mode};
-    for outcome in [Outcome::Committed, Outcome::Aborted] {
+    for outcome in [TxEnd::Committed, TxEnd::Aborted] {
         let t = small();
         let before = t.free_entries();
         // Free range lock: settled by the releaser, nothing left to drain.
         t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
         t.release_all(0, outcome);
         assert_eq!(t.released_pending(), 0, "{outcome:?}");
-        let freed = if outcome == Outcome::Aborted { 1 } else { 0 };
+        let freed = if outcome == TxEnd::Aborted { 1 } else { 0 };
         assert_eq!(t.free_entries(), before - 1 + freed, "{outcome:?}");
         // Busy range lock (a reader holds it): the release does not wait,
         // it leaves the entry for the next drain, and readers see the same
@@ -189,7 +189,7 @@ fn release_settles_at_once_unless_the_range_lock_is_busy() {
         t.acquire(0, REL, &pt(2), &holder(51)).unwrap();
         let r = t.ranges_of(REL)[0];
         {
-            let _reader = t.lock(LockId::Range(r), Mode::Shared);
+            let _reader = crate::locks::Held::new(&t.locks, LockId::Range(r), Mode::Shared);
             t.release_all(0, outcome);
         }
         assert_eq!(t.released_pending(), 1, "{outcome:?}");
@@ -197,7 +197,7 @@ fn release_settles_at_once_unless_the_range_lock_is_busy() {
         t.drain_released(0);
         assert_eq!(t.released_pending(), 0, "{outcome:?}");
         assert_eq!(conflicts_of(t, REL, &pt(2), &[51], 60), seen, "{outcome:?}");
-        assert_eq!(seen.is_empty(), outcome == Outcome::Aborted, "{outcome:?}");
+        assert_eq!(seen.is_empty(), outcome == TxEnd::Aborted, "{outcome:?}");
         assert_eq!(t.free_entries(), before - 2 + 2 * freed, "{outcome:?}");
     }
 }
@@ -209,7 +209,7 @@ fn released_latches_drain_and_reclaim_as_the_horizon_passes() {
     let t = small();
     for x in 10..60u32 {
         t.acquire(0, REL, &pt(x as u16), &holder(x)).unwrap();
-        t.release_all(0, Outcome::Committed);
+        t.release_all(0, TxEnd::Committed);
         t.set_horizon(Xid(x)); // everything before x is gone from all snapshots
         t.drain_released(1);
     }
@@ -226,15 +226,15 @@ fn capacity_exhaustion_and_recovery() {
     assert_eq!(t.acquire(1, REL, &pt(100), &holder(101)), Err(AcquireError::Full));
     assert_eq!(t.stats()[super::stats::Stat::LatchTableFull as usize], 1);
     // The full transaction aborts; its holder's latches all go.
-    assert_eq!(t.release_all(0, Outcome::Aborted), 8);
+    assert_eq!(t.release_all(0, TxEnd::Aborted), 8);
     t.drain_released(0);
     assert_eq!(t.free_entries(), 8);
     t.acquire(1, REL, &pt(100), &holder(101)).unwrap();
     // Committed tombstones pinned by an old snapshot fill the table...
-    t.release_all(1, Outcome::Committed);
+    t.release_all(1, TxEnd::Committed);
     for x in 0..7u32 {
         t.acquire(2, REL, &pt(x as u16), &holder(200 + x)).unwrap();
-        t.release_all(2, Outcome::Committed);
+        t.release_all(2, TxEnd::Committed);
     }
     assert_eq!(t.acquire(3, REL, &pt(9), &holder(300)), Err(AcquireError::Full));
     // ...until pressure relief coalesces them: space comes back, and a reader
@@ -269,7 +269,7 @@ fn tree_node_pool_holds_a_full_table_in_any_split() {
     assert_eq!(n, cfg.max_entries, "the entries ran out first, not the nodes");
     assert!(t.ranges_of(REL).len() > 64, "split into many small ranges");
     assert_eq!(t.check_structure(REL), n as usize);
-    assert_eq!(t.release_all(0, Outcome::Aborted), n);
+    assert_eq!(t.release_all(0, TxEnd::Aborted), n);
     t.drain_released(0);
     assert_eq!(t.check_structure(REL), 0);
     assert_eq!(t.free_tree_nodes(), pool, "every tree node back in the pool");
@@ -279,7 +279,7 @@ fn tree_node_pool_holds_a_full_table_in_any_split() {
 fn coalesced_summary_asks_whether_the_holder_committed() {
     let t = small();
     t.acquire(0, REL, &pt(1), &holder(50)).unwrap();
-    t.release_all(0, Outcome::Committed);
+    t.release_all(0, TxEnd::Committed);
     t.coalesce(0, t.ranges_of(REL)[0]); // drains first
     let mut xs = [Xid(50), Xid(52)];
     let snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
@@ -309,8 +309,8 @@ fn wide_latches_span_every_range_they_cross() {
         assert_eq!(conflicts_of(t, REL, &pt(i + 1), &[100, 101], 200), set(&[101]), "key {}", i + 1);
     }
     // Releasing works whatever range each piece ended up in.
-    t.release_all(1, Outcome::Aborted);
-    t.release_all(0, Outcome::Aborted);
+    t.release_all(1, TxEnd::Aborted);
+    t.release_all(0, TxEnd::Aborted);
     t.drain_released(0);
     assert_eq!(t.free_entries(), 512);
 }
@@ -323,7 +323,7 @@ fn split_and_merge_preserve_every_conflict() {
         let x = 100 + u32::from(i % 5);
         t.acquire(i as u32 % 4, REL, &pt(i * 3), &holder(x)).unwrap_or_else(|e| panic!("{e:?}"));
         if i % 7 == 0 {
-            t.release_all(i as u32 % 4, Outcome::Committed);
+            t.release_all(i as u32 % 4, TxEnd::Committed);
         }
     }
     let snapshot_of = |t: &LatchTable<'_, StdLocks>| {
@@ -339,7 +339,7 @@ fn split_and_merge_preserve_every_conflict() {
     assert!(!t.merge(0, rs[0], rs[2]) || t.ranges_of(REL).len() == 1);
     assert_eq!(snapshot_of(t), before, "after merges");
     for slot in 0..4 {
-        t.release_all(slot, Outcome::Aborted);
+        t.release_all(slot, TxEnd::Aborted);
     }
 }
 
@@ -354,11 +354,11 @@ fn purge_waits_for_live_latches() {
         t.acquire(0, REL, &pt(v * 7 % 40), &holder(50)).unwrap();
     }
     assert!(!t.purge_table(REL), "a live latch blocks the purge");
-    t.release_all(0, Outcome::Committed);
+    t.release_all(0, TxEnd::Committed);
     assert!(t.purge_table(REL));
     assert_eq!(t.usage().tables_used, 1);
     assert_eq!(t.free_entries(), 255);
-    t.release_all(1, Outcome::Aborted);
+    t.release_all(1, TxEnd::Aborted);
     t.drain_released(1);
     assert_eq!(t.free_tree_nodes(), nodes, "the purged trees' nodes are back in the pool");
     assert!(conflicts_of(t, REL, &pt(1), &[50], 60).is_empty());
@@ -379,7 +379,7 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     assert_eq!(seen, vec![Conflict { xid: Xid(50), rel: REL, span: sp(0, 100), live: true, after: false }]);
     // After waiting for 50 the reader may not show it alone: 70's key 10
     // came first and would stay hidden.  70 must be pulled in as well.
-    t.release_all(1, Outcome::Committed);
+    t.release_all(1, TxEnd::Committed);
     let pulled = [Xid(50)];
     snap.pulled = &pulled;
     seen.clear();
@@ -394,7 +394,7 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     let t = small();
     t.acquire(1, REL, &pt(10), &holder(50)).unwrap();
     t.acquire(0, REL, &pt(11), &holder(70)).unwrap();
-    t.release_all(1, Outcome::Committed);
+    t.release_all(1, TxEnd::Committed);
     let pulled = [Xid(50)];
     snap.pulled = &pulled;
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
@@ -438,7 +438,7 @@ fn a_table_slot_freed_as_idle_while_it_is_created_still_gets_the_latch() {
         }
         let found = conflicts_of(t, rel, &pt(1), &[10], 100);
         assert_eq!(found, set(&[10]), "round {i}: the latch was not published");
-        t.release_all(0, Outcome::Aborted);
+        t.release_all(0, TxEnd::Aborted);
         t.drain_released(0);
     }
     done.store(true, Ordering::Relaxed);
@@ -460,7 +460,7 @@ fn splits_leave_a_range_for_every_table_slot_still_free() {
     for rel in 1..4u32 {
         t.acquire(0, RelId::new(2, rel), &pt(1), &holder(7)).unwrap();
     }
-    t.release_all(0, Outcome::Aborted);
+    t.release_all(0, TxEnd::Aborted);
 }
 
 mod model {
@@ -511,7 +511,7 @@ mod model {
                     Op::End { slot, commit } => {
                         let x = xid_of[slot as usize];
                         if x == 0 { continue; }
-                        t.release_all(slot as u32, if commit { Outcome::Committed } else { Outcome::Aborted });
+                        t.release_all(slot as u32, if commit { TxEnd::Committed } else { TxEnd::Aborted });
                         if commit {
                             for l in latches.iter_mut().filter(|l| l.1 == x) { l.2 = false; }
                         } else {
@@ -548,7 +548,7 @@ mod model {
                 }
                 t.check_structure(REL);
             }
-            for slot in 0..4 { t.release_all(slot, Outcome::Aborted); }
+            for slot in 0..4 { t.release_all(slot, TxEnd::Aborted); }
         }
     }
 }
@@ -619,10 +619,10 @@ mod stress {
                     if commit {
                         // Commit becomes visible first, then latches release.
                         pa.lock().unwrap().running.remove(&x);
-                        t.release_all(w, Outcome::Committed);
+                        t.release_all(w, TxEnd::Committed);
                     } else {
                         pa.lock().unwrap().aborted.insert(x);
-                        t.release_all(w, Outcome::Aborted);
+                        t.release_all(w, TxEnd::Aborted);
                         pa.lock().unwrap().running.remove(&x);
                     }
                     held.clear();
@@ -751,7 +751,7 @@ mod escalation {
         assert!(conflicts_of(t, REL, &pt(999), &[7], 100).is_empty());
         assert!(conflicts_of(t, REL, &pt(1598), &[7], 100).is_empty());
         // Committed, then reclaimed: nothing leaks.
-        t.release_all(0, Outcome::Committed);
+        t.release_all(0, TxEnd::Committed);
         h.clear();
         t.set_horizon(Xid(8));
         t.reclaim_all(0);
@@ -774,7 +774,7 @@ mod escalation {
         latch(t, &mut h50, 0, &pt(11), 50, &l);
         latch(t, &mut h50, 0, &pt(12), 50, &l);
         assert_eq!(h50.live(), 1, "escalated into one span");
-        t.release_all(0, Outcome::Committed);
+        t.release_all(0, TxEnd::Committed);
         let mut xs = [Xid(50)];
         let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
         let pulled = [Xid(50)];
@@ -795,7 +795,7 @@ mod escalation {
         latch(t, &mut h70, 1, &pt(3), 70, &l);
         latch(t, &mut h70, 1, &pt(4), 70, &l);
         latch(t, &mut h50, 0, &pt(20), 50, &l);
-        t.release_all(0, Outcome::Committed);
+        t.release_all(0, TxEnd::Committed);
         let mut xs = [Xid(50)];
         let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
         let pulled = [Xid(50)];
@@ -831,9 +831,9 @@ mod escalation {
         let mut h2 = Holdings::new();
         assert_eq!(t.latch(2, &mut h2, rel, &Span::ALL, &holder(9), &l), Err(AcquireError::TransactionBudget));
         // What was entered stays on the chain and goes at transaction end.
-        t.release_all(2, Outcome::Aborted);
-        t.release_all(1, Outcome::Aborted);
-        t.release_all(0, Outcome::Aborted);
+        t.release_all(2, TxEnd::Aborted);
+        t.release_all(1, TxEnd::Aborted);
+        t.release_all(0, TxEnd::Aborted);
         t.drain_released(0);
         assert_eq!(t.free_entries(), 512);
     }
@@ -851,7 +851,7 @@ mod escalation {
         }
         assert!(h.live() <= 128);
         assert!(t.free_entries() >= 256 - 128);
-        t.release_all(0, Outcome::Aborted);
+        t.release_all(0, TxEnd::Aborted);
         t.drain_released(0);
         assert_eq!(t.free_entries(), 256);
     }

@@ -10,11 +10,12 @@
 //! its keys beside the links, which decide nearly every comparison, so a
 //! descent reads the entries' full keys only on ties.
 //!
-//! Nodes come from a fixed pool ([`NodeStore::alloc_node`]); the tree needs
-//! no allocation and lives in shared memory as is.  Callers hold the range's
-//! lock (exclusive to modify, shared to query).  Every node but the root is
-//! at least half full, which bounds the pool a table of `n` entries in `r`
-//! ranges can need ([`pool_size`]).
+//! Nodes come from a fixed pool ([`NodesMut::alloc_node`]); the tree needs
+//! no allocation and lives in shared memory as is.  The tree code is safe
+//! Rust over the [`Nodes`] and [`Keys`] it is handed: modifying takes
+//! `&mut` nodes, which only a range's exclusive guard gives out (guard.rs).
+//! Every node but the root is at least half full, which bounds the pool a
+//! table of `n` entries in `r` ranges can need ([`pool_size`]).
 
 use super::span::{KeyBuf, Span};
 use std::cmp::Ordering;
@@ -131,66 +132,55 @@ struct Slot {
     kid: u32,
 }
 
-/// Node pool and entry keys the tree works on.
-///
-/// Contract: `node(n)` points to pool node `n` for any id `alloc_node`
-/// returned; the caller of the tree functions holds the range's lock
-/// (exclusive for [`insert`] and [`remove`]), so no one else reads or writes
-/// the nodes of this tree meanwhile.  Entry keys do not change while an
+/// The keys of the entries a tree indexes.  Keys do not change while an
 /// entry is in a tree.
-pub trait NodeStore {
-    fn node(&self, n: u32) -> *mut Node;
-    /// A node from the pool; its contents are overwritten by the caller.
-    fn alloc_node(&self) -> u32;
-    fn free_node(&self, n: u32);
+pub trait Keys {
     fn start(&self, e: u32) -> &KeyBuf;
     fn end(&self, e: u32) -> &KeyBuf;
+}
+
+/// A tree's nodes, read-only.  `node(n)` is any node id this tree links to.
+pub trait Nodes {
+    fn node(&self, n: u32) -> &Node;
     /// Hints that node `n` will be read soon.
     #[inline(always)]
     fn prefetch(&self, _n: u32) {}
 }
 
-/// Node `n`, mutable.  Callers never hold two references to one node.
-#[inline(always)]
-#[allow(clippy::mut_from_ref)]
-fn at<S: NodeStore + ?Sized>(s: &S, n: u32) -> &mut Node {
-    // SAFETY: per the NodeStore contract the pointer is valid and this tree
-    // is ours (its range lock is held); within this module no two live
-    // references to one node exist at a time.
-    unsafe { &mut *s.node(n) }
-}
-
-/// Node `n`, read-only (shared range lock suffices).
-#[inline(always)]
-fn rd<S: NodeStore + ?Sized>(s: &S, n: u32) -> &Node {
-    // SAFETY: as in at(); readers hold at least the shared range lock, under
-    // which nobody modifies the tree.
-    unsafe { &*s.node(n) }
+/// A tree's nodes, writable, and the pool new nodes come from.
+pub trait NodesMut: Nodes {
+    fn node_mut(&mut self, n: u32) -> &mut Node;
+    /// Two distinct nodes at once (a split or a rebalance moves slots
+    /// between them).
+    fn two_mut(&mut self, a: u32, b: u32) -> (&mut Node, &mut Node);
+    /// A node from the pool; its contents are overwritten by the caller.
+    fn alloc_node(&mut self) -> u32;
+    fn free_node(&mut self, n: u32);
 }
 
 /// Slot `i`'s least (start, id) against (`k`, `id`), by the cached head first.
 #[inline(always)]
-fn cmp_key<S: NodeStore + ?Sized>(s: &S, x: &Node, i: usize, k: &KeyBuf, id: u32) -> Ordering {
+fn cmp_key<K: Keys + ?Sized>(keys: &K, x: &Node, i: usize, k: &KeyBuf, id: u32) -> Ordering {
     match x.start_heads[i].cmp(&k.head()) {
-        Ordering::Equal => s.start(x.start_ids[i]).cmp(k).then(x.start_ids[i].cmp(&id)),
+        Ordering::Equal => keys.start(x.start_ids[i]).cmp(k).then(x.start_ids[i].cmp(&id)),
         o => o,
     }
 }
 
 /// Slot `i`'s least start against `k` (ids aside).
 #[inline(always)]
-fn cmp_start<S: NodeStore + ?Sized>(s: &S, x: &Node, i: usize, k: &KeyBuf) -> Ordering {
+fn cmp_start<K: Keys + ?Sized>(keys: &K, x: &Node, i: usize, k: &KeyBuf) -> Ordering {
     match x.start_heads[i].cmp(&k.head()) {
-        Ordering::Equal => s.start(x.start_ids[i]).cmp(k),
+        Ordering::Equal => keys.start(x.start_ids[i]).cmp(k),
         o => o,
     }
 }
 
 /// Slot `i`'s greatest end against `k`.
 #[inline(always)]
-fn cmp_end<S: NodeStore + ?Sized>(s: &S, x: &Node, i: usize, k: &KeyBuf) -> Ordering {
+fn cmp_end<K: Keys + ?Sized>(keys: &K, x: &Node, i: usize, k: &KeyBuf) -> Ordering {
     match x.end_heads[i].cmp(&k.head()) {
-        Ordering::Equal => s.end(x.end_ids[i]).cmp(k),
+        Ordering::Equal => keys.end(x.end_ids[i]).cmp(k),
         o => o,
     }
 }
@@ -199,7 +189,7 @@ fn cmp_end<S: NodeStore + ?Sized>(s: &S, x: &Node, i: usize, k: &KeyBuf) -> Orde
 /// sorted, so the slots whose head ties with `k`'s are contiguous and only
 /// they need the full key.
 #[inline(always)]
-fn count_le<S: NodeStore + ?Sized>(s: &S, x: &Node, k: &KeyBuf, id: u32) -> usize {
+fn count_le<K: Keys + ?Sized>(keys: &K, x: &Node, k: &KeyBuf, id: u32) -> usize {
     let h = k.head();
     let n = x.len();
     let (mut lt, mut le) = (0, 0);
@@ -207,20 +197,20 @@ fn count_le<S: NodeStore + ?Sized>(s: &S, x: &Node, k: &KeyBuf, id: u32) -> usiz
         lt += usize::from(sh < h);
         le += usize::from(sh <= h);
     }
-    while lt < le && cmp_key(s, x, lt, k, id) != Ordering::Greater {
+    while lt < le && cmp_key(keys, x, lt, k, id) != Ordering::Greater {
         lt += 1;
     }
     lt
 }
 
-/// `x`'s own summary as a slot of its parent pointing to `n`: its least
-/// key and its greatest end.
-fn summarize<S: NodeStore + ?Sized>(s: &S, n: u32) -> Slot {
-    let x = rd(s, n);
+/// Node `n`'s own summary as a slot of its parent: its least key and its
+/// greatest end.
+fn summarize<N: Nodes + ?Sized, K: Keys + ?Sized>(nodes: &N, keys: &K, n: u32) -> Slot {
+    let x = nodes.node(n);
     let mut best = 0;
     for i in 1..x.len() {
         let better = match x.end_heads[i].cmp(&x.end_heads[best]) {
-            Ordering::Equal => s.end(x.end_ids[i]) > s.end(x.end_ids[best]),
+            Ordering::Equal => keys.end(x.end_ids[i]) > keys.end(x.end_ids[best]),
             o => o == Ordering::Greater,
         };
         if better {
@@ -236,17 +226,18 @@ fn summarize<S: NodeStore + ?Sized>(s: &S, n: u32) -> Slot {
     }
 }
 
-fn alloc<S: NodeStore + ?Sized>(s: &S, height: u16) -> u32 {
-    let n = s.alloc_node();
+fn alloc<N: NodesMut + ?Sized>(nodes: &mut N, height: u16) -> u32 {
+    let n = nodes.alloc_node();
     assert!(n != NIL, "latch tree node pool exhausted (sized by tree::pool_size)");
-    *at(s, n) = Node { height, ..Node::EMPTY };
+    *nodes.node_mut(n) = Node { height, ..Node::EMPTY };
     n
 }
 
 /// Moves the upper half of overfull node `n` to a new right sibling.
-fn split<S: NodeStore + ?Sized>(s: &S, n: u32) -> u32 {
-    let r = alloc(s, rd(s, n).height);
-    let (x, y) = (at(s, n), at(s, r));
+fn split<N: NodesMut + ?Sized>(nodes: &mut N, n: u32) -> u32 {
+    let height = nodes.node(n).height;
+    let r = alloc(nodes, height);
+    let (x, y) = nodes.two_mut(n, r);
     let keep = x.len() - x.len() / 2;
     for i in keep..x.len() {
         y.set(i - keep, x.slot(i));
@@ -256,14 +247,13 @@ fn split<S: NodeStore + ?Sized>(s: &S, n: u32) -> u32 {
     r
 }
 
-/// Inserts entry `e` (its keys read through the store) and returns the new
-/// root.
-pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
-    let (start, end) = (s.start(e), s.end(e));
+/// Inserts entry `e` and returns the new root.
+pub fn insert<N: NodesMut + ?Sized, K: Keys + ?Sized>(nodes: &mut N, keys: &K, root: u32, e: u32) -> u32 {
+    let (start, end) = (keys.start(e), keys.end(e));
     let new = Slot { start_head: start.head(), start_id: e, end_head: end.head(), end_id: e, kid: NIL };
     if root == NIL {
-        let n = alloc(s, 0);
-        at(s, n).insert_at(0, new);
+        let n = alloc(nodes, 0);
+        nodes.node_mut(n).insert_at(0, new);
         return n;
     }
     // Descend, widening each summary on the way: `e` joins every subtree
@@ -272,8 +262,8 @@ pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
     let mut depth = 0;
     let mut n = root;
     loop {
-        let x = at(s, n);
-        let pos = count_le(s, x, start, e);
+        let x = nodes.node_mut(n);
+        let pos = count_le(keys, x, start, e);
         if x.is_leaf() {
             x.insert_at(pos, new);
             break;
@@ -282,28 +272,29 @@ pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
         if pos == 0 {
             (x.start_heads[0], x.start_ids[0]) = (new.start_head, e);
         }
-        if cmp_end(s, x, c, end) == Ordering::Less {
+        if cmp_end(keys, x, c, end) == Ordering::Less {
             (x.end_heads[c], x.end_ids[c]) = (new.end_head, e);
         }
         path[depth] = (n, c);
         depth += 1;
         n = x.kids[c];
-        s.prefetch(n);
+        nodes.prefetch(n);
     }
     // Split overfull nodes bottom up.
-    while rd(s, n).len() > FANOUT {
-        let r = split(s, n);
-        let (left, right) = (summarize(s, n), summarize(s, r));
+    while nodes.node(n).len() > FANOUT {
+        let r = split(nodes, n);
+        let (left, right) = (summarize(nodes, keys, n), summarize(nodes, keys, r));
         if depth == 0 {
-            let top = alloc(s, rd(s, n).height + 1);
-            let t = at(s, top);
+            let height = nodes.node(n).height + 1;
+            let top = alloc(nodes, height);
+            let t = nodes.node_mut(top);
             t.insert_at(0, left);
             t.insert_at(1, right);
             return top;
         }
         depth -= 1;
         let (p, c) = path[depth];
-        let x = at(s, p);
+        let x = nodes.node_mut(p);
         x.set(c, left);
         x.insert_at(c + 1, right);
         n = p;
@@ -312,46 +303,47 @@ pub fn insert<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
 }
 
 /// Removes entry `e`, which must be in the tree, and returns the new root.
-pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
-    let start = s.start(e);
+pub fn remove<N: NodesMut + ?Sized, K: Keys + ?Sized>(nodes: &mut N, keys: &K, root: u32, e: u32) -> u32 {
+    let start = keys.start(e);
     let mut path = [(NIL, 0usize); MAX_DEPTH];
     let mut depth = 0;
     let mut n = root;
     assert!(n != NIL, "latch tree: entry {e} not found");
     loop {
-        let x = at(s, n);
+        let x = nodes.node_mut(n);
         if x.is_leaf() {
             let i = x.start_ids[..x.len()].iter().position(|&id| id == e);
             x.remove_at(i.unwrap_or_else(|| panic!("latch tree: entry {e} not found")));
             break;
         }
-        let c = count_le(s, x, start, e);
+        let c = count_le(keys, x, start, e);
         assert!(c > 0, "latch tree: entry {e} not found");
         path[depth] = (n, c - 1);
         depth += 1;
         n = x.kids[c - 1];
-        s.prefetch(n);
+        nodes.prefetch(n);
     }
     // Walk up: refill an underfull node from a sibling, and recompute the
     // summaries that named `e` (no other bound can have moved).
     while depth > 0 {
         depth -= 1;
         let (p, c) = path[depth];
-        if rd(s, n).len() < MIN {
-            rebalance(s, p, c);
-        } else if rd(s, p).start_ids[c] == e || rd(s, p).end_ids[c] == e {
-            at(s, p).set(c, summarize(s, n));
+        if nodes.node(n).len() < MIN {
+            rebalance(nodes, keys, p, c);
+        } else if nodes.node(p).start_ids[c] == e || nodes.node(p).end_ids[c] == e {
+            let s = summarize(nodes, keys, n);
+            nodes.node_mut(p).set(c, s);
         }
         n = p;
     }
-    let x = rd(s, root);
+    let x = nodes.node(root);
     if x.len() == 0 {
-        s.free_node(root);
+        nodes.free_node(root);
         return NIL;
     }
     if !x.is_leaf() && x.len() == 1 {
         let only = x.kids[0];
-        s.free_node(root);
+        nodes.free_node(root);
         return only;
     }
     root
@@ -362,21 +354,22 @@ pub fn remove<S: NodeStore + ?Sized>(s: &S, root: u32, e: u32) -> u32 {
 /// Merging two that would just fit (a full node) is what the next insert
 /// there splits again: alternating inserts and removals at that spot would
 /// allocate and free a node every time.
-fn rebalance<S: NodeStore + ?Sized>(s: &S, p: u32, c: usize) {
-    let x = rd(s, p);
+fn rebalance<N: NodesMut + ?Sized, K: Keys + ?Sized>(nodes: &mut N, keys: &K, p: u32, c: usize) {
+    let x = nodes.node(p);
     let li = if c + 1 < x.len() { c } else { c - 1 };
     let (l, r) = (x.kids[li], x.kids[li + 1]);
-    let (a, b) = (at(s, l), at(s, r));
+    let (a, b) = nodes.two_mut(l, r);
     let total = a.len() + b.len();
     if total < 2 * MIN {
         for i in 0..b.len() {
             a.set(a.len() + i, b.slot(i));
         }
         a.len = total as u16;
-        s.free_node(r);
-        let x = at(s, p);
+        nodes.free_node(r);
+        let left = summarize(nodes, keys, l);
+        let x = nodes.node_mut(p);
         x.remove_at(li + 1);
-        x.set(li, summarize(s, l));
+        x.set(li, left);
         return;
     }
     let want = total / 2;
@@ -401,31 +394,43 @@ fn rebalance<S: NodeStore + ?Sized>(s: &S, p: u32, c: usize) {
         b.len += k as u16;
         a.len = want as u16;
     }
-    let (left, right) = (summarize(s, l), summarize(s, r));
-    let x = at(s, p);
+    let (left, right) = (summarize(nodes, keys, l), summarize(nodes, keys, r));
+    let x = nodes.node_mut(p);
     x.set(li, left);
     x.set(li + 1, right);
 }
 
 /// Calls `f` for every entry overlapping `q`, in start order, until `f`
 /// returns false.  Returns false when stopped early.
-pub fn for_each_overlap<S: NodeStore + ?Sized>(s: &S, root: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
+pub fn for_each_overlap<N: Nodes + ?Sized, K: Keys + ?Sized>(
+    nodes: &N,
+    keys: &K,
+    root: u32,
+    q: &Span,
+    f: &mut dyn FnMut(u32) -> bool,
+) -> bool {
     if q.is_empty() || root == NIL {
         return true;
     }
-    visit(s, root, q, f)
+    visit(nodes, keys, root, q, f)
 }
 
-fn visit<S: NodeStore + ?Sized>(s: &S, n: u32, q: &Span, f: &mut dyn FnMut(u32) -> bool) -> bool {
-    let x = rd(s, n);
+fn visit<N: Nodes + ?Sized, K: Keys + ?Sized>(
+    nodes: &N,
+    keys: &K,
+    n: u32,
+    q: &Span,
+    f: &mut dyn FnMut(u32) -> bool,
+) -> bool {
+    let x = nodes.node(n);
     for i in 0..x.len() {
-        if cmp_start(s, x, i, &q.end) != Ordering::Less {
+        if cmp_start(keys, x, i, &q.end) != Ordering::Less {
             break; // this slot and the later ones start at or after the end
         }
-        if cmp_end(s, x, i, &q.start) != Ordering::Greater {
+        if cmp_end(keys, x, i, &q.start) != Ordering::Greater {
             continue; // everything below ends by the query's start
         }
-        let more = if x.is_leaf() { f(x.start_ids[i]) } else { visit(s, x.kids[i], q, f) };
+        let more = if x.is_leaf() { f(x.start_ids[i]) } else { visit(nodes, keys, x.kids[i], q, f) };
         if !more {
             return false;
         }
@@ -434,25 +439,25 @@ fn visit<S: NodeStore + ?Sized>(s: &S, n: u32, q: &Span, f: &mut dyn FnMut(u32) 
 }
 
 /// Calls `f` for every entry in start order.
-pub fn for_each<S: NodeStore + ?Sized>(s: &S, root: u32, f: &mut dyn FnMut(u32)) {
+pub fn for_each<N: Nodes + ?Sized>(nodes: &N, root: u32, f: &mut dyn FnMut(u32)) {
     if root == NIL {
         return;
     }
-    let x = rd(s, root);
+    let x = nodes.node(root);
     for i in 0..x.len() {
         if x.is_leaf() {
             f(x.start_ids[i]);
         } else {
-            for_each(s, x.kids[i], f);
+            for_each(nodes, x.kids[i], f);
         }
     }
 }
 
 /// The entry with the greatest (start, id), or NIL when empty.
-pub fn last<S: NodeStore + ?Sized>(s: &S, root: u32) -> u32 {
+pub fn last<N: Nodes + ?Sized>(nodes: &N, root: u32) -> u32 {
     let mut n = root;
     while n != NIL {
-        let x = rd(s, n);
+        let x = nodes.node(n);
         if x.is_leaf() {
             return x.start_ids[x.len() - 1];
         }
@@ -462,130 +467,141 @@ pub fn last<S: NodeStore + ?Sized>(s: &S, root: u32) -> u32 {
 }
 
 /// The entry with the least (start, id), or NIL when empty.
-pub fn first<S: NodeStore + ?Sized>(s: &S, root: u32) -> u32 {
+pub fn first<N: Nodes + ?Sized>(nodes: &N, root: u32) -> u32 {
     if root == NIL {
         NIL
     } else {
-        rd(s, root).start_ids[0]
+        nodes.node(root).start_ids[0]
     }
 }
 
 /// Checks every invariant of the tree (key order, fill, exact summaries,
 /// cached heads, equal leaf depth) and returns its entry count.
 #[cfg(test)]
-pub(crate) fn check<S: NodeStore + ?Sized>(s: &S, root: u32) -> usize {
+pub(crate) fn check<N: Nodes + ?Sized, K: Keys + ?Sized>(nodes: &N, keys: &K, root: u32) -> usize {
     if root == NIL {
         return 0;
     }
-    let x = rd(s, root);
+    let x = nodes.node(root);
     assert!(x.len() >= if x.is_leaf() { 1 } else { 2 }, "root fill");
     let mut all = Vec::new();
-    for_each(s, root, &mut |e| all.push((*s.start(e), e)));
+    for_each(nodes, root, &mut |e| all.push((*keys.start(e), e)));
     assert!(all.windows(2).all(|w| w[0] < w[1]), "entries out of (start, id) order");
-    let (entries, _) = check_node(s, root);
+    let (entries, _) = check_node(nodes, keys, root);
     assert_eq!(entries, all.len());
     entries
 }
 
 /// (entries, nodes) below `n`.
 #[cfg(test)]
-fn check_node<S: NodeStore + ?Sized>(s: &S, n: u32) -> (usize, usize) {
-    let x = rd(s, n);
+fn check_node<N: Nodes + ?Sized, K: Keys + ?Sized>(nodes: &N, keys: &K, n: u32) -> (usize, usize) {
+    let x = nodes.node(n);
     assert!(x.len() <= FANOUT, "overfull node");
-    let key = |i: usize| (*s.start(x.start_ids[i]), x.start_ids[i]);
+    let key = |i: usize| (*keys.start(x.start_ids[i]), x.start_ids[i]);
     for i in 1..x.len() {
         assert!(key(i - 1) < key(i), "slots out of order");
     }
-    let (mut entries, mut nodes) = (0, 1);
+    let (mut entries, mut count) = (0, 1);
     for i in 0..x.len() {
-        assert_eq!(x.start_heads[i], s.start(x.start_ids[i]).head(), "cached start head");
-        assert_eq!(x.end_heads[i], s.end(x.end_ids[i]).head(), "cached end head");
+        assert_eq!(x.start_heads[i], keys.start(x.start_ids[i]).head(), "cached start head");
+        assert_eq!(x.end_heads[i], keys.end(x.end_ids[i]).head(), "cached end head");
         if x.is_leaf() {
             assert_eq!(x.start_ids[i], x.end_ids[i]);
             entries += 1;
             continue;
         }
-        let child = rd(s, x.kids[i]);
+        let child = nodes.node(x.kids[i]);
         assert_eq!(child.height + 1, x.height, "leaves at one depth");
         assert!(child.len() >= MIN, "underfull node");
         let mut below = Vec::new();
-        for_each(s, x.kids[i], &mut |e| below.push(e));
-        let greatest = below.iter().map(|&e| s.end(e)).max();
+        for_each(nodes, x.kids[i], &mut |e| below.push(e));
+        let greatest = below.iter().map(|&e| keys.end(e)).max();
         assert_eq!(x.start_ids[i], below[0], "least key below a slot");
         // The summary must name an entry below the slot, not merely one
         // with an equal end: remove() recomputes a summary only when it
         // names the entry going away.
         assert!(below.contains(&x.end_ids[i]), "greatest end names an entry below its slot");
-        assert!(Some(s.end(x.end_ids[i])) == greatest, "greatest end below a slot");
-        let (e, k) = check_node(s, x.kids[i]);
+        assert!(Some(keys.end(x.end_ids[i])) == greatest, "greatest end below a slot");
+        let (e, k) = check_node(nodes, keys, x.kids[i]);
         entries += e;
-        nodes += k;
+        count += k;
     }
-    (entries, nodes)
+    (entries, count)
 }
 
 /// Pool nodes the tree uses.
 #[cfg(test)]
-pub(crate) fn node_count<S: NodeStore + ?Sized>(s: &S, root: u32) -> usize {
+pub(crate) fn node_count<N: Nodes + ?Sized, K: Keys + ?Sized>(nodes: &N, keys: &K, root: u32) -> usize {
     if root == NIL {
         0
     } else {
-        check_node(s, root).1
+        check_node(nodes, keys, root).1
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::cell::{RefCell, UnsafeCell};
 
-    /// A Vec-backed store for exercising the tree alone: spans fixed up
-    /// front, nodes from a preallocated pool.
-    pub(crate) struct VecStore {
-        nodes: Vec<UnsafeCell<Node>>,
-        free: RefCell<Vec<u32>>,
-        spans: Vec<UnsafeCell<Span>>,
-        allocs: std::cell::Cell<usize>,
+    /// Vec-backed nodes for exercising the tree alone, from a preallocated
+    /// pool.
+    pub(crate) struct VecNodes {
+        nodes: Vec<Node>,
+        free: Vec<u32>,
+        allocs: usize,
     }
 
-    impl VecStore {
-        fn new(spans: Vec<Span>) -> Self {
-            let pool = pool_size(spans.len() as u32, 1) as usize;
-            let nodes = (0..pool).map(|_| UnsafeCell::new(Node::EMPTY)).collect();
-            let spans = spans.into_iter().map(UnsafeCell::new).collect();
-            VecStore { nodes, free: RefCell::new((0..pool as u32).rev().collect()), spans, allocs: 0.into() }
-        }
+    /// Fixed-up-front spans as the entries' keys.
+    pub(crate) struct VecKeys(Vec<Span>);
 
+    impl VecKeys {
         fn span(&self, e: u32) -> &Span {
-            // SAFETY: spans change only in poison(), never while a
-            // reference from here is alive (see there).
-            unsafe { &*self.spans[e as usize].get() }
+            &self.0[e as usize]
         }
 
         /// Overwrites removed entry `e`'s keys, as reuse of its slot would,
         /// so a summary still naming it breaks the cached-head checks.
-        /// Called between tree operations only, when no key is borrowed.
-        fn poison(&self, e: u32) {
-            // SAFETY: no reference into this span is alive (see above).
-            unsafe { *self.spans[e as usize].get() = Span::new(&[0xFF; 12], None) };
-        }
-
-        fn in_use(&self) -> usize {
-            self.nodes.len() - self.free.borrow().len()
+        fn poison(&mut self, e: u32) {
+            self.0[e as usize] = Span::new(&[0xFF; 12], None);
         }
     }
 
-    impl NodeStore for VecStore {
-        fn node(&self, n: u32) -> *mut Node {
-            self.nodes[n as usize].get()
+    fn store(spans: Vec<Span>) -> (VecNodes, VecKeys) {
+        let pool = pool_size(spans.len() as u32, 1) as usize;
+        let nodes = VecNodes { nodes: vec![Node::EMPTY; pool], free: (0..pool as u32).rev().collect(), allocs: 0 };
+        (nodes, VecKeys(spans))
+    }
+
+    impl VecNodes {
+        fn in_use(&self) -> usize {
+            self.nodes.len() - self.free.len()
         }
-        fn alloc_node(&self) -> u32 {
-            self.allocs.set(self.allocs.get() + 1);
-            self.free.borrow_mut().pop().unwrap_or(NIL)
+    }
+
+    impl Nodes for VecNodes {
+        fn node(&self, n: u32) -> &Node {
+            &self.nodes[n as usize]
         }
-        fn free_node(&self, n: u32) {
-            self.free.borrow_mut().push(n)
+    }
+
+    impl NodesMut for VecNodes {
+        fn node_mut(&mut self, n: u32) -> &mut Node {
+            &mut self.nodes[n as usize]
         }
+        fn two_mut(&mut self, a: u32, b: u32) -> (&mut Node, &mut Node) {
+            let [x, y] = self.nodes.get_disjoint_mut([a as usize, b as usize]).expect("two distinct nodes");
+            (x, y)
+        }
+        fn alloc_node(&mut self) -> u32 {
+            self.allocs += 1;
+            self.free.pop().unwrap_or(NIL)
+        }
+        fn free_node(&mut self, n: u32) {
+            self.free.push(n)
+        }
+    }
+
+    impl Keys for VecKeys {
         fn start(&self, e: u32) -> &KeyBuf {
             &self.span(e).start
         }
@@ -627,7 +643,7 @@ pub(crate) mod tests {
                 span(a, a + 1 + (rnd() % 40) as u16)
             })
             .collect();
-        let s = VecStore::new(spans);
+        let (mut n, mut k) = store(spans);
         let mut root = NIL;
         let mut live: Vec<u32> = Vec::new();
         let mut next = 0u32;
@@ -635,49 +651,49 @@ pub(crate) mod tests {
             // Grow to the target, then churn, then drain to empty.
             let grow = if step < total - target - 200 { live.len() < target || rnd() % 2 == 0 } else { false };
             if grow && (next as usize) < total {
-                let n = next;
+                let e = next;
                 next += 1;
-                root = insert(&s, root, n);
-                live.push(n);
+                root = insert(&mut n, &k, root, e);
+                live.push(e);
             } else if !live.is_empty() {
                 let i = (rnd() as usize) % live.len();
-                let n = live.swap_remove(i);
-                root = remove(&s, root, n);
-                s.poison(n);
+                let e = live.swap_remove(i);
+                root = remove(&mut n, &k, root, e);
+                k.poison(e);
             }
             if step % 97 == 0 || live.len() < 40 {
-                assert_eq!(check(&s, root), live.len());
-                assert_eq!(node_count(&s, root), s.in_use(), "pool nodes leak");
-                assert!(s.in_use() as u32 <= pool_size(live.len() as u32, 1), "pool bound");
+                assert_eq!(check(&n, &k, root), live.len());
+                assert_eq!(node_count(&n, &k, root), n.in_use(), "pool nodes leak");
+                assert!(n.in_use() as u32 <= pool_size(live.len() as u32, 1), "pool bound");
             }
             let qa = (rnd() % 1000) as u16;
             let q = span(qa, qa + (rnd() % 60) as u16);
             let mut got = Vec::new();
-            for_each_overlap(&s, root, &q, &mut |n| {
-                got.push(n);
+            for_each_overlap(&n, &k, root, &q, &mut |e| {
+                got.push(e);
                 true
             });
-            let mut want: Vec<u32> = live.iter().copied().filter(|&n| s.span(n).overlaps(&q)).collect();
-            want.sort_by_key(|&n| (s.span(n).start, n));
+            let mut want: Vec<u32> = live.iter().copied().filter(|&e| k.span(e).overlaps(&q)).collect();
+            want.sort_by_key(|&e| (k.span(e).start, e));
             assert_eq!(got, want, "prefix {prefix} step {step} query {q:?}");
         }
         assert_eq!(root, NIL, "drained");
-        assert_eq!(s.in_use(), 0, "every node back in the pool");
+        assert_eq!(n.in_use(), 0, "every node back in the pool");
     }
 
     #[test]
     fn first_and_last_are_the_extremes() {
-        let (s, empty) = tree_of(vec![], 0);
-        assert_eq!((first(&s, empty), last(&s, empty)), (NIL, NIL));
-        let (s, root) = tree_of((0..200u16).map(|i| span(1000 - i * 3, 1001 - i * 3)).collect(), 200);
-        assert_eq!((first(&s, root), last(&s, root)), (199, 0));
+        let (n, _, empty) = tree_of(vec![], 0);
+        assert_eq!((first(&n, empty), last(&n, empty)), (NIL, NIL));
+        let (n, _, root) = tree_of((0..200u16).map(|i| span(1000 - i * 3, 1001 - i * 3)).collect(), 200);
+        assert_eq!((first(&n, root), last(&n, root)), (199, 0));
     }
 
     /// A store of `spans` with the first `n` of them inserted in id order.
-    fn tree_of(spans: Vec<Span>, n: u32) -> (VecStore, u32) {
-        let s = VecStore::new(spans);
-        let root = (0..n).fold(NIL, |root, e| insert(&s, root, e));
-        (s, root)
+    fn tree_of(spans: Vec<Span>, count: u32) -> (VecNodes, VecKeys, u32) {
+        let (mut n, k) = store(spans);
+        let root = (0..count).fold(NIL, |root, e| insert(&mut n, &k, root, e));
+        (n, k, root)
     }
 
     /// 40 disjoint spans in ascending order.
@@ -688,23 +704,23 @@ pub(crate) mod tests {
     #[test]
     fn churn_at_a_node_boundary_does_not_split_and_merge_each_time() {
         // 17 ascending entries: a leaf split into 9 + 8 under a root.
-        let (s, mut root) = tree_of(ascending(), 17);
-        let before = s.allocs.get();
+        let (mut n, k, mut root) = tree_of(ascending(), 17);
+        let before = n.allocs;
         for _ in 0..50 {
-            root = remove(&s, root, 16);
-            assert_eq!(check(&s, root), 16);
-            root = insert(&s, root, 16);
-            assert_eq!(check(&s, root), 17);
+            root = remove(&mut n, &k, root, 16);
+            assert_eq!(check(&n, &k, root), 16);
+            root = insert(&mut n, &k, root, 16);
+            assert_eq!(check(&n, &k, root), 17);
         }
-        assert_eq!(s.allocs.get(), before, "no node allocated by the churn");
-        assert_eq!(node_count(&s, root), 3);
+        assert_eq!(n.allocs, before, "no node allocated by the churn");
+        assert_eq!(node_count(&n, &k, root), 3);
     }
 
     #[test]
     fn early_stop_is_honoured() {
-        let (s, root) = tree_of(ascending(), 40);
+        let (n, k, root) = tree_of(ascending(), 40);
         let mut seen = 0;
-        let done = for_each_overlap(&s, root, &span(0, 1000), &mut |_| {
+        let done = for_each_overlap(&n, &k, root, &span(0, 1000), &mut |_| {
             seen += 1;
             seen < 20
         });

@@ -16,12 +16,12 @@
 //! 10".  `check` reports such writers as conflicts with `after: true`; the
 //! reader waits for them and pulls them in like the others.
 
-use super::locks::{LockId, LockSet, Mode};
+use super::guard::{Directory, RangeAccess};
+use super::locks::LockSet;
 use super::region::{RelId, State};
 use super::snapshot::ReadSnapshot;
 use super::span::Span;
 use super::table::LatchTable;
-use super::tree;
 use super::xid::Xid;
 
 /// A holder the reader's snapshot could have missed.
@@ -48,8 +48,6 @@ pub struct Check {
     /// writers to add cannot be named (a huge coalesced xid interval): the
     /// reader must take a fresh snapshot.
     pub must_refresh: bool,
-    /// Latches (and summaries) looked at.
-    pub examined: u32,
 }
 
 impl Check {
@@ -102,7 +100,6 @@ impl<L: LockSet> LatchTable<'_, L> {
             let c = self.check_spans(rel, &spans, snap, committed, on_conflict);
             out.conflicted |= c.conflicted;
             out.must_refresh |= c.must_refresh;
-            out.examined += c.examined;
         }
         out
     }
@@ -126,37 +123,32 @@ impl<L: LockSet> LatchTable<'_, L> {
         let mut after: Vec<(Xid, u64, bool, Span)> = Vec::new();
         let mut after_ranges: Vec<(Xid, Xid, u64, Span)> = Vec::new();
         {
-            let _d = self.lock(LockId::Directory, Mode::Shared);
-            let Some(t) = self.find_table(rel) else {
+            let mut d = self.dir_read();
+            let Some(t) = d.find_table(rel) else {
                 return out; // never latched
             };
             for span in spans.iter().filter(|s| !s.is_empty()) {
-                self.for_each_range_of(t, span, &mut |r| {
-                    let _g = self.lock(LockId::Range(r), Mode::Shared);
-                    // SAFETY: range lock held (shared: read only).
-                    let body = unsafe { self.body(r) };
-                    tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
-                        // SAFETY: `e` is in range `r`, whose lock we hold.
-                        let d = unsafe { self.data(e) };
-                        out.examined += 1;
+                for &r in d.ranges_over(t, span).as_slice() {
+                    let g = d.range_read(r);
+                    g.for_each_overlap(span, &mut |e| {
                         let state = self.state(e);
                         if state == State::Dead {
                             return true; // aborted: its rows never existed
                         }
+                        let data = g.data(e);
                         let live = state == State::Live;
-                        if snap.in_flight(d.xid) {
+                        if snap.in_flight(data.xid) {
                             out.conflicted = true;
-                            on_conflict(Conflict { xid: d.xid, rel, span: *span, live, after: false });
-                        } else if snap.is_pulled(d.xid) {
+                            on_conflict(Conflict { xid: data.xid, rel, span: *span, live, after: false });
+                        } else if snap.is_pulled(data.xid) {
                             pulled_seq = pulled_seq.max(self.seq_hi(e));
-                        } else if pulling && snap.is_after(d.xid) {
-                            after.push((d.xid, d.seq, live, *span));
+                        } else if pulling && snap.is_after(data.xid) {
+                            after.push((data.xid, data.seq, live, *span));
                         }
                         true
                     });
-                    let s = &body.summary;
+                    let s = &g.body().summary;
                     if !s.is_empty() && s.span.overlaps(span) {
-                        out.examined += 1;
                         for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
                             if committed(x) {
                                 out.conflicted = true;
@@ -172,8 +164,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                             }
                         }
                     }
-                    true
-                });
+                }
             }
         }
         // Writers after the snapshot that published before something we
@@ -202,28 +193,5 @@ impl<L: LockSet> LatchTable<'_, L> {
             }
         }
         out
-    }
-
-    /// Every running holder of a latch overlapping `span`, regardless of
-    /// snapshots (what a writer-side tool or a view wants to know).
-    pub fn live_holders(&self, rel: RelId, span: &Span, f: &mut dyn FnMut(Xid, i32)) {
-        let _d = self.lock(LockId::Directory, Mode::Shared);
-        let Some(t) = self.find_table(rel) else {
-            return;
-        };
-        self.for_each_range_of(t, span, &mut |r| {
-            let _g = self.lock(LockId::Range(r), Mode::Shared);
-            // SAFETY: range lock held.
-            let body = unsafe { self.body(r) };
-            tree::for_each_overlap(&self.nodes(), body.root, span, &mut |e| {
-                // SAFETY: as above.
-                let d = unsafe { self.data(e) };
-                if self.state(e) == State::Live {
-                    f(d.xid, d.pid);
-                }
-                true
-            });
-            true
-        });
     }
 }

@@ -10,7 +10,7 @@
 use super::snapshot::{self, Base};
 use crate::errors;
 use crate::guc::{self, ScanMode};
-use crate::latch::protocol::{self, Env, Outcome, Params, ReadMode, Report};
+use crate::latch::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
 use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
 use crate::registry;
 use crate::shmem::{backend, table};
@@ -64,7 +64,7 @@ pub enum Then {
 /// The protocol's result.
 pub struct Run {
     pub then: Then,
-    pub report: Report,
+    pub report: ReadReport,
     /// Microseconds spent waiting for writers.
     pub wait_us: i64,
     /// The base snapshot the result was read (or is to be read) at: the one
@@ -115,21 +115,21 @@ pub const STREAM_ABOVE_ROWS: u64 = 64;
 /// table and span; `what` names the read in its detail ("LIMIT scan",
 /// "arrow_scan").
 pub fn run<R: Reader>(reader: &mut R, base: Base, declared: &Footprint, choice: Choice, what: &str) -> Run {
-    let params = Params {
+    let params = ReadParams {
         mode: choice.mode,
         declared_first: choice.declared_first,
         retries: guc::OPTIMISTIC_RETRIES.get() as u32,
         fixed_snapshot: snapshot::fixed_snapshot(),
     };
-    let mut report = Report::default();
+    let mut report = ReadReport::default();
     let mut env = ReadEnv { reader, base, wait_us: 0 };
     let outcome = protocol::run(&mut env, declared, &params, &mut report);
     let (base, wait_us) = (env.base, env.wait_us);
     count(&report);
     let then = match outcome {
-        Outcome::Emit => Then::Emit,
-        Outcome::Stream { pulled } => Then::Stream { pulled },
-        Outcome::SerializationFailure { xid, rel, span } => serialization_failure(xid, rel, &span, what),
+        ReadOutcome::Emit => Then::Emit,
+        ReadOutcome::Stream { pulled } => Then::Stream { pulled },
+        ReadOutcome::SerializationFailure { xid, rel, span } => serialization_failure(xid, rel, &span, what),
     };
     Run { then, report, wait_us, base }
 }
@@ -155,7 +155,7 @@ pub fn serialization_failure(xid: Xid, rel: RelId, span: &Span, what: &str) -> !
 }
 
 /// Counts one protocol run in `pgkvx.stats()`.
-pub fn count(r: &Report) {
+pub fn count(r: &ReadReport) {
     backend::count(Stat::Validations, u64::from(r.validations));
     backend::count(Stat::Conflicts, u64::from(r.conflicts));
     backend::count(Stat::Retries, u64::from(r.retries));

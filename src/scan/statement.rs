@@ -29,7 +29,7 @@ use super::node;
 use super::plan_data::GuardPlan;
 use crate::errors;
 use crate::guc;
-use crate::latch::protocol::{ReadMode, Report};
+use crate::latch::protocol::{ReadMode, ReadReport};
 use crate::latch::{Footprint, Xid};
 use crate::read::run::{self, Choice, Reader, Then};
 use crate::read::snapshot::{self, Base};
@@ -46,7 +46,7 @@ use std::rc::Rc;
 #[derive(Default, Debug)]
 pub struct StatementReport {
     pub mode: String,
-    pub report: Report,
+    pub report: ReadReport,
     pub wait_us: i64,
 }
 

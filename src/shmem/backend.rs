@@ -23,7 +23,7 @@
 use super::table;
 use crate::errors;
 use crate::guc;
-use crate::latch::{AcquireError, Holder, Holdings, Latched, Limits, Outcome, RelId, Span, Stat, Xid};
+use crate::latch::{AcquireError, Holder, Holdings, Latched, Limits, RelId, Span, Stat, TxEnd, Xid};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
@@ -129,7 +129,7 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     let t = table();
     let slot = my_slot();
     if t.holds_any(slot) {
-        t.release_all(slot, Outcome::Aborted);
+        t.release_all(slot, TxEnd::Aborted);
     }
     forget_holdings();
 }
@@ -236,7 +236,7 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
     match event {
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => {
             if t.holds_any(slot) {
-                t.release_all(slot, Outcome::Committed);
+                t.release_all(slot, TxEnd::Committed);
                 refresh_horizon(false);
             }
             forget_holdings();
@@ -247,7 +247,7 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
             if t.holds_any(slot) {
-                t.release_all(slot, Outcome::Aborted);
+                t.release_all(slot, TxEnd::Aborted);
             }
             forget_holdings();
             crate::api::drawn::forget();
