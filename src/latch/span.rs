@@ -240,22 +240,22 @@ mod tests {
 
     #[test]
     fn overlap_table_both_orders() {
-        // (a, b, overlaps)
-        let cases: &[(Span, Span, bool)] = &[
-            (s(b"a", Some(b"c")), s(b"b", Some(b"d")), true),
-            (s(b"a", Some(b"b")), s(b"b", Some(b"c")), false), // adjacent, half-open
-            (s(b"a", Some(b"c")), s(b"a", Some(b"c")), true),
-            (s(b"a", None), s(b"zzz", Some(b"zzzz")), true),
-            (s(b"", None), s(b"x", Some(b"y")), true),
-            (s(b"b", Some(b"b")), s(b"a", Some(b"z")), false), // empty span
-            (Span::point(b"k"), s(b"k", Some(b"k\x00")), true),
-            (Span::point(b"k"), Span::point(b"k\x00"), false),
-            (Span::prefix(b"\x01"), Span::point(b"\x01\x02"), true),
-            (Span::prefix(b"\x01"), Span::point(b"\x02"), false),
+        // (name, a, b, overlaps)
+        let cases: &[(&str, Span, Span, bool)] = &[
+            ("crossing", s(b"a", Some(b"c")), s(b"b", Some(b"d")), true),
+            ("adjacent, half-open", s(b"a", Some(b"b")), s(b"b", Some(b"c")), false),
+            ("equal", s(b"a", Some(b"c")), s(b"a", Some(b"c")), true),
+            ("unbounded above", s(b"a", None), s(b"zzz", Some(b"zzzz")), true),
+            ("everything", s(b"", None), s(b"x", Some(b"y")), true),
+            ("empty span", s(b"b", Some(b"b")), s(b"a", Some(b"z")), false),
+            ("point and its one-key span", Span::point(b"k"), s(b"k", Some(b"k\x00")), true),
+            ("point and its successor", Span::point(b"k"), Span::point(b"k\x00"), false),
+            ("prefix and a key under it", Span::prefix(b"\x01"), Span::point(b"\x01\x02"), true),
+            ("prefix and a key past it", Span::prefix(b"\x01"), Span::point(b"\x02"), false),
         ];
-        for (i, (a, b, want)) in cases.iter().enumerate() {
-            assert_eq!(a.overlaps(b), *want, "case {i}: {a:?} vs {b:?}");
-            assert_eq!(b.overlaps(a), *want, "case {i} reversed");
+        for (name, a, b, want) in cases {
+            assert_eq!(a.overlaps(b), *want, "{name}: {a:?} vs {b:?}");
+            assert_eq!(b.overlaps(a), *want, "{name}, reversed");
         }
     }
 

@@ -52,24 +52,23 @@ fn set(xs: &[u32]) -> BTreeSet<u32> {
 
 #[test]
 fn overlap_cases_in_both_orders() {
-    // (latch span, query span, conflicts)
-    let cases: &[(Span, Span, bool)] = &[
-        (pt(10), pt(10), true),
-        (pt(10), pt(11), false),
-        (sp(10, 20), sp(19, 30), true),
-        (sp(10, 20), sp(20, 30), false), // adjacent: half-open ends do not meet
-        (sp(20, 30), sp(10, 20), false),
-        (sp(10, 20), pt(15), true),
-        (Span::ALL, pt(7), true),
-        (pt(7), Span::ALL, true),
-        (Span::new(&k(100), None), pt(60000), true),
-        (Span::new(&[], Some(&k(5))), pt(5), false),
-        // composite keys: a latch on the prefix (1, *) covers (1, 2), not (2, 1)
-        (Span::prefix(&[0, 1]), Span::point(&[0, 1, 0, 2]), true),
-        (Span::prefix(&[0, 1]), Span::point(&[0, 2, 0, 1]), false),
-        (Span::point(&[0, 1, 0, 2]), Span::prefix(&[0, 1]), true),
+    // (name, latch span, query span, conflicts)
+    let cases: &[(&str, Span, Span, bool)] = &[
+        ("same point", pt(10), pt(10), true),
+        ("different points", pt(10), pt(11), false),
+        ("spans that overlap", sp(10, 20), sp(19, 30), true),
+        ("span ending where the query starts", sp(10, 20), sp(20, 30), false),
+        ("span starting where the query ends", sp(20, 30), sp(10, 20), false),
+        ("point inside a span", sp(10, 20), pt(15), true),
+        ("everything latched", Span::ALL, pt(7), true),
+        ("everything read", pt(7), Span::ALL, true),
+        ("span unbounded above", Span::new(&k(100), None), pt(60000), true),
+        ("span below, unbounded under", Span::new(&[], Some(&k(5))), pt(5), false),
+        ("composite prefix covers its rows", Span::prefix(&[0, 1]), Span::point(&[0, 1, 0, 2]), true),
+        ("composite prefix misses other prefixes", Span::prefix(&[0, 1]), Span::point(&[0, 2, 0, 1]), false),
+        ("row inside a read prefix", Span::point(&[0, 1, 0, 2]), Span::prefix(&[0, 1]), true),
     ];
-    for (i, (latch, query, want)) in cases.iter().enumerate() {
+    for (name, latch, query, want) in cases {
         for reversed in [false, true] {
             let t = small();
             // A second, unrelated latch, published before or after the one
@@ -80,7 +79,7 @@ fn overlap_cases_in_both_orders() {
             t.acquire(first.1 - 7, REL, first.0, &holder(first.1)).unwrap();
             t.acquire(second.1 - 7, REL, second.0, &holder(second.1)).unwrap();
             let got = conflicts_of(t, REL, query, &[7, 8], 100).contains(&7);
-            assert_eq!(got, *want, "case {i} reversed={reversed}: {latch:?} vs {query:?}");
+            assert_eq!(got, *want, "{name} (other latch first: {reversed}): {latch:?} vs {query:?}");
         }
     }
 }
@@ -95,18 +94,18 @@ fn other_relations_never_conflict() {
 
 #[test]
 fn snapshot_rule_cases() {
-    // (holder xid, snapshot xip, snapshot xmax, conflicts)
-    let cases: &[(u32, &[u32], u32, bool)] = &[
-        (50, &[50], 60, true),  // in progress at the snapshot
-        (50, &[], 60, false),   // committed before the snapshot
-        (60, &[], 60, false),   // at xmax: started after, ordered after
-        (70, &[50], 60, false), // above xmax
-        (50, &[40, 50, 55], 60, true),
+    // (name, holder xid, snapshot xip, snapshot xmax, conflicts)
+    let cases: &[(&str, u32, &[u32], u32, bool)] = &[
+        ("in progress at the snapshot", 50, &[50], 60, true),
+        ("committed before the snapshot", 50, &[], 60, false),
+        ("at xmax: started after, ordered after", 60, &[], 60, false),
+        ("above xmax", 70, &[50], 60, false),
+        ("one of several in progress", 50, &[40, 50, 55], 60, true),
     ];
-    for (i, &(x, xip, xmax, want)) in cases.iter().enumerate() {
+    for &(name, x, xip, xmax, want) in cases {
         let t = small();
         t.acquire(0, REL, &pt(1), &holder(x)).unwrap();
-        assert_eq!(conflicts_of(t, REL, &pt(1), xip, xmax).contains(&x), want, "case {i}");
+        assert_eq!(conflicts_of(t, REL, &pt(1), xip, xmax).contains(&x), want, "{name}");
     }
 }
 
