@@ -110,26 +110,41 @@ pub(crate) fn hash_slot(rel: RelId, n: usize) -> usize {
 }
 
 /// Some ranges of one table, copied out so that the Directory guard is free
-/// to lock them one by one.  Inline: nearly every span is in one range.
+/// to lock them one by one.  Nearly every span lies in one range, so a few
+/// are kept inline (and need no allocation); more go to the heap.
 pub(crate) struct RangeList {
     len: usize,
-    ids: [u32; super::region::MAX_RANGES_PER_TABLE],
+    inline: [u32; INLINE_RANGES],
+    more: Vec<u32>,
 }
+
+const INLINE_RANGES: usize = 4;
 
 impl Default for RangeList {
     fn default() -> Self {
-        RangeList { len: 0, ids: [NIL; super::region::MAX_RANGES_PER_TABLE] }
+        RangeList { len: 0, inline: [NIL; INLINE_RANGES], more: Vec::new() }
     }
 }
 
 impl RangeList {
     fn push(&mut self, r: u32) {
-        self.ids[self.len] = r;
+        if self.len < INLINE_RANGES {
+            self.inline[self.len] = r;
+        } else {
+            if self.more.is_empty() {
+                self.more.extend_from_slice(&self.inline);
+            }
+            self.more.push(r);
+        }
         self.len += 1;
     }
 
     pub fn as_slice(&self) -> &[u32] {
-        &self.ids[..self.len]
+        if self.len <= INLINE_RANGES {
+            &self.inline[..self.len]
+        } else {
+            &self.more
+        }
     }
 }
 
