@@ -666,7 +666,7 @@ mod stress {
         // fast one, however the threads get scheduled (the round cap only
         // ends a run whose writers never get to publish).
         let mut rounds = 0u64;
-        while checked < 3000 && rounds < 10_000_000 {
+        while checked < 30_000 && rounds < 10_000_000 {
             rounds += 1;
             // Take a snapshot: xmin registered atomically with it.
             let (xmax, xip) = {
@@ -694,7 +694,7 @@ mod stress {
         }
         stop.store(true, Ordering::Relaxed);
         let txns: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-        assert!(checked >= 3000, "writers published too little to check: {checked} in {rounds} rounds");
+        assert!(checked >= 30_000, "writers published too little to check: {checked} in {rounds} rounds");
         assert!(st_escalated(t) > 0, "no escalation raced the readers");
         let st = t.stats();
         assert!(st[super::super::stats::Stat::RangeSplits as usize] > 0, "no split raced the readers");
