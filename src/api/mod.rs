@@ -1,7 +1,6 @@
 //! The SQL surface: `enable`/`disable`, the latch triggers, `latch_span`,
 //! `next_key`, the views, `stats()` and `check()`.
 
-pub mod drawn;
 pub mod enable;
 pub mod key_bytes;
 pub mod latch_span;

@@ -17,7 +17,7 @@
 //! and escalation and back-pressure happen after.  Inside remain the
 //! sequence page update and one latch publication.
 
-use super::drawn;
+use crate::shmem::drawn;
 use super::enable::{check_sequence_cache, gapless_sequence};
 use super::regclass::Regclass;
 use super::trigger;

@@ -13,7 +13,7 @@
 //! `session_replication_role = replica` (logical replication apply), whose
 //! keys come from elsewhere — `pgkvx.check()` reports tables written so.
 
-use super::drawn;
+use crate::shmem::drawn;
 use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Xid};

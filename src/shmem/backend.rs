@@ -88,7 +88,7 @@ unsafe extern "C-unwind" fn subxact_callback(
     if !matches!(event, SUBXACT_EVENT_ABORT_SUB | SUBXACT_EVENT_COMMIT_SUB) {
         return;
     }
-    let busy = purge_pending() || crate::api::drawn::pending();
+    let busy = purge_pending() || super::drawn::pending();
     if busy {
         // SAFETY: the guarded callback under its own signature.
         unsafe { subxact_event(event, my, parent, arg) };
@@ -113,7 +113,7 @@ unsafe extern "C-unwind" fn subxact_event(
             }
         }
     });
-    crate::api::drawn::subxact_end(my, parent, aborted);
+    super::drawn::subxact_end(my, parent, aborted);
 }
 
 fn ensure_exit_hook() {
@@ -200,7 +200,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *
     use pg_sys::XactEvent::*;
     let work = match event {
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
-            holds_latches() || purge_pending() || holdings_recorded() || crate::api::drawn::pending()
+            holds_latches() || purge_pending() || holdings_recorded() || super::drawn::pending()
         }
         XACT_EVENT_PRE_PREPARE => holds_latches(),
         _ => false,
@@ -240,7 +240,7 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
                 refresh_horizon(false);
             }
             forget_holdings();
-            crate::api::drawn::forget();
+            super::drawn::forget();
             for (_, rel) in PENDING_PURGE.with(|p| std::mem::take(&mut *p.borrow_mut())) {
                 t.purge_table(rel);
             }
@@ -250,7 +250,7 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
                 t.release_all(slot, TxEnd::Aborted);
             }
             forget_holdings();
-            crate::api::drawn::forget();
+            super::drawn::forget();
             PENDING_PURGE.with(|p| p.borrow_mut().clear());
         }
         XACT_EVENT_PRE_PREPARE if t.holds_any(slot) => {

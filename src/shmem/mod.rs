@@ -8,6 +8,7 @@
 //! shared memory and the hook starts over with an empty table.
 
 pub mod backend;
+pub mod drawn;
 
 use crate::guc;
 use crate::latch::{Config, LatchTable, LockId, LockSet, Mode};
