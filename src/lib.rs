@@ -47,7 +47,6 @@ pub extern "C-unwind" fn _PG_init() {
     read::snapshot::init();
     scan::init();
     queue::worker::register();
-    arrow::init();
 }
 
 /// The version of the loaded library (not of the SQL objects).
