@@ -24,7 +24,7 @@ use super::trigger;
 use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Stat};
-use crate::pg::OpenRel;
+use crate::pg::{rel_name, OpenRel};
 use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::pg_sys::{self, Oid};
@@ -59,7 +59,7 @@ fn next_key(rel: Regclass) -> i64 {
     if !may(relid, pg_sys::ACL_INSERT) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied to draw a key of table \"{}\": needs INSERT", registry::rel_name(relid)),
+            format!("permission denied to draw a key of table \"{}\": needs INSERT", rel_name(relid)),
         );
     }
     // SAFETY: plain read of a backend global.
@@ -86,12 +86,12 @@ fn next_key(rel: Regclass) -> i64 {
     if !may(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied for sequence {}", registry::rel_name(seq)),
+            format!("permission denied for sequence {}", rel_name(seq)),
         );
     }
     // nextval's own lock and relcache entry, taken now: inside the section
     // it finds the lock held and the entry built, and waits for neither.
-    let _seq = OpenRel::open(seq, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+    let _seq = OpenRel::open(seq, pg_sys::RowExclusiveLock);
     // SAFETY: warms the catalog cache entry nextval reads.
     unsafe {
         let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(seq));

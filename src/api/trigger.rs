@@ -17,6 +17,7 @@ use super::drawn;
 use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Xid};
+use crate::pg::{quote_literal, regclass_text};
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Datum};
@@ -73,8 +74,8 @@ unsafe fn take_drawn_key(latched: &Latched, tup: pg_sys::HeapTuple, tupdesc: pg_
         PgSqlErrorCode::ERRCODE_GENERATED_ALWAYS,
         format!("cannot write key {key} into gapless table \"{}\"", latched.key.relname),
         Some(format!(
-            "Keys of a gapless table must be drawn by pgkvx.next_key('{}') in the writing transaction; a key drawn any other way could commit behind a consumer's cursor.",
-            latched.key.relname
+            "Keys of a gapless table must be drawn by pgkvx.next_key({}) in the writing transaction; a key drawn any other way could commit behind a consumer's cursor.",
+            quote_literal(&regclass_text(latched.key.relid))
         )),
         Some("Leave the key column to its DEFAULT, or draw the key with pgkvx.next_key() in the same transaction."),
     )

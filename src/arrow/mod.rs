@@ -24,6 +24,7 @@ mod types;
 
 use crate::errors;
 use crate::guc::{self, ArrowNumeric};
+use crate::pg::OpenRel;
 use crate::registry::{self, Latched};
 use std::rc::Rc;
 use types::NumericMode;
@@ -39,7 +40,7 @@ fn numeric_mode() -> NumericMode {
 /// The key arrow_scan orders by, and whose first column the bounds apply
 /// to: on a latched table its latched key index (and the table's latching,
 /// under which the scan honours `pgkvx.scan_mode`), else the primary key.
-fn key_for(rel: &pg::Rel) -> (Option<Rc<Latched>>, Option<pg_sys::Oid>) {
+fn key_for(rel: &OpenRel) -> (Option<Rc<Latched>>, Option<pg_sys::Oid>) {
     let latched = registry::lookup(rel.oid());
     let index = latched.as_ref().map(|l| l.key.index).or_else(|| rel.primary_key_index());
     (latched, index)

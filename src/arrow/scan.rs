@@ -22,11 +22,12 @@ use pgrx::{pg_sys, PgMemoryContexts, PgSqlErrorCode};
 
 use super::batch::{BatchWriter, BATCH_BYTE_CAP};
 use super::fetch::{self, Deformer, PageFetch};
-use super::pg::{self, in_live_transaction, IndexInfo, OwnerWatch, RegisteredSnapshot, Rel, Slot};
+use super::pg::{self, IndexInfo, OwnerWatch, RegisteredSnapshot, Slot};
 use super::types::{self, Settings};
 use super::{key_for, StreamArgs};
 use crate::errors;
 use crate::latch::{Footprint, RelId, Span, Xid};
+use crate::pg::{in_live_transaction, input_datum, Attr, OpenRel};
 use crate::read::run::{self, Choice, Then};
 use crate::read::snapshot::{self, Base};
 use crate::read::span;
@@ -56,7 +57,7 @@ struct Latching {
 
 enum Cursor {
     Index {
-        index: Rel,
+        index: OpenRel,
         /// Null until the scan is started (and between restarts).
         scan: pg_sys::IndexScanDesc,
         /// The bounds, kept for restarts (index_rescan copies them).
@@ -71,7 +72,7 @@ enum Cursor {
 }
 
 struct Source {
-    rel: Rel,
+    rel: OpenRel,
     cursor: Cursor,
     slot: Slot,
     /// Deforms the rows `pages` finds (up to the highest projected column).
@@ -191,6 +192,12 @@ impl Source {
     fn release(self) {
         self.owner.unregister();
         if !in_live_transaction() || self.owner.released() {
+            // Postgres released everything with its owner; closing the
+            // relations again would release them twice.
+            if let Cursor::Index { index, .. } = self.cursor {
+                index.forget();
+            }
+            self.rel.forget();
             return;
         }
         // SAFETY: the scan descriptors are live (each Source is released at
@@ -257,7 +264,7 @@ impl TableStream {
                 errors::raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "max_rows must not be negative");
             }
         }
-        let rel = Rel::open(req.rel);
+        let rel = OpenRel::open(req.rel, pg_sys::AccessShareLock).keeping_lock();
         let relname = rel.name();
         match rel.relkind() {
             k if k == pg_sys::RELKIND_RELATION || k == pg_sys::RELKIND_MATVIEW => {}
@@ -273,8 +280,7 @@ impl TableStream {
                 "cannot access temporary tables of other sessions",
             );
         }
-        // SAFETY: rd_rel of an open relation.
-        if !unsafe { (*(*rel.as_ptr()).rd_rel).relispopulated } {
+        if !rel.form().relispopulated {
             refuse(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("materialized view \"{relname}\" has not been populated"),
@@ -283,8 +289,8 @@ impl TableStream {
         }
 
         let all = rel.attrs();
-        let live: Vec<&pg::Attr> = all.iter().filter(|a| !a.dropped).collect();
-        let projected: Vec<&pg::Attr> = match &req.columns {
+        let live: Vec<&Attr> = all.iter().filter(|a| !a.dropped).collect();
+        let projected: Vec<&Attr> = match &req.columns {
             None => live.clone(),
             Some(names) => {
                 if names.is_empty() {
@@ -293,7 +299,7 @@ impl TableStream {
                         "columns must name at least one column (or be NULL for all)",
                     );
                 }
-                let mut out: Vec<&pg::Attr> = Vec::with_capacity(names.len());
+                let mut out: Vec<&Attr> = Vec::with_capacity(names.len());
                 for n in names {
                     let Some(a) = live.iter().find(|a| &a.name == n) else {
                         errors::raise(
@@ -321,7 +327,7 @@ impl TableStream {
 
         let (latched, key_index) = key_for(&rel);
         let index = key_index.map(|oid| {
-            let ix = Rel::open(oid);
+            let ix = OpenRel::open(oid, pg_sys::AccessShareLock).keeping_lock();
             let info = IndexInfo::of(&ix);
             if !info.is_btree {
                 errors::raise(
@@ -383,11 +389,11 @@ impl TableStream {
                     .find(|a| a.attnum == info.heap_attnums[0])
                     .expect("key column of the primary key exists");
                 if let Some(lo) = &req.lower {
-                    let v = pg::parse_value(lo, key_attr.typid, key_attr.typmod);
+                    let v = input_datum(key_attr.typid, key_attr.typmod, lo);
                     keys.push(pg::btree_key(info, pg_sys::BTGreaterEqualStrategyNumber, v));
                 }
                 if let Some(hi) = &req.upper {
-                    let v = pg::parse_value(hi, key_attr.typid, key_attr.typmod);
+                    let v = input_datum(key_attr.typid, key_attr.typmod, hi);
                     keys.push(pg::btree_key(info, pg_sys::BTLessStrategyNumber, v));
                 }
             }

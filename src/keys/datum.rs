@@ -6,21 +6,10 @@ use super::codec::{decode_col, KeyKind, KeyValue, KeyWriter};
 use super::desc::KeyDesc;
 use crate::errors;
 use crate::latch::{KeyBuf, Span};
+use crate::pg::{input_datum, varlena_bytes};
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::PgSqlErrorCode;
-use std::ffi::{CStr, CString};
-
-/// Varlena payload, detoasted if needed (into the current memory context).
-///
-/// # Safety
-/// `d` is a non-null datum of a varlena type.
-unsafe fn varlena_bytes<'a>(d: Datum) -> &'a [u8] {
-    // SAFETY: per the contract; detoasting returns a plain varlena.
-    unsafe {
-        let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr());
-        pgrx::varlena::varlena_to_byte_slice(v)
-    }
-}
+use std::ffi::CStr;
 
 /// Appends a (non-null) value of type `typid`, encoded as a `kind` column.
 ///
@@ -43,7 +32,9 @@ pub unsafe fn encode_value(kind: KeyKind, desc: bool, typid: Oid, d: Datum, w: &
             let b = unsafe { &*(d.cast_mut_ptr::<u8>() as *const [u8; 16]) };
             w.uuid(b, desc)
         }
+        // SAFETY: these kinds are varlena types.
         KeyKind::Bytes | KeyKind::Text => w.bytes_col(unsafe { varlena_bytes(d) }, desc),
+        // SAFETY: as above.
         KeyKind::BpChar => w.bpchar(unsafe { varlena_bytes(d) }, desc),
         KeyKind::Date => w.date(d.value() as i32, desc),
         KeyKind::Timestamp => w.timestamp(d.value() as i64, desc),
@@ -168,7 +159,7 @@ impl KeyDesc {
                     format!("{what} bound of \"{}\" has a NULL key column", self.relname),
                 );
             };
-            let d = input_value(self.cols[i].typid, f);
+            let d = input_datum(self.cols[i].typid, -1, f);
             // SAFETY: input functions return a value of their type.
             unsafe { self.encode_datum(i, d, &mut w) };
         }
@@ -263,21 +254,6 @@ impl KeyDesc {
         } else {
             format!("{lo_s}, {hi:02x?})")
         }
-    }
-}
-
-/// Runs `typid`'s input function on `s`.
-pub fn input_value(typid: Oid, s: &str) -> Datum {
-    let cs = CString::new(s).unwrap_or_else(|_| {
-        errors::raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, "bound contains a NUL byte")
-    });
-    let mut input = pg_sys::InvalidOid;
-    let mut ioparam = pg_sys::InvalidOid;
-    // SAFETY: catalog lookup and the type's own input function; both raise
-    // proper errors on bad input.
-    unsafe {
-        pg_sys::getTypeInputInfo(typid, &mut input, &mut ioparam);
-        pg_sys::OidInputFunctionCall(input, cs.as_ptr() as *mut _, ioparam, -1)
     }
 }
 

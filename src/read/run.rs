@@ -12,6 +12,7 @@ use crate::errors;
 use crate::guc::{self, ScanMode};
 use crate::latch::protocol::{self, Env, Outcome, Params, ReadMode, Report};
 use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
+use crate::pg::rel_name;
 use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::PgSqlErrorCode;
@@ -141,7 +142,7 @@ pub fn serialization_failure(xid: Xid, rel: RelId, span: &Span, what: &str) -> !
     let relid = pgrx::pg_sys::Oid::from(rel.rel());
     let (name, where_) = match registry::lookup(relid) {
         Some(l) => (l.key.relname.clone(), l.key.format_span(span)),
-        None => (registry::rel_name(relid), format!("{span:?}")),
+        None => (rel_name(relid), format!("{span:?}")),
     };
     errors::raise_full(
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,

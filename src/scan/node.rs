@@ -18,12 +18,12 @@ use super::statement::StatementReport;
 use crate::guc;
 use crate::keys::KeyDesc;
 use crate::latch::{RelId, Span};
+use crate::pg::{list_iter, list_nth, make_list, rel_name};
 use crate::read::span::{self, KeyQual};
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
-use pgrx::PgList;
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::rc::Rc;
@@ -249,11 +249,9 @@ unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *m
                 "this plan was made by another version of pgkvx; run the statement again to re-plan it",
             )
         });
-        let child_plan = PgList::<pg_sys::Plan>::from_pg((*cs).custom_plans).get_ptr(0).expect("one child plan");
+        let child_plan = list_nth::<pg_sys::Plan>((*cs).custom_plans, 0).expect("one child plan");
         let child = pg_sys::ExecInitNode(child_plan, estate, eflags);
-        let mut children = PgList::<pg_sys::PlanState>::new();
-        children.push(child);
-        (*node).custom_ps = children.into_pg();
+        (*node).custom_ps = make_list([child]);
         // We hand up the child's own slots, so our result slots are of its
         // kind.  Left as the virtual slots of a CustomScan, a parent would
         // compile its expressions to read our rows without deforming them.
@@ -268,10 +266,7 @@ unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *m
             Some(l) if !explain_only => position_of(child, &l.key),
             _ => Position::Anywhere,
         };
-        let bounds = PgList::<pg_sys::Expr>::from_pg((*cs).custom_exprs)
-            .iter_ptr()
-            .map(|e| pg_sys::ExecInitExpr(e, ps))
-            .collect();
+        let bounds = list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| pg_sys::ExecInitExpr(e, ps)).collect();
         let rt = Box::new(Runtime {
             rel: backend::rel_id(plan.relid),
             plan,
@@ -548,7 +543,7 @@ unsafe extern "C-unwind" fn explain(
         };
         prop_text(es, c"Mode", &mode);
         let Some(key) = rt.latched.as_ref().map(|l| l.key.clone()) else {
-            prop_text(es, c"Table", &format!("{} (no longer latched)", registry::rel_name(rt.plan.relid)));
+            prop_text(es, c"Table", &format!("{} (no longer latched)", rel_name(rt.plan.relid)));
             return;
         };
         prop_text(es, c"Table", &key.relname);

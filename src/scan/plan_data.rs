@@ -3,8 +3,8 @@
 //! here and nowhere else.  A list of Integer nodes survives `copyObject`,
 //! the plan cache and EXPLAIN.
 
+use crate::pg::{list_iter, make_list};
 use pgrx::pg_sys::{self, List, Oid};
-use pgrx::PgList;
 
 /// Bumped whenever the layout changes: a plan cached by an older library
 /// is refused rather than misread.
@@ -46,11 +46,7 @@ impl GuardPlan {
         for b in &self.bounds {
             v.extend([i32::from(b.col), i32::from(b.strategy), b.typid.to_u32() as i32]);
         }
-        let mut list = PgList::<std::ffi::c_void>::new();
-        for x in v {
-            list.push(int(x));
-        }
-        list.into_pg()
+        make_list(v.into_iter().map(int))
     }
 
     /// Reads the private list back; None for a list this library did not
@@ -61,8 +57,7 @@ impl GuardPlan {
     pub unsafe fn from_list(list: *mut List) -> Option<GuardPlan> {
         // SAFETY: per contract; every element is checked to be an Integer.
         let ints: Vec<i32> = unsafe {
-            PgList::<pg_sys::Node>::from_pg(list)
-                .iter_ptr()
+            list_iter::<pg_sys::Node>(list)
                 .map(|n| ((*n).type_ == pg_sys::NodeTag::T_Integer).then(|| (*(n as *mut pg_sys::Integer)).ival))
                 .collect::<Option<Vec<i32>>>()?
         };
@@ -99,8 +94,6 @@ mod tests {
         let copied = unsafe { pg_sys::copyObjectImpl(list as *const std::ffi::c_void) as *mut List };
         assert_eq!(unsafe { GuardPlan::from_list(copied) }, Some(p));
         // A list of another layout is not misread.
-        let mut other = PgList::<std::ffi::c_void>::new();
-        other.push(int(99));
-        assert_eq!(unsafe { GuardPlan::from_list(other.into_pg()) }, None);
+        assert_eq!(unsafe { GuardPlan::from_list(make_list([int(99)])) }, None);
     }
 }

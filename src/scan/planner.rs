@@ -18,10 +18,10 @@
 //! runs, which must be this process.
 
 use super::plan_data::{Bound, GuardPlan};
+use crate::pg::{list_iter, list_nth, make_list};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
 use pgrx::prelude::*;
-use pgrx::PgList;
 use std::cell::RefCell;
 
 pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
@@ -137,8 +137,7 @@ unsafe fn is_column(e: *mut Node, rti: u32, attnum: i16) -> bool {
 unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16) -> bool {
     // SAFETY: per contract; members are EquivalenceMembers.
     unsafe {
-        PgList::<pg_sys::EquivalenceMember>::from_pg((*ec).ec_members)
-            .iter_ptr()
+        list_iter::<pg_sys::EquivalenceMember>((*ec).ec_members)
             .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum))
     }
 }
@@ -150,8 +149,7 @@ unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16
 unsafe fn fixed_by_equality(root: *mut PlannerInfo, rti: u32, attnum: i16) -> bool {
     // SAFETY: per contract.
     unsafe {
-        PgList::<pg_sys::EquivalenceClass>::from_pg((*root).eq_classes)
-            .iter_ptr()
+        list_iter::<pg_sys::EquivalenceClass>((*root).eq_classes)
             .any(|ec| (*ec).ec_has_const && ec_has_column(ec, rti, attnum))
     }
 }
@@ -172,8 +170,7 @@ unsafe fn level_tails(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDe
             // The whole key is fixed: a point read, in any order.
             return true;
         };
-        let pathkeys = PgList::<pg_sys::PathKey>::from_pg((*root).query_pathkeys);
-        match pathkeys.get_ptr(0) {
+        match list_nth::<pg_sys::PathKey>((*root).query_pathkeys, 0) {
             Some(pk) => ec_has_column((*pk).pk_eclass, rti, lead.attnum),
             None => false,
         }
@@ -192,15 +189,15 @@ unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
         while !p.is_null() {
             let q = &*(*p).parse;
             if !q.limitCount.is_null() && !q.sortClause.is_null() {
-                let sc = PgList::<pg_sys::SortGroupClause>::from_pg(q.sortClause).get_ptr(0);
+                let sc = list_nth::<pg_sys::SortGroupClause>(q.sortClause, 0);
                 if let Some(sc) = sc {
                     let tle = pg_sys::get_sortgroupclause_tle(sc, q.targetList);
                     let e = strip((*tle).expr as *mut Node);
                     if !e.is_null() && tag(e) == pg_sys::NodeTag::T_Var {
                         let v = &*(e as *mut pg_sys::Var);
                         if v.varlevelsup == 0 {
-                            let rte = pg_sys::list_nth(q.rtable, v.varno - 1) as *mut pg_sys::RangeTblEntry;
-                            if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION {
+                            let rte = list_nth::<pg_sys::RangeTblEntry>(q.rtable, v.varno as usize - 1);
+                            if rte.is_some_and(|rte| (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION) {
                                 return true;
                             }
                         }
@@ -242,15 +239,14 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
         if !level_tails(root, rti, &latched.key) && !ancestor_orders_by_subquery(root) {
             return;
         }
-        let mut wrapped = PgList::<pg_sys::Path>::new();
-        for p in PgList::<pg_sys::Path>::from_pg((*rel).pathlist).iter_ptr() {
-            // Gather paths run the scan in other processes.
-            if matches!(tag(p as *const Node), pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath) {
-                continue;
-            }
-            wrapped.push(guard_path(rel, p));
-        }
-        (*rel).pathlist = wrapped.into_pg();
+        // Gather paths run the scan in other processes.
+        let wrapped = list_iter::<pg_sys::Path>((*rel).pathlist)
+            .filter(|&p| {
+                !matches!(tag(p as *const Node), pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath)
+            })
+            .map(|p| guard_path(rel, p))
+            .collect::<Vec<_>>();
+        (*rel).pathlist = make_list(wrapped);
         (*rel).partial_pathlist = std::ptr::null_mut();
         (*rel).consider_parallel = false;
     }
@@ -280,9 +276,7 @@ unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_
         path.total_cost = c.total_cost;
         path.pathkeys = c.pathkeys;
         (*cp).flags = if pg_sys::ExecSupportsMarkRestore(child) { pg_sys::CUSTOMPATH_SUPPORT_MARK_RESTORE } else { 0 };
-        let mut children = PgList::<pg_sys::Path>::new();
-        children.push(child);
-        (*cp).custom_paths = children.into_pg();
+        (*cp).custom_paths = make_list([child]);
         (*cp).custom_private = std::ptr::null_mut();
         (*cp).methods = &PATH_METHODS.0;
         cp as *mut pg_sys::Path
@@ -299,7 +293,7 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
     let mut out = Vec::new();
     // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
-        for ri in PgList::<pg_sys::RestrictInfo>::from_pg(clauses).iter_ptr() {
+        for ri in list_iter::<pg_sys::RestrictInfo>(clauses) {
             if (*ri).pseudoconstant {
                 continue;
             }
@@ -308,11 +302,8 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
                 continue;
             }
             let op = &*(clause as *mut pg_sys::OpExpr);
-            let args = PgList::<Node>::from_pg(op.args);
-            let (Some(l), Some(r)) = (args.get_ptr(0), args.get_ptr(1)) else { continue };
-            if args.len() != 2 {
-                continue;
-            }
+            let args: Vec<*mut Node> = list_iter(op.args).collect();
+            let &[l, r] = args.as_slice() else { continue };
             for (col, c) in key.cols.iter().enumerate() {
                 // `key op value`, or `value op key` read with the commutator.
                 let (value, opno) = if is_column(l, rti, c.attnum) {
@@ -353,17 +344,13 @@ unsafe extern "C-unwind" fn plan_custom_path(
     // SAFETY (whole body): the planner hands us the plan of our one child
     // path; we build a CustomScan that returns that plan's rows unchanged.
     unsafe {
-        let child = PgList::<pg_sys::Plan>::from_pg(custom_plans).get_ptr(0).expect("one child plan");
+        let child = list_nth::<pg_sys::Plan>(custom_plans, 0).expect("one child plan");
         let rti = (*rel).relid;
         let relid = (**(*root).simple_rte_array.add(rti as usize)).relid;
         let latched = registry::require(relid);
         let bounds = key_bounds(rti, &latched.key, clauses);
         let restartable = RESTARTABLE.with(|r| r.borrow().last().copied()).unwrap_or(false);
         let plan = GuardPlan { relid, restartable, bounds: bounds.iter().map(|(b, _)| *b).collect() };
-        let mut exprs = PgList::<Node>::new();
-        for (_, e) in &bounds {
-            exprs.push(*e);
-        }
 
         let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
@@ -373,7 +360,7 @@ unsafe extern "C-unwind" fn plan_custom_path(
         (*cs).scan.plan.qual = std::ptr::null_mut();
         (*cs).scan.scanrelid = 0;
         (*cs).custom_plans = custom_plans;
-        (*cs).custom_exprs = exprs.into_pg();
+        (*cs).custom_exprs = make_list(bounds.iter().map(|&(_, e)| e));
         (*cs).custom_private = plan.to_list();
         // Not backward-scannable: a cursor declared without SCROLL then
         // stays forward-only (and reads optimistically); a SCROLL cursor

@@ -31,6 +31,7 @@ use crate::errors;
 use crate::guc;
 use crate::latch::protocol::{ReadMode, Report};
 use crate::latch::{Footprint, Xid};
+use crate::pg::list_iter;
 use crate::read::run::{self, Choice, Reader, Then};
 use crate::read::snapshot::{self, Base};
 use crate::read::span::{self, KeyQual};
@@ -38,7 +39,6 @@ use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::pg_sys::{self, Node, QueryDesc};
 use pgrx::prelude::*;
-use pgrx::PgList;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -148,7 +148,7 @@ unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Custom
                 _ => &[],
             };
             for &l in lists {
-                for c in PgList::<pg_sys::Plan>::from_pg(l).iter_ptr() {
+                for c in list_iter::<pg_sys::Plan>(l) {
                     walk(c, out);
                 }
             }
@@ -161,7 +161,7 @@ unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Custom
     // all in the statement's list.
     unsafe {
         walk((*stmt).planTree, &mut out);
-        for sp in PgList::<pg_sys::Plan>::from_pg((*stmt).subplans).iter_ptr() {
+        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
             walk(sp, &mut out);
         }
     }
@@ -258,7 +258,7 @@ unsafe fn declared_at_start(
         let quals: Vec<KeyQual> = plan
             .bounds
             .iter()
-            .zip(PgList::<pg_sys::Expr>::from_pg((*cs).custom_exprs).iter_ptr())
+            .zip(list_iter::<pg_sys::Expr>((*cs).custom_exprs))
             .filter_map(|(b, e)| {
                 let (value, isnull) = eval_at_start(e, params)?;
                 Some(KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull })

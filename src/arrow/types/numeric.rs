@@ -18,7 +18,6 @@ use arrow_schema::DataType;
 use pgrx::{pg_sys, PgSqlErrorCode};
 
 use super::{fallback::OutputText, Encoder, Settings};
-use crate::arrow::pg;
 use crate::errors;
 
 /// How numerics without a Decimal128-sized typmod are sent.
@@ -172,7 +171,7 @@ impl DecimalEncoder {
 impl Encoder for DecimalEncoder {
     unsafe fn push(&mut self, datum: pg_sys::Datum) {
         // SAFETY: the caller passes a non-null numeric varlena.
-        let payload = unsafe { pg::varlena_bytes(datum) };
+        let payload = unsafe { crate::pg::varlena_bytes(datum) };
         let v = match decode(payload) {
             Decoded::Finite { negative, weight, digits } => match scaled(negative, weight, digits, self.scale as i32) {
                 Some(v) if v.unsigned_abs() < 10u128.pow(self.precision as u32) => v,
