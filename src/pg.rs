@@ -184,6 +184,15 @@ pub fn make_list<T>(items: impl IntoIterator<Item = *mut T>) -> *mut pg_sys::Lis
     })
 }
 
+/// The tag of a node (plan, plan state, expression, path, ...).
+///
+/// # Safety
+/// `n` points to a Postgres node: every node starts with its tag.
+pub unsafe fn node_tag<T>(n: *const T) -> pg_sys::NodeTag {
+    // SAFETY: per the contract.
+    unsafe { (*(n as *const pg_sys::Node)).type_ }
+}
+
 /// An attribute of a tuple descriptor, copied out so that callers need no
 /// pointer into the descriptor.
 #[derive(Clone, Debug)]

@@ -44,7 +44,7 @@ pub struct Latched {
 }
 
 thread_local! {
-    static CACHE: RefCell<HashMap<Oid, Option<Rc<Latched>>>> = RefCell::new(HashMap::new());
+    static LATCHED_CACHE: RefCell<HashMap<Oid, Option<Rc<Latched>>>> = RefCell::new(HashMap::new());
 }
 
 /// Installs the relcache callback; called from `_PG_init`.
@@ -56,7 +56,7 @@ pub fn init() {
 #[pg_guard]
 unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
     // Runs inside invalidation processing: no catalog access here.
-    CACHE.with(|c| {
+    LATCHED_CACHE.with(|c| {
         if let Ok(mut c) = c.try_borrow_mut() {
             if relid == pg_sys::InvalidOid {
                 c.clear();
@@ -69,11 +69,11 @@ unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
 
 /// The latched table `relid`, or `None` when it is not latched.
 pub fn lookup(relid: Oid) -> Option<Rc<Latched>> {
-    if let Some(hit) = CACHE.with(|c| c.borrow().get(&relid).cloned()) {
+    if let Some(hit) = LATCHED_CACHE.with(|c| c.borrow().get(&relid).cloned()) {
         return hit;
     }
     let found = load(relid);
-    CACHE.with(|c| c.borrow_mut().insert(relid, found.clone()));
+    LATCHED_CACHE.with(|c| c.borrow_mut().insert(relid, found.clone()));
     found
 }
 

@@ -27,18 +27,18 @@ use std::cell::Cell;
 thread_local! {
     /// The last key this backend latched: `next_key` latches a key and the
     /// row trigger then sees the same key in the same transaction.
-    static LAST: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
+    static LAST_LATCHED_KEY: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
 }
 
 /// Remembers a latched key so the row trigger can skip it.
 pub fn remember(xid: Xid, relid: pg_sys::Oid, key: KeyWriter) {
-    LAST.with(|l| l.set(Some((xid, relid, key))));
+    LAST_LATCHED_KEY.with(|l| l.set(Some((xid, relid, key))));
 }
 
 fn latch_key(latched: &Latched, key: &KeyWriter) {
     let relid = latched.key.relid;
     let xid = backend::my_xid();
-    if let Some((x, r, k)) = LAST.with(|l| l.get()) {
+    if let Some((x, r, k)) = LAST_LATCHED_KEY.with(|l| l.get()) {
         if x == xid && r == relid && k.bytes() == key.bytes() {
             return;
         }

@@ -161,12 +161,12 @@ impl RegisteredSnapshot {
 }
 
 /// A table slot for `rel`, holding one tuple at a time.
-pub struct Slot(*mut pg_sys::TupleTableSlot);
+pub struct TableSlot(*mut pg_sys::TupleTableSlot);
 
-impl Slot {
-    pub fn for_rel(rel: &OpenRel) -> Slot {
+impl TableSlot {
+    pub fn for_rel(rel: &OpenRel) -> TableSlot {
         // SAFETY: rel is open; the slot is allocated in the current context.
-        Slot(unsafe { pg_sys::table_slot_create(rel.as_ptr(), std::ptr::null_mut()) })
+        TableSlot(unsafe { pg_sys::table_slot_create(rel.as_ptr(), std::ptr::null_mut()) })
     }
     pub fn as_ptr(&self) -> *mut pg_sys::TupleTableSlot {
         self.0

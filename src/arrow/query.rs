@@ -11,7 +11,7 @@ use pgrx::{pg_guard, pg_sys, PgSqlErrorCode};
 
 use super::batch::{BatchWriter, BATCH_BYTE_CAP};
 use super::pg;
-use super::types::{self, Settings};
+use super::types::{self, EncoderSettings};
 use super::StreamArgs;
 use crate::errors;
 use crate::pg::{in_live_transaction, list_iter, tupdesc_attrs, Attr};
@@ -116,7 +116,7 @@ impl QueryStream {
         };
         // Encoders cache function lookups in the current context: built only
         // now, after SPI_finish has restored the multi-call context.
-        let settings = Settings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
+        let settings = EncoderSettings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
         let live: Vec<&Attr> = attrs.iter().filter(|a| !a.dropped).collect();
         let columns = live.iter().map(|a| types::column(&a.name, a.typid, a.typmod, true, settings)).collect();
         let idx: Vec<usize> = live.iter().map(|a| a.attnum as usize - 1).collect();

@@ -97,7 +97,7 @@ pub fn after_for_statement() -> Xid {
 }
 
 /// The snapshot a read starts from, before pulling anyone in.
-pub struct Base {
+pub struct BaseSnapshot {
     pub snap: Snapshot,
     /// Xids at or above this were assigned after the snapshot.
     after: Xid,
@@ -107,28 +107,28 @@ pub struct Base {
     xip: Vec<Xid>,
 }
 
-impl Base {
+impl BaseSnapshot {
     /// Views `snap` (owned by the caller).
     ///
     /// # Safety
     /// `snap` is a valid MVCC snapshot that outlives this value, and every
     /// xid assigned before it was taken precedes `after`.
-    pub unsafe fn of(snap: Snapshot, after: Xid) -> Base {
+    pub unsafe fn of(snap: Snapshot, after: Xid) -> BaseSnapshot {
         // SAFETY: per contract; xip has xcnt entries.
         let mut xip: Vec<Xid> =
             unsafe { (0..(*snap).xcnt as usize).map(|i| Xid((*(*snap).xip.add(i)).into_inner())).collect() };
         xip.sort_unstable_by_key(|x| x.0);
-        Base { snap, after, registered: false, xip }
+        BaseSnapshot { snap, after, registered: false, xip }
     }
 
     /// A new snapshot of the latest committed state (READ COMMITTED only).
-    pub fn fresh() -> Base {
+    pub fn fresh() -> BaseSnapshot {
         // SAFETY: GetLatestSnapshot returns a static snapshot that
         // RegisterSnapshot copies into a registered one we own.
         let snap = unsafe { pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()) };
         let after = next_xid();
         // SAFETY: registered until release(); `after` was read after it.
-        let mut b = unsafe { Base::of(snap, after) };
+        let mut b = unsafe { BaseSnapshot::of(snap, after) };
         b.registered = true;
         b
     }
@@ -174,7 +174,7 @@ impl Base {
         pulled.is_empty() || self.spliced_xmax(pulled).0.wrapping_sub(self.xmax().0) <= MAX_SPLICED_XIDS
     }
 
-    /// [`Base::spliced`], allocated in `cx`: the snapshot lives as long as
+    /// [`BaseSnapshot::spliced`], allocated in `cx`: the snapshot lives as long as
     /// that context (or as the base, when nothing is pulled in).
     ///
     /// # Safety
@@ -192,7 +192,7 @@ impl Base {
     /// The result is an unregistered template (`copied` is false):
     /// `RegisterSnapshot` makes a registered copy of it, and scans may read
     /// at it directly while it lives.  With nothing pulled in it is the base
-    /// itself.  The caller checked [`Base::can_pull`].
+    /// itself.  The caller checked [`BaseSnapshot::can_pull`].
     pub fn spliced(&self, pulled: &[Xid]) -> Snapshot {
         if pulled.is_empty() {
             return self.snap;

@@ -15,7 +15,7 @@ const LAYOUT: i32 = 2;
 /// expressions computable before the statement runs (constants, query
 /// parameters, stable functions of them) are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bound {
+pub struct BoundQual {
     /// Position in the key (0-based).
     pub col: u16,
     /// btree strategy number of the operator, with the key column on its left.
@@ -31,10 +31,10 @@ pub struct GuardPlan {
     /// The statement has no side effects, so it may run again: optimistic
     /// reads may retry it at another snapshot.
     pub restartable: bool,
-    pub bounds: Vec<Bound>,
+    pub bounds: Vec<BoundQual>,
 }
 
-fn int(v: i32) -> *mut std::ffi::c_void {
+fn integer_node(v: i32) -> *mut std::ffi::c_void {
     // SAFETY: makeInteger pallocs a node in the current context.
     unsafe { pg_sys::makeInteger(v) as *mut std::ffi::c_void }
 }
@@ -46,7 +46,7 @@ impl GuardPlan {
         for b in &self.bounds {
             v.extend([i32::from(b.col), i32::from(b.strategy), b.typid.to_u32() as i32]);
         }
-        make_list(v.into_iter().map(int))
+        make_list(v.into_iter().map(integer_node))
     }
 
     /// Reads the private list back; None for a list this library did not
@@ -67,7 +67,7 @@ impl GuardPlan {
         }
         let bounds = rest
             .chunks_exact(3)
-            .map(|c| Bound { col: c[0] as u16, strategy: c[1] as u16, typid: Oid::from(c[2] as u32) })
+            .map(|c| BoundQual { col: c[0] as u16, strategy: c[1] as u16, typid: Oid::from(c[2] as u32) })
             .collect();
         Some(GuardPlan { relid: Oid::from(relid as u32), restartable: restartable != 0, bounds })
     }
@@ -85,8 +85,8 @@ mod tests {
             relid: Oid::from(4_000_000_123),
             restartable: true,
             bounds: vec![
-                Bound { col: 0, strategy: 5, typid: pg_sys::INT8OID },
-                Bound { col: 1, strategy: 3, typid: pg_sys::TEXTOID },
+                BoundQual { col: 0, strategy: 5, typid: pg_sys::INT8OID },
+                BoundQual { col: 1, strategy: 3, typid: pg_sys::TEXTOID },
             ],
         };
         let list = p.to_list();
@@ -94,6 +94,6 @@ mod tests {
         let copied = unsafe { pg_sys::copyObjectImpl(list as *const std::ffi::c_void) as *mut List };
         assert_eq!(unsafe { GuardPlan::from_list(copied) }, Some(p));
         // A list of another layout is not misread.
-        assert_eq!(unsafe { GuardPlan::from_list(make_list([int(99)])) }, None);
+        assert_eq!(unsafe { GuardPlan::from_list(make_list([integer_node(99)])) }, None);
     }
 }

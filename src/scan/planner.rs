@@ -17,8 +17,8 @@
 //! Wrapped relations get no partial paths: the node reads where its scan
 //! runs, which must be this process.
 
-use super::plan_data::{Bound, GuardPlan};
-use crate::pg::{list_iter, list_nth, make_list};
+use super::plan_data::{BoundQual, GuardPlan};
+use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
 use pgrx::prelude::*;
@@ -28,11 +28,11 @@ pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
 
 /// Static method tables Postgres keeps pointers to.
 #[repr(transparent)]
-pub struct Methods<T>(pub T);
+pub struct StaticMethods<T>(pub T);
 // SAFETY: immutable after construction; only read by this process.
-unsafe impl<T> Sync for Methods<T> {}
+unsafe impl<T> Sync for StaticMethods<T> {}
 
-static PATH_METHODS: Methods<pg_sys::CustomPathMethods> = Methods(pg_sys::CustomPathMethods {
+static PATH_METHODS: StaticMethods<pg_sys::CustomPathMethods> = StaticMethods(pg_sys::CustomPathMethods {
     CustomName: NAME.as_ptr(),
     PlanCustomPath: Some(plan_custom_path),
     ReparameterizeCustomPathByChild: None,
@@ -60,8 +60,8 @@ pub fn init() {
 
 /// Pops the planning stack however planning ends (an ERROR unwinds
 /// through here).
-struct Planning;
-impl Drop for Planning {
+struct PlanningFrame;
+impl Drop for PlanningFrame {
     fn drop(&mut self) {
         RESTARTABLE.with(|r| r.borrow_mut().pop());
     }
@@ -84,7 +84,7 @@ unsafe extern "C-unwind" fn planner_hook(
             && !pg_sys::contain_volatile_functions(parse as *mut Node)
     };
     RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
-    let _planning = Planning;
+    let _frame = PlanningFrame;
     // SAFETY: chaining the previous hook (or the standard planner) with the
     // same arguments.
     unsafe {
@@ -95,19 +95,14 @@ unsafe extern "C-unwind" fn planner_hook(
     }
 }
 
-fn tag(n: *const Node) -> pg_sys::NodeTag {
-    // SAFETY: every Node starts with its tag.
-    unsafe { (*n).type_ }
-}
-
 /// `e` with binary-compatible casts (RelabelType) peeled off.
 ///
 /// # Safety
 /// `e` is a valid expression node.
-unsafe fn strip(mut e: *mut Node) -> *mut Node {
+unsafe fn strip_relabel(mut e: *mut Node) -> *mut Node {
     // SAFETY: checked by tag before the cast.
     unsafe {
-        while !e.is_null() && tag(e) == pg_sys::NodeTag::T_RelabelType {
+        while !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_RelabelType {
             e = (*(e as *mut pg_sys::RelabelType)).arg as *mut Node;
         }
     }
@@ -121,8 +116,8 @@ unsafe fn strip(mut e: *mut Node) -> *mut Node {
 unsafe fn is_column(e: *mut Node, rti: u32, attnum: i16) -> bool {
     // SAFETY: checked by tag before the cast.
     unsafe {
-        let e = strip(e);
-        if e.is_null() || tag(e) != pg_sys::NodeTag::T_Var {
+        let e = strip_relabel(e);
+        if e.is_null() || node_tag(e) != pg_sys::NodeTag::T_Var {
             return false;
         }
         let v = &*(e as *mut pg_sys::Var);
@@ -192,8 +187,8 @@ unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
                 let sc = list_nth::<pg_sys::SortGroupClause>(q.sortClause, 0);
                 if let Some(sc) = sc {
                     let tle = pg_sys::get_sortgroupclause_tle(sc, q.targetList);
-                    let e = strip((*tle).expr as *mut Node);
-                    if !e.is_null() && tag(e) == pg_sys::NodeTag::T_Var {
+                    let e = strip_relabel((*tle).expr as *mut Node);
+                    if !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_Var {
                         let v = &*(e as *mut pg_sys::Var);
                         if v.varlevelsup == 0 {
                             let rte = list_nth::<pg_sys::RangeTblEntry>(q.rtable, v.varno as usize - 1);
@@ -242,7 +237,10 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
         // Gather paths run the scan in other processes.
         let wrapped = list_iter::<pg_sys::Path>((*rel).pathlist)
             .filter(|&p| {
-                !matches!(tag(p as *const Node), pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath)
+                !matches!(
+                    node_tag(p as *const Node),
+                    pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath
+                )
             })
             .map(|p| guard_path(rel, p))
             .collect::<Vec<_>>();
@@ -289,7 +287,7 @@ unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_
 /// # Safety
 /// Planner structures of the current planning step; `clauses` is a list of
 /// RestrictInfo.
-unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -> Vec<(Bound, *mut Node)> {
+unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -> Vec<(BoundQual, *mut Node)> {
     let mut out = Vec::new();
     // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
@@ -298,7 +296,7 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
                 continue;
             }
             let clause = (*ri).clause as *mut Node;
-            if tag(clause) != pg_sys::NodeTag::T_OpExpr {
+            if node_tag(clause) != pg_sys::NodeTag::T_OpExpr {
                 continue;
             }
             let op = &*(clause as *mut pg_sys::OpExpr);
@@ -324,7 +322,7 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
                 if strategy == 0 {
                     continue;
                 }
-                let b = Bound { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
+                let b = BoundQual { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
                 out.push((b, pg_sys::copyObjectImpl(value as *const _) as *mut Node));
             }
         }
