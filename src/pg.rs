@@ -264,7 +264,8 @@ impl OpenRel {
         // SAFETY: try_relation_open returns NULL for a relation that is
         // gone, else a descriptor valid until relation_close.
         let rel = unsafe { pg_sys::try_relation_open(relid, lock) };
-        (!rel.is_null()).then_some(OpenRel { rel, release: lock })
+        // Lazily: a handle made for NULL would close NULL when dropped.
+        (!rel.is_null()).then(|| OpenRel { rel, release: lock })
     }
 
     /// Keeps the lock to the end of the transaction when closed, as the
