@@ -317,6 +317,33 @@ mod tests {
         assert!(l.exposure.as_deref().is_some_and(|e| e.contains("disabled")), "{:?}", l.exposure);
     }
 
+    fn oid_of(name: &str) -> pg_sys::Oid {
+        Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{name}'::regclass::oid")).unwrap().unwrap()
+    }
+
+    /// A key index rebuilt under a new oid is found again by its columns,
+    /// and only an index that could be a key qualifies.
+    #[pg_test]
+    fn a_key_index_is_found_by_its_columns() {
+        Spi::run(
+            "CREATE TABLE ic (a int NOT NULL, b int NOT NULL, c int);
+             CREATE INDEX ic_plain ON ic (a, b);
+             CREATE UNIQUE INDEX ic_partial ON ic (a, b) WHERE c > 0;
+             CREATE UNIQUE INDEX ic_expr ON ic (a, (b + 1));
+             CREATE UNIQUE INDEX ic_ba ON ic (b, a);",
+        )
+        .unwrap();
+        let rel = crate::pg::OpenRel::open(oid_of("ic"), pg_sys::AccessShareLock);
+        assert_eq!(super::index_on_columns(&rel, &[1, 2]), None, "not unique, partial or on an expression");
+        assert_eq!(super::index_on_columns(&rel, &[2, 1]), Some(oid_of("ic_ba")));
+        assert_eq!(super::index_on_columns(&rel, &[]), None);
+        rel.close();
+        Spi::run("CREATE UNIQUE INDEX ic_ab ON ic (a, b)").unwrap();
+        let rel = crate::pg::OpenRel::open(oid_of("ic"), pg_sys::AccessShareLock);
+        assert_eq!(super::index_on_columns(&rel, &[1, 2]), Some(oid_of("ic_ab")));
+        assert_eq!(super::index_on_columns(&rel, &[1]), None, "all of the key's columns, no more");
+    }
+
     #[pg_test]
     fn writes_publish_latches_visible_in_the_view() {
         Spi::run("CREATE TABLE rw (k int PRIMARY KEY); SELECT pgkvx.enable('rw')").unwrap();
