@@ -1,7 +1,11 @@
-//! pgkvx's settings.  Postmaster-level ones size shared memory and can only
-//! change with a restart; the rest can be changed per session or reload.
+//! pgkvx's settings, all of them: defined and registered here, read
+//! wherever they apply.  Postmaster-level ones size shared memory and can
+//! only change with a restart; the rest can be changed per session or
+//! reload.  The `pgkvx.` prefix is reserved, so a misspelt setting is an
+//! error rather than a silently ignored placeholder.
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
+use pgrx::pg_sys;
 
 /// How LIMIT scans over latched tables treat in-flight writers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PostgresGucEnum)]
@@ -55,6 +59,22 @@ pub enum Unprotected {
     Allow,
 }
 
+/// How arrow_scan/arrow_query send numeric columns whose declared precision
+/// does not fit Decimal128.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PostgresGucEnum)]
+pub enum ArrowNumeric {
+    #[name = c"text"]
+    Text,
+    #[name = c"float64"]
+    Float64,
+    #[name = c"decimal128"]
+    Decimal128,
+}
+
+pub static ARROW_NUMERIC: GucSetting<ArrowNumeric> = GucSetting::<ArrowNumeric>::new(ArrowNumeric::Text);
+pub static ARROW_NUMERIC_SCALE: GucSetting<i32> = GucSetting::<i32>::new(9);
+
+/// Defines every setting, then reserves the prefix; called from `_PG_init`.
 pub fn init() {
     GucRegistry::define_enum_guc(
         c"pgkvx.scan_mode",
@@ -162,4 +182,25 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_enum_guc(
+        c"pgkvx.arrow_numeric",
+        c"How arrow_scan/arrow_query send numeric columns without a precision of at most 38.",
+        c"text (default): Utf8, lossless; float64: Float64; decimal128: Decimal128(38, pgkvx.arrow_numeric_scale), rounded like a cast.",
+        &ARROW_NUMERIC,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.arrow_numeric_scale",
+        c"Scale of Decimal128(38, s) when pgkvx.arrow_numeric = decimal128.",
+        c"",
+        &ARROW_NUMERIC_SCALE,
+        0,
+        38,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    // SAFETY: called in _PG_init after every pgkvx setting is defined; it
+    // only drops (with a warning) placeholders under the prefix.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"pgkvx".as_ptr()) };
 }

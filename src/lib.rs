@@ -12,9 +12,9 @@ pub mod errors;
 pub mod guc;
 pub mod keys;
 pub use pgkvx_latch as latch;
+pub mod maintenance;
 pub mod memcx;
 pub mod pg;
-pub mod queue;
 pub mod read;
 pub mod registry;
 pub mod scan;
@@ -46,8 +46,7 @@ pub extern "C-unwind" fn _PG_init() {
     registry::init();
     read::snapshot::init();
     scan::init();
-    queue::worker::register();
-    arrow::init();
+    maintenance::worker::register();
 }
 
 /// The version of the loaded library (not of the SQL objects).

@@ -16,13 +16,11 @@
 
 use crate::errors;
 use crate::keys::KeyDesc;
-pub use crate::pg::rel_name;
-use crate::pg::OpenRel;
+use crate::pg::{quote_literal, regclass_text, rel_name, OpenRel};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::CStr;
 use std::rc::Rc;
 
 /// Name of the row trigger `enable` installs.  Row triggers of one timing
@@ -46,7 +44,7 @@ pub struct Latched {
 }
 
 thread_local! {
-    static CACHE: RefCell<HashMap<Oid, Option<Rc<Latched>>>> = RefCell::new(HashMap::new());
+    static LATCHED_CACHE: RefCell<HashMap<Oid, Option<Rc<Latched>>>> = RefCell::new(HashMap::new());
 }
 
 /// Installs the relcache callback; called from `_PG_init`.
@@ -58,7 +56,7 @@ pub fn init() {
 #[pg_guard]
 unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
     // Runs inside invalidation processing: no catalog access here.
-    CACHE.with(|c| {
+    LATCHED_CACHE.with(|c| {
         if let Ok(mut c) = c.try_borrow_mut() {
             if relid == pg_sys::InvalidOid {
                 c.clear();
@@ -69,32 +67,13 @@ unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
     });
 }
 
-/// The latch trigger of `rel` (open), as `tgenabled`: 'O' fires in origin
-/// and local mode, 'R' only as a replica, 'A' always, 'D' never.
-///
-/// # Safety
-/// `rel` is an open relation.
-pub unsafe fn latch_trigger(rel: pg_sys::Relation) -> Option<u8> {
-    // SAFETY: per the contract; trigdesc and its array belong to the relcache entry.
-    unsafe {
-        let td = (*rel).trigdesc;
-        if td.is_null() {
-            return None;
-        }
-        let n = (*td).numtriggers as usize;
-        (0..n)
-            .map(|i| &*(*td).triggers.add(i))
-            .find_map(|t| (CStr::from_ptr(t.tgname).to_bytes() == ROW_TRIGGER.as_bytes()).then_some(t.tgenabled as u8))
-    }
-}
-
 /// The latched table `relid`, or `None` when it is not latched.
 pub fn lookup(relid: Oid) -> Option<Rc<Latched>> {
-    if let Some(hit) = CACHE.with(|c| c.borrow().get(&relid).cloned()) {
+    if let Some(hit) = LATCHED_CACHE.with(|c| c.borrow().get(&relid).cloned()) {
         return hit;
     }
     let found = load(relid);
-    CACHE.with(|c| c.borrow_mut().insert(relid, found.clone()));
+    LATCHED_CACHE.with(|c| c.borrow_mut().insert(relid, found.clone()));
     found
 }
 
@@ -104,7 +83,7 @@ pub fn require(relid: Oid) -> Rc<Latched> {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             format!("table \"{}\" is not latched by pgkvx", rel_name(relid)),
-            format!("SELECT pgkvx.enable('{}');", rel_name(relid)),
+            format!("SELECT pgkvx.enable({});", quote_literal(&regclass_text(relid))),
         )
     })
 }
@@ -144,23 +123,15 @@ pub fn registered() -> Vec<(Oid, Registration)> {
 
 fn read_rows(only: Option<Oid>) -> Vec<(Oid, Registration)> {
     let Some(tables_oid) = tables_relid() else { return Vec::new() };
-    let tables = OpenRel::open(tables_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let tables = OpenRel::open(tables_oid, pg_sys::AccessShareLock);
     let desc = tables.get().rd_att;
-    let attnum = |name: &CStr| {
-        // SAFETY: a valid tuple descriptor; the name is NUL-terminated.
-        let n = unsafe { (*desc).natts } as usize;
-        (0..n).find_map(|i| {
-            // SAFETY: i < natts.
-            let a = unsafe { &*(*desc).attrs.as_ptr().add(i) };
-            // SAFETY: NameData is NUL-terminated.
-            (!a.attisdropped && unsafe { CStr::from_ptr(a.attname.data.as_ptr()) } == name).then_some(i as i32 + 1)
-        })
-    };
-    let (Some(a_relid), Some(a_index), Some(a_gapless)) = (attnum(c"relid"), attnum(c"key_index"), attnum(c"gapless"))
+    let attrs = tables.attrs();
+    let attnum = |name: &str| attrs.iter().find(|a| !a.dropped && a.name == name).map(|a| i32::from(a.attnum));
+    let (Some(a_relid), Some(a_index), Some(a_gapless)) = (attnum("relid"), attnum("key_index"), attnum("gapless"))
     else {
         return Vec::new();
     };
-    let a_columns = attnum(c"key_columns");
+    let a_columns = attnum("key_columns");
     let mut out = Vec::new();
     // SAFETY: a heap scan of an open relation with at most one equality
     // key, ended before the relation closes; values are copied out first.
@@ -217,12 +188,9 @@ fn read_rows(only: Option<Oid>) -> Vec<(Oid, Registration)> {
 }
 
 fn load(relid: Oid) -> Option<Rc<Latched>> {
-    let rel = OpenRel::try_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)?;
-    // SAFETY: rel is open.
-    let trigger = unsafe { latch_trigger(rel.as_ptr()) }?;
-    let owner = rel.get().rd_rel;
-    // SAFETY: rd_rel of an open relation.
-    let owner = unsafe { (*owner).relowner };
+    let rel = OpenRel::try_open(relid, pg_sys::AccessShareLock)?;
+    let trigger = rel.trigger_enabled(ROW_TRIGGER)?;
+    let owner = rel.form().relowner;
     let reg = registration(relid)?;
     let index = resolve_key_index(&rel, relid, &reg);
     let key = KeyDesc::resolve(relid, index);
@@ -269,8 +237,8 @@ fn resolve_key_index(rel: &OpenRel, relid: Oid, reg: &Registration) -> Option<Oi
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         format!("the key index of latched table \"{}\" no longer exists", rel_name(relid)),
         format!(
-            "Create a unique index on the key columns again and run SELECT pgkvx.enable('{0}', 'the_index'), or SELECT pgkvx.disable('{0}').",
-            rel_name(relid)
+            "Create a unique index on the key columns again and run SELECT pgkvx.enable({0}, 'the_index'), or SELECT pgkvx.disable({0}).",
+            quote_literal(&regclass_text(relid))
         ),
     )
 }
@@ -281,24 +249,21 @@ pub fn index_on_columns(rel: &OpenRel, cols: &[i16]) -> Option<Oid> {
     if cols.is_empty() {
         return None;
     }
-    // SAFETY: the index list of an open relation; each index is opened
-    // (and closed by OpenRel) to read its definition.
-    unsafe {
-        let list = pg_sys::RelationGetIndexList(rel.as_ptr());
-        let found = pgrx::PgList::<std::ffi::c_void>::from_pg(list).iter_oid().find(|&ix| {
-            let Some(ir) = OpenRel::try_open(ix, pg_sys::AccessShareLock as pg_sys::LOCKMODE) else { return false };
-            let Some(ind) = ir.get().rd_index.as_ref() else { return false };
+    rel.index_oids().into_iter().find(|&ix| {
+        let Some(ir) = OpenRel::try_open(ix, pg_sys::AccessShareLock) else { return false };
+        let Some(ind) = ir.index() else { return false };
+        // SAFETY: indkey holds indnatts >= indnkeyatts entries; the
+        // relcache helpers read an open index.
+        unsafe {
             ind.indisunique
                 && ind.indisvalid
-                && (*ir.get().rd_rel).relam == pg_sys::BTREE_AM_OID
+                && ir.form().relam == pg_sys::BTREE_AM_OID
                 && ind.indnkeyatts as usize == cols.len()
                 && ind.indkey.values.as_slice(cols.len()) == cols
                 && pg_sys::RelationGetIndexPredicate(ir.as_ptr()).is_null()
                 && pg_sys::RelationGetIndexExpressions(ir.as_ptr()).is_null()
-        });
-        pg_sys::list_free(list);
-        found
-    }
+        }
+    })
 }
 
 /// Whether a logical replication subscription in this database writes
@@ -352,6 +317,33 @@ mod tests {
         assert!(l.exposure.as_deref().is_some_and(|e| e.contains("disabled")), "{:?}", l.exposure);
     }
 
+    fn oid_of(name: &str) -> pg_sys::Oid {
+        Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{name}'::regclass::oid")).unwrap().unwrap()
+    }
+
+    /// A key index rebuilt under a new oid is found again by its columns,
+    /// and only an index that could be a key qualifies.
+    #[pg_test]
+    fn a_key_index_is_found_by_its_columns() {
+        Spi::run(
+            "CREATE TABLE ic (a int NOT NULL, b int NOT NULL, c int);
+             CREATE INDEX ic_plain ON ic (a, b);
+             CREATE UNIQUE INDEX ic_partial ON ic (a, b) WHERE c > 0;
+             CREATE UNIQUE INDEX ic_expr ON ic (a, (b + 1));
+             CREATE UNIQUE INDEX ic_ba ON ic (b, a);",
+        )
+        .unwrap();
+        let rel = crate::pg::OpenRel::open(oid_of("ic"), pg_sys::AccessShareLock);
+        assert_eq!(super::index_on_columns(&rel, &[1, 2]), None, "not unique, partial or on an expression");
+        assert_eq!(super::index_on_columns(&rel, &[2, 1]), Some(oid_of("ic_ba")));
+        assert_eq!(super::index_on_columns(&rel, &[]), None);
+        rel.close();
+        Spi::run("CREATE UNIQUE INDEX ic_ab ON ic (a, b)").unwrap();
+        let rel = crate::pg::OpenRel::open(oid_of("ic"), pg_sys::AccessShareLock);
+        assert_eq!(super::index_on_columns(&rel, &[1, 2]), Some(oid_of("ic_ab")));
+        assert_eq!(super::index_on_columns(&rel, &[1]), None, "all of the key's columns, no more");
+    }
+
     #[pg_test]
     fn writes_publish_latches_visible_in_the_view() {
         Spi::run("CREATE TABLE rw (k int PRIMARY KEY); SELECT pgkvx.enable('rw')").unwrap();
@@ -386,18 +378,16 @@ fn write_row(relid: Oid, row: Option<(Option<Oid>, &[i16], bool)>) {
             "extension \"pgkvx\" is not installed in this database",
         );
     };
-    let tables = OpenRel::open(tables_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+    let tables = OpenRel::open(tables_oid, pg_sys::RowExclusiveLock);
     let desc = tables.get().rd_att;
+    let attrs = tables.attrs();
+    let natts = attrs.len();
+    let column = |i: usize| (!attrs[i].dropped).then_some(attrs[i].name.as_str());
+    let relid_att = (0..natts).find(|&i| column(i) == Some("relid")).expect("relid column") + 1;
     // SAFETY: forming a tuple of the table's own descriptor, finding the
     // old one by a heap scan, and the catalog-style insert/update/delete
     // helpers (heap change plus index entries) on the open table.
     unsafe {
-        let natts = (*desc).natts as usize;
-        let name_of = |i: usize| {
-            let a = &*(*desc).attrs.as_ptr().add(i);
-            (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes().to_vec())
-        };
-        let relid_att = (0..natts).find(|&i| name_of(i).as_deref() == Some(b"relid")).expect("relid column") + 1;
         let mut key = pg_sys::ScanKeyData::default();
         pg_sys::ScanKeyInit(
             &mut key,
@@ -418,12 +408,12 @@ fn write_row(relid: Oid, row: Option<(Option<Oid>, &[i16], bool)>) {
                 let mut values = vec![pg_sys::Datum::from(0); natts];
                 let mut nulls = vec![true; natts];
                 for i in 0..natts {
-                    let v: Option<pg_sys::Datum> = match name_of(i).as_deref() {
-                        Some(b"relid") => Some(pg_sys::Datum::from(relid)),
-                        Some(b"key_index") => index.map(pg_sys::Datum::from),
-                        Some(b"key_columns") => cols.to_vec().into_datum(),
-                        Some(b"gapless") => Some(pg_sys::Datum::from(gapless)),
-                        Some(b"enabled_at") => Some(pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp())),
+                    let v: Option<pg_sys::Datum> = match column(i) {
+                        Some("relid") => Some(pg_sys::Datum::from(relid)),
+                        Some("key_index") => index.map(pg_sys::Datum::from),
+                        Some("key_columns") => cols.to_vec().into_datum(),
+                        Some("gapless") => Some(pg_sys::Datum::from(gapless)),
+                        Some("enabled_at") => Some(pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp())),
                         _ => None,
                     };
                     if let Some(v) = v {

@@ -8,7 +8,7 @@
 use super::regclass::{self, Regclass};
 use crate::errors;
 use crate::keys::{KeyDesc, KeyKind};
-use crate::pg::{qualified_name, quote_ident, with_pinned_settings, OpenRel};
+use crate::pg::{list_iter, qualified_name, quote_ident, quote_literal, rel_name, with_pinned_settings, OpenRel};
 use crate::registry::{self, ROW_TRIGGER, TRUNCATE_TRIGGER};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Oid};
@@ -71,19 +71,6 @@ pub fn gapless_sequence(key: &KeyDesc) -> Oid {
     seq
 }
 
-/// Whether `rel` has a trigger named `name`.
-fn has_trigger(rel: &OpenRel, name: &str) -> bool {
-    let td = rel.get().trigdesc;
-    if td.is_null() {
-        return false;
-    }
-    // SAFETY: the relcache's trigger descriptor of an open relation.
-    unsafe {
-        (0..(*td).numtriggers as usize)
-            .any(|i| CStr::from_ptr((*(*td).triggers.add(i)).tgname).to_bytes() == name.as_bytes())
-    }
-}
-
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapless: default!(bool, false)) {
     let rel = regclass::required(rel, "rel");
@@ -95,12 +82,11 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     // closed before the DDL below, which refuses a table in use.
     // SAFETY: standard lock acquisition; raises on a missing relation.
     unsafe { pg_sys::LockRelationOid(rel, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) };
-    let r = OpenRel::open(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-    // SAFETY: rd_rel of an open relation.
-    if unsafe { (*r.get().rd_rel).relpersistence } as u8 == pg_sys::RELPERSISTENCE_TEMP {
+    let r = OpenRel::open(rel, pg_sys::NoLock);
+    if r.form().relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("pgkvx cannot latch temporary table \"{}\"", registry::rel_name(rel)),
+            format!("pgkvx cannot latch temporary table \"{}\"", rel_name(rel)),
             "Only its own session can write a temporary table, so no write can commit behind a reader: it needs no latching.",
         );
     }
@@ -109,8 +95,7 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     if gapless {
         let seq = gapless_sequence(&key);
         check_sequence_cache(seq);
-        let att = unsafe { &*(*r.get().rd_att).attrs.as_ptr().add(key.cols[0].attnum as usize - 1) };
-        if att.attidentity != 0 {
+        if r.attrs()[key.cols[0].attnum as usize - 1].identity != 0 {
             errors::raise_hint(
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                 format!("key column \"{}\" of \"{}\" is an identity column", key.cols[0].name, key.relname),
@@ -119,8 +104,8 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
         }
     }
     let columns: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
-    let present = [has_trigger(&r, ROW_TRIGGER), has_trigger(&r, TRUNCATE_TRIGGER)];
-    drop(r);
+    let present = [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some());
+    r.close();
     registry::register(rel, index, &columns, gapless);
     for (i, (trigger, timing)) in [
         (ROW_TRIGGER, "BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_row()"),
@@ -129,6 +114,7 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     .into_iter()
     .enumerate()
     {
+        let trigger = quote_ident(trigger);
         if !present[i] {
             run_ddl(&format!("CREATE TRIGGER {trigger} {}", timing.replace("{t}", &name)));
         }
@@ -138,9 +124,9 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     }
     if gapless {
         run_ddl(&format!(
-            "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key('{}'::pg_catalog.regclass)",
+            "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key({}::pg_catalog.regclass)",
             quote_ident(&key.cols[0].name),
-            rel.to_u32()
+            quote_literal(&rel.to_u32().to_string())
         ));
     }
     // SAFETY: queues a relcache invalidation, sent at commit.
@@ -150,14 +136,16 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
 /// Puts a gapless table's plain sequence default back.
 pub fn restore_sequence_default(rel: Oid) {
     let Some(reg) = registry::registration(rel).filter(|r| r.gapless) else { return };
+    // A key index dropped since falls back to the primary key.
+    // SAFETY: a syscache probe.
     let index = reg.key_index.filter(|&i| unsafe { !pg_sys::get_rel_name(i).is_null() });
     let key = KeyDesc::resolve(rel, index);
     if let Some(seq) = key_sequence(&key) {
         run_ddl(&format!(
-            "ALTER TABLE {} ALTER COLUMN {} SET DEFAULT pg_catalog.nextval('{}'::pg_catalog.regclass)",
+            "ALTER TABLE {} ALTER COLUMN {} SET DEFAULT pg_catalog.nextval({}::pg_catalog.regclass)",
             qualified_name(rel),
             quote_ident(&key.cols[0].name),
-            seq.to_u32()
+            quote_literal(&seq.to_u32().to_string())
         ));
     }
 }
@@ -170,14 +158,14 @@ fn disable(rel: Option<Regclass>) {
     // SAFETY: standard lock acquisition, held to the end of the transaction.
     unsafe { pg_sys::LockRelationOid(rel, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE) };
     let present = {
-        let r = OpenRel::open(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        [has_trigger(&r, ROW_TRIGGER), has_trigger(&r, TRUNCATE_TRIGGER)]
+        let r = OpenRel::open(rel, pg_sys::NoLock);
+        [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some())
     };
     let name = qualified_name(rel);
     restore_sequence_default(rel);
     for (i, trigger) in [ROW_TRIGGER, TRUNCATE_TRIGGER].into_iter().enumerate() {
         if present[i] {
-            run_ddl(&format!("DROP TRIGGER {trigger} ON {name}"));
+            run_ddl(&format!("DROP TRIGGER {} ON {name}", quote_ident(trigger)));
         }
     }
     registry::unregister(rel);
@@ -256,7 +244,7 @@ pub unsafe extern "C-unwind" fn pgkvx_on_drop_extension(fcinfo: pg_sys::Function
         }
         let stmt = &*(tree as *mut pg_sys::DropStmt);
         let ours = stmt.removeType == pg_sys::ObjectType::OBJECT_EXTENSION
-            && pgrx::PgList::<pg_sys::Node>::from_pg(stmt.objects).iter_ptr().any(|n| {
+            && list_iter::<pg_sys::Node>(stmt.objects).any(|n| {
                 (*n).type_ == pg_sys::NodeTag::T_String
                     && CStr::from_ptr((*(n as *mut pg_sys::String)).sval).to_bytes() == b"pgkvx"
             });

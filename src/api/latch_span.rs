@@ -4,6 +4,7 @@
 use super::regclass::Regclass;
 use crate::errors;
 use crate::latch::{KeyBuf, Span};
+use crate::pg::rel_name;
 use crate::registry;
 use crate::shmem::backend;
 use pgrx::pg_sys;
@@ -33,10 +34,7 @@ fn latch_span(rel: Option<Regclass>, lo: Option<&str>, hi: Option<&str>) {
     if !ok {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!(
-                "permission denied to latch table \"{}\": needs INSERT, UPDATE or DELETE",
-                registry::rel_name(relid)
-            ),
+            format!("permission denied to latch table \"{}\": needs INSERT, UPDATE or DELETE", rel_name(relid)),
         );
     }
     // SAFETY: standard lock acquisition.

@@ -24,7 +24,7 @@ use super::trigger;
 use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Stat};
-use crate::pg::OpenRel;
+use crate::pg::{rel_name, OpenRel};
 use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::pg_sys::{self, Oid};
@@ -41,10 +41,10 @@ unsafe extern "C-unwind" {
 thread_local! {
     /// Key sequence per table (the relcache callback does not reach this,
     /// so entries are re-checked against the registry on each call).
-    static SEQS: RefCell<HashMap<Oid, Oid>> = RefCell::new(HashMap::new());
+    static KEY_SEQUENCES: RefCell<HashMap<Oid, Oid>> = RefCell::new(HashMap::new());
 }
 
-fn may(relid: Oid, mode: u32) -> bool {
+fn has_table_privilege(relid: Oid, mode: u32) -> bool {
     // SAFETY: a catalog ACL check for the current user.
     unsafe {
         pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), mode as pg_sys::AclMode) == pg_sys::AclResult::ACLCHECK_OK
@@ -56,10 +56,10 @@ fn next_key(rel: Regclass) -> i64 {
     let relid = rel.0;
     // Drawing a key latches it: it takes the right to write the table,
     // checked before any lock or latch.
-    if !may(relid, pg_sys::ACL_INSERT) {
+    if !has_table_privilege(relid, pg_sys::ACL_INSERT) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied to draw a key of table \"{}\": needs INSERT", registry::rel_name(relid)),
+            format!("permission denied to draw a key of table \"{}\": needs INSERT", rel_name(relid)),
         );
     }
     // SAFETY: plain read of a backend global.
@@ -74,24 +74,24 @@ fn next_key(rel: Regclass) -> i64 {
     // SAFETY: standard lock acquisition; raises on a missing relation.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
     let latched = registry::require(relid);
-    let seq = match SEQS.with(|s| s.borrow().get(&relid).copied()) {
+    let seq = match KEY_SEQUENCES.with(|s| s.borrow().get(&relid).copied()) {
         Some(seq) => seq,
         None => {
             let seq = gapless_sequence(&latched.key);
-            SEQS.with(|s| s.borrow_mut().insert(relid, seq));
+            KEY_SEQUENCES.with(|s| s.borrow_mut().insert(relid, seq));
             seq
         }
     };
     check_sequence_cache(seq);
-    if !may(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
+    if !has_table_privilege(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied for sequence {}", registry::rel_name(seq)),
+            format!("permission denied for sequence {}", rel_name(seq)),
         );
     }
     // nextval's own lock and relcache entry, taken now: inside the section
     // it finds the lock held and the entry built, and waits for neither.
-    let _seq = OpenRel::open(seq, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+    let _seq = OpenRel::open(seq, pg_sys::RowExclusiveLock);
     // SAFETY: warms the catalog cache entry nextval reads.
     unsafe {
         let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(seq));

@@ -17,6 +17,7 @@ use crate::shmem::drawn;
 use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Xid};
+use crate::pg::{quote_literal, regclass_text};
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Datum};
@@ -26,18 +27,18 @@ use std::cell::Cell;
 thread_local! {
     /// The last key this backend latched: `next_key` latches a key and the
     /// row trigger then sees the same key in the same transaction.
-    static LAST: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
+    static LAST_LATCHED_KEY: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
 }
 
 /// Remembers a latched key so the row trigger can skip it.
 pub fn remember(xid: Xid, relid: pg_sys::Oid, key: KeyWriter) {
-    LAST.with(|l| l.set(Some((xid, relid, key))));
+    LAST_LATCHED_KEY.with(|l| l.set(Some((xid, relid, key))));
 }
 
 fn latch_key(latched: &Latched, key: &KeyWriter) {
     let relid = latched.key.relid;
     let xid = backend::my_xid();
-    if let Some((x, r, k)) = LAST.with(|l| l.get()) {
+    if let Some((x, r, k)) = LAST_LATCHED_KEY.with(|l| l.get()) {
         if x == xid && r == relid && k.bytes() == key.bytes() {
             return;
         }
@@ -73,8 +74,8 @@ unsafe fn take_drawn_key(latched: &Latched, tup: pg_sys::HeapTuple, tupdesc: pg_
         PgSqlErrorCode::ERRCODE_GENERATED_ALWAYS,
         format!("cannot write key {key} into gapless table \"{}\"", latched.key.relname),
         Some(format!(
-            "Keys of a gapless table must be drawn by pgkvx.next_key('{}') in the writing transaction; a key drawn any other way could commit behind a consumer's cursor.",
-            latched.key.relname
+            "Keys of a gapless table must be drawn by pgkvx.next_key({}) in the writing transaction; a key drawn any other way could commit behind a consumer's cursor.",
+            quote_literal(&regclass_text(latched.key.relid))
         )),
         Some("Leave the key column to its DEFAULT, or draw the key with pgkvx.next_key() in the same transaction."),
     )

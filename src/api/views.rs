@@ -6,6 +6,7 @@
 //! the table and no row level security applying to them (its owner,
 //! BYPASSRLS, or a table without policies); otherwise they are NULL.
 
+use crate::latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
 use crate::latch::{LatchInfo, RangeInfo, RelId, Span, Stat, State};
 use crate::registry;
 use crate::shmem::{backend, table};
@@ -113,6 +114,17 @@ fn latch_list(
     TableIterator::new(rows)
 }
 
+/// A range's maintenance-queue state (the latch core's), for people.
+fn queue_state_name(state: u32) -> &'static str {
+    match state {
+        IDLE => "idle",
+        QUEUED => "queued",
+        PROCESSING => "processing",
+        s if s == PROCESSING | REQUEUED => "processing, requeued",
+        _ => "unknown",
+    }
+}
+
 #[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
 #[allow(clippy::type_complexity)]
 fn range_list() -> TableIterator<
@@ -148,7 +160,7 @@ fn range_list() -> TableIterator<
                 r.coalesced as i32,
                 r.acquires as i64,
                 r.lock_waits as i64,
-                crate::queue::state_name(r.queue).to_string(),
+                queue_state_name(r.queue).to_string(),
             ))
         })
         .collect();

@@ -9,7 +9,7 @@ use arrow_schema::{Schema, SchemaRef};
 use pgrx::{pg_sys, PgSqlErrorCode};
 
 use super::pg::RowContext;
-use super::types::Column;
+use super::types::OutputColumn;
 use crate::errors;
 
 /// A batch closes at `batch_rows` rows or once its buffers pass this many
@@ -19,7 +19,7 @@ pub const BATCH_BYTE_CAP: usize = 64 * 1024 * 1024;
 
 pub struct BatchWriter {
     schema: SchemaRef,
-    columns: Vec<Column>,
+    columns: Vec<OutputColumn>,
     writer: StreamWriter<Vec<u8>>,
     rows: usize,
     batch_rows: usize,
@@ -30,7 +30,7 @@ pub struct BatchWriter {
 }
 
 impl BatchWriter {
-    pub fn new(columns: Vec<Column>, batch_rows: usize) -> Self {
+    pub fn new(columns: Vec<OutputColumn>, batch_rows: usize) -> Self {
         let schema = Arc::new(Schema::new(columns.iter().map(|c| c.field.clone()).collect::<Vec<_>>()));
         let writer = StreamWriter::try_new(Vec::new(), &schema).unwrap_or_else(|e| ipc_error(e));
         BatchWriter { schema, columns, writer, rows: 0, batch_rows, next_size_check: 1, row_cx: RowContext::new() }

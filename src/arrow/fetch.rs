@@ -439,7 +439,7 @@ unsafe fn prefetch_tuple(page: *const u8, tid: &pg_sys::ItemPointerData) {
 
 /// One attribute's storage, copied out of the tuple descriptor.
 #[derive(Clone, Copy)]
-struct Layout {
+struct AttrLayout {
     len: i16,
     align: usize,
     byval: bool,
@@ -457,7 +457,7 @@ fn align_nominal(off: usize, align: usize) -> usize {
 /// # Safety
 /// `p` points at a stored value of that attribute.
 #[inline(always)]
-unsafe fn fetch_att(a: Layout, p: *const u8) -> Datum {
+unsafe fn fetch_att(a: AttrLayout, p: *const u8) -> Datum {
     // SAFETY: per the contract; by-value attributes are 1, 2, 4 or 8 bytes.
     unsafe {
         if a.byval {
@@ -483,7 +483,7 @@ unsafe fn fetch_att(a: Layout, p: *const u8) -> Datum {
 /// those offsets directly, without walking the attributes in between.
 pub struct Deformer {
     rel: pg_sys::Relation,
-    atts: Vec<Layout>,
+    atts: Vec<AttrLayout>,
     /// Projected attribute indexes, sorted and unique.
     projected: Vec<usize>,
     /// All of them have a fixed offset.
@@ -521,7 +521,7 @@ impl Deformer {
                 Some(o) if len > 0 => Some(o + len as usize),
                 _ => None,
             };
-            atts.push(Layout { len, align, byval: a.attbyval, cacheoff: cacheoff.map_or(-1, |o| o as i32) });
+            atts.push(AttrLayout { len, align, byval: a.attbyval, cacheoff: cacheoff.map_or(-1, |o| o as i32) });
         }
         let fixed = projected.iter().all(|&i| atts[i].cacheoff >= 0);
         Deformer { rel, atts, projected, fixed, values: vec![Datum::from(0usize); natts], nulls: vec![true; natts] }

@@ -13,7 +13,7 @@
 //! the caller's search_path, as if the caller had run it.
 
 use pgrx::prelude::*;
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PgSqlErrorCode};
+use pgrx::PgSqlErrorCode;
 
 mod batch;
 mod fetch;
@@ -23,57 +23,24 @@ mod scan;
 mod types;
 
 use crate::errors;
+use crate::guc::{self, ArrowNumeric};
+use crate::pg::OpenRel;
 use crate::registry::{self, Latched};
 use std::rc::Rc;
 use types::NumericMode;
 
-#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
-pub enum ArrowNumeric {
-    #[name = c"text"]
-    Text,
-    #[name = c"float64"]
-    Float64,
-    #[name = c"decimal128"]
-    Decimal128,
-}
-
-static ARROW_NUMERIC: GucSetting<ArrowNumeric> = GucSetting::<ArrowNumeric>::new(ArrowNumeric::Text);
-static ARROW_NUMERIC_SCALE: GucSetting<i32> = GucSetting::<i32>::new(9);
-
-/// Registers the Arrow projection's settings; called from `_PG_init`.
-pub fn init() {
-    GucRegistry::define_enum_guc(
-        c"pgkvx.arrow_numeric",
-        c"How arrow_scan/arrow_query send numeric columns without a precision of at most 38.",
-        c"text (default): Utf8, lossless; float64: Float64; decimal128: Decimal128(38, pgkvx.arrow_numeric_scale), rounded like a cast.",
-        &ARROW_NUMERIC,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"pgkvx.arrow_numeric_scale",
-        c"Scale of Decimal128(38, s) when pgkvx.arrow_numeric = decimal128.",
-        c"",
-        &ARROW_NUMERIC_SCALE,
-        0,
-        38,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-}
-
 fn numeric_mode() -> NumericMode {
-    match ARROW_NUMERIC.get() {
+    match guc::ARROW_NUMERIC.get() {
         ArrowNumeric::Text => NumericMode::Text,
         ArrowNumeric::Float64 => NumericMode::Float64,
-        ArrowNumeric::Decimal128 => NumericMode::Decimal128 { scale: ARROW_NUMERIC_SCALE.get() as i8 },
+        ArrowNumeric::Decimal128 => NumericMode::Decimal128 { scale: guc::ARROW_NUMERIC_SCALE.get() as i8 },
     }
 }
 
 /// The key arrow_scan orders by, and whose first column the bounds apply
 /// to: on a latched table its latched key index (and the table's latching,
 /// under which the scan honours `pgkvx.scan_mode`), else the primary key.
-fn key_for(rel: &pg::Rel) -> (Option<Rc<Latched>>, Option<pg_sys::Oid>) {
+fn key_for(rel: &OpenRel) -> (Option<Rc<Latched>>, Option<pg_sys::Oid>) {
     let latched = registry::lookup(rel.oid());
     let index = latched.as_ref().map(|l| l.key.index).or_else(|| rel.primary_key_index());
     (latched, index)

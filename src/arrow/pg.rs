@@ -2,14 +2,13 @@
 //! function.  Everything that dereferences a Postgres pointer lives here or in
 //! the per-type encoders, so the scan and query drivers stay plain Rust.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 
 use crate::errors;
-
-pub use crate::pg::in_live_transaction;
+use crate::pg::{in_live_transaction, OpenRel};
 
 /// A private memory context for one row's transient allocations (detoasted
 /// values, output-function strings), reset after every row so that a batch of
@@ -56,103 +55,6 @@ impl RowContext {
     }
 }
 
-/// An attribute of a tuple descriptor, copied out so that callers need no
-/// pointer into the descriptor.
-#[derive(Clone, Debug)]
-pub struct Attr {
-    pub attnum: i16,
-    pub name: String,
-    pub typid: pg_sys::Oid,
-    pub typmod: i32,
-    pub notnull: bool,
-    pub dropped: bool,
-}
-
-/// # Safety
-/// `tupdesc` must be a valid tuple descriptor.
-pub unsafe fn tupdesc_attrs(tupdesc: pg_sys::TupleDesc) -> Vec<Attr> {
-    // SAFETY: caller guarantees a valid descriptor; attrs is a flexible
-    // array of natts entries.
-    unsafe {
-        let natts = (*tupdesc).natts as usize;
-        let attrs = (*tupdesc).attrs.as_slice(natts);
-        attrs
-            .iter()
-            .map(|a| Attr {
-                attnum: a.attnum,
-                name: CStr::from_ptr(a.attname.data.as_ptr()).to_string_lossy().into_owned(),
-                typid: a.atttypid,
-                typmod: a.atttypmod,
-                notnull: a.attnotnull,
-                dropped: a.attisdropped,
-            })
-            .collect()
-    }
-}
-
-/// A relation opened with AccessShareLock, closed only while the transaction
-/// is live (see [`in_live_transaction`]).
-pub struct Rel {
-    ptr: pg_sys::Relation,
-}
-
-impl Rel {
-    pub fn open(oid: pg_sys::Oid) -> Rel {
-        // SAFETY: relation_open raises an ERROR for a missing relation; the
-        // returned pointer stays valid until relation_close.
-        let ptr = unsafe { pg_sys::relation_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
-        Rel { ptr }
-    }
-
-    pub fn as_ptr(&self) -> pg_sys::Relation {
-        self.ptr
-    }
-
-    pub fn oid(&self) -> pg_sys::Oid {
-        // SAFETY: ptr is an open relation.
-        unsafe { (*self.ptr).rd_id }
-    }
-
-    pub fn relkind(&self) -> u8 {
-        // SAFETY: ptr is an open relation with a valid rd_rel.
-        unsafe { (*(*self.ptr).rd_rel).relkind as u8 }
-    }
-
-    /// A temp table of another session: its pages live in that backend's
-    /// local buffers, so reading them here would return garbage.
-    pub fn is_other_temp(&self) -> bool {
-        // SAFETY: ptr is an open relation with a valid rd_rel.
-        unsafe {
-            (*(*self.ptr).rd_rel).relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP && !(*self.ptr).rd_islocaltemp
-        }
-    }
-
-    pub fn name(&self) -> String {
-        // SAFETY: ptr is an open relation; relname is a NUL-terminated NameData.
-        unsafe { CStr::from_ptr((*(*self.ptr).rd_rel).relname.data.as_ptr()).to_string_lossy().into_owned() }
-    }
-
-    pub fn attrs(&self) -> Vec<Attr> {
-        // SAFETY: an open relation's rd_att is a valid descriptor.
-        unsafe { tupdesc_attrs((*self.ptr).rd_att) }
-    }
-
-    pub fn primary_key_index(&self) -> Option<pg_sys::Oid> {
-        // SAFETY: ptr is an open relation; the call fills the index list.
-        let oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(self.ptr) };
-        (oid != pg_sys::InvalidOid).then_some(oid)
-    }
-
-    /// Drops the reference but keeps the lock to transaction end, as the
-    /// executor does, so the table cannot change under the transaction.
-    pub fn close(self) {
-        if in_live_transaction() {
-            // SAFETY: ptr was opened by `open` and is closed once (by value).
-            unsafe { pg_sys::relation_close(self.ptr, pg_sys::NoLock as pg_sys::LOCKMODE) };
-        }
-    }
-}
-
 /// Key columns of a btree index: heap attribute numbers, plus what a scan key
 /// on its first column needs.
 pub struct IndexInfo {
@@ -164,20 +66,21 @@ pub struct IndexInfo {
 }
 
 impl IndexInfo {
-    pub fn of(index: &Rel) -> IndexInfo {
-        // SAFETY: `index` is an open index relation: rd_index, rd_opfamily,
-        // rd_opcintype and rd_indcollation have one entry per key column.
+    pub fn of(index: &OpenRel) -> IndexInfo {
+        let Some(form) = index.index() else {
+            errors::raise(PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE, format!("\"{}\" is not an index", index.name()))
+        };
+        let nkeys = form.indnkeyatts as usize;
+        let r = index.get();
+        // SAFETY: an open index: indkey, rd_opfamily, rd_opcintype and
+        // rd_indcollation have an entry per key column, and it has one.
         unsafe {
-            let r = index.as_ptr();
-            let form = (*r).rd_index;
-            let nkeys = (*form).indnkeyatts as usize;
-            let keys = (*form).indkey.values.as_slice(nkeys);
             IndexInfo {
-                heap_attnums: keys.to_vec(),
-                opfamily: *(*r).rd_opfamily,
-                opcintype: *(*r).rd_opcintype,
-                collation: *(*r).rd_indcollation,
-                is_btree: (*(*r).rd_rel).relam == pg_sys::BTREE_AM_OID,
+                heap_attnums: form.indkey.values.as_slice(nkeys).to_vec(),
+                opfamily: *r.rd_opfamily,
+                opcintype: *r.rd_opcintype,
+                collation: *r.rd_indcollation,
+                is_btree: index.form().relam == pg_sys::BTREE_AM_OID,
             }
         }
     }
@@ -206,21 +109,6 @@ pub fn rls_applies(rel: pg_sys::Oid) -> bool {
     // SAFETY: catalog lookup; noError=false lets Postgres raise its own error.
     unsafe {
         pg_sys::check_enable_rls(rel, pg_sys::InvalidOid, false) == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
-    }
-}
-
-/// Parses `text` with the input function of `typid` (as a cast from text would).
-pub fn parse_value(text: &str, typid: pg_sys::Oid, typmod: i32) -> pg_sys::Datum {
-    let c = CString::new(text).unwrap_or_else(|_| {
-        errors::raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, "bound contains a NUL character")
-    });
-    // SAFETY: catalog lookup of an existing type; the input function raises
-    // its own ERROR (e.g. 22P02) on bad input.
-    unsafe {
-        let mut func = pg_sys::InvalidOid;
-        let mut ioparam = pg_sys::InvalidOid;
-        pg_sys::getTypeInputInfo(typid, &mut func, &mut ioparam);
-        pg_sys::OidInputFunctionCall(func, c.as_ptr() as *mut _, ioparam, typmod)
     }
 }
 
@@ -273,12 +161,12 @@ impl RegisteredSnapshot {
 }
 
 /// A table slot for `rel`, holding one tuple at a time.
-pub struct Slot(*mut pg_sys::TupleTableSlot);
+pub struct TableSlot(*mut pg_sys::TupleTableSlot);
 
-impl Slot {
-    pub fn for_rel(rel: &Rel) -> Slot {
+impl TableSlot {
+    pub fn for_rel(rel: &OpenRel) -> TableSlot {
         // SAFETY: rel is open; the slot is allocated in the current context.
-        Slot(unsafe { pg_sys::table_slot_create(rel.as_ptr(), std::ptr::null_mut()) })
+        TableSlot(unsafe { pg_sys::table_slot_create(rel.as_ptr(), std::ptr::null_mut()) })
     }
     pub fn as_ptr(&self) -> *mut pg_sys::TupleTableSlot {
         self.0
@@ -360,38 +248,6 @@ pub fn with_utf8<R>(bytes: &[u8], enc: ServerEncoding, f: impl FnOnce(&[u8]) -> 
                     f(CStr::from_ptr(out).to_bytes())
                 }
             }
-        }
-    }
-}
-
-/// The payload of a varlena datum, detoasted (and decompressed) only when it
-/// is not already inline and plain.  The slice may live in the row context.
-///
-/// # Safety
-/// `datum` must be a non-null varlena datum.
-#[inline]
-pub unsafe fn varlena_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
-    // SAFETY: per the caller.  pg_detoast_datum_packed returns its argument
-    // unless the value is external or compressed; short (1-byte header)
-    // varlenas are read in place.
-    unsafe {
-        let mut p = datum.cast_mut_ptr::<pg_sys::varlena>();
-        let first = *(p as *const u8);
-        // VARATT_IS_EXTENDED: external (0x01) or compressed-4B (low bits 10)
-        let is_short = first & 0x01 == 0x01;
-        let is_external = first == 0x01;
-        let is_compressed = !is_short && (first & 0x03) == 0x02;
-        if is_external || is_compressed {
-            p = pg_sys::pg_detoast_datum_packed(p);
-        }
-        let first = *(p as *const u8);
-        if first & 0x01 == 0x01 {
-            // 1-byte header: length in the upper 7 bits (little-endian)
-            let len = (first >> 1) as usize;
-            std::slice::from_raw_parts((p as *const u8).add(1), len - 1)
-        } else {
-            let len = (std::ptr::read_unaligned(p as *const u32) >> 2) as usize;
-            std::slice::from_raw_parts((p as *const u8).add(4), len - 4)
         }
     }
 }

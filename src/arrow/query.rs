@@ -7,13 +7,14 @@
 
 use std::ffi::{CStr, CString};
 
-use pgrx::{pg_guard, pg_sys, PgList, PgSqlErrorCode};
+use pgrx::{pg_guard, pg_sys, PgSqlErrorCode};
 
 use super::batch::{BatchWriter, BATCH_BYTE_CAP};
-use super::pg::{self, in_live_transaction};
-use super::types::{self, Settings};
+use super::pg;
+use super::types::{self, EncoderSettings};
 use super::StreamArgs;
 use crate::errors;
+use crate::pg::{in_live_transaction, list_iter, tupdesc_attrs, Attr};
 
 /// The receiver the executor hands each result tuple to.  `base` must come
 /// first: Postgres sees only a `DestReceiver *`.
@@ -87,10 +88,8 @@ impl QueryStream {
             if !pg_sys::SPI_is_cursor_plan(plan) {
                 refuse_not_read_only();
             }
-            let sources = PgList::<pg_sys::CachedPlanSource>::from_pg(pg_sys::SPI_plan_get_plan_sources(plan));
-            for src in sources.iter_ptr() {
-                let queries = PgList::<pg_sys::Query>::from_pg((*src).query_list);
-                for q in queries.iter_ptr() {
+            for src in list_iter::<pg_sys::CachedPlanSource>(pg_sys::SPI_plan_get_plan_sources(plan)) {
+                for q in list_iter::<pg_sys::Query>((*src).query_list) {
                     if (*q).commandType != pg_sys::CmdType::CMD_SELECT
                         || !(*q).rowMarks.is_null()
                         || (*q).hasModifyingCTE
@@ -102,9 +101,7 @@ impl QueryStream {
             // Row locks taken in a subquery show only once planned.
             let cplan = pg_sys::SPI_plan_get_cached_plan(plan);
             if !cplan.is_null() {
-                let locks = PgList::<pg_sys::PlannedStmt>::from_pg((*cplan).stmt_list)
-                    .iter_ptr()
-                    .any(|p| !(*p).rowMarks.is_null());
+                let locks = list_iter::<pg_sys::PlannedStmt>((*cplan).stmt_list).any(|p| !(*p).rowMarks.is_null());
                 // An unsaved SPI plan's cached plan has no resource owner.
                 pg_sys::ReleaseCachedPlan(cplan, std::ptr::null_mut());
                 if locks {
@@ -113,14 +110,14 @@ impl QueryStream {
             }
             let portal = pg_sys::SPI_cursor_open(std::ptr::null(), plan, std::ptr::null_mut(), std::ptr::null(), true);
             let name = CStr::from_ptr((*portal).name).to_owned();
-            let attrs = pg::tupdesc_attrs((*portal).tupDesc);
+            let attrs = tupdesc_attrs((*portal).tupDesc);
             pg_sys::SPI_finish();
             (name, attrs)
         };
         // Encoders cache function lookups in the current context: built only
         // now, after SPI_finish has restored the multi-call context.
-        let settings = Settings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
-        let live: Vec<&pg::Attr> = attrs.iter().filter(|a| !a.dropped).collect();
+        let settings = EncoderSettings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
+        let live: Vec<&Attr> = attrs.iter().filter(|a| !a.dropped).collect();
         let columns = live.iter().map(|a| types::column(&a.name, a.typid, a.typmod, true, settings)).collect();
         let idx: Vec<usize> = live.iter().map(|a| a.attnum as usize - 1).collect();
         let natts = idx.iter().max().map_or(0, |m| m + 1);

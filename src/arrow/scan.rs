@@ -22,13 +22,14 @@ use pgrx::{pg_sys, PgMemoryContexts, PgSqlErrorCode};
 
 use super::batch::{BatchWriter, BATCH_BYTE_CAP};
 use super::fetch::{self, Deformer, PageFetch};
-use super::pg::{self, in_live_transaction, IndexInfo, OwnerWatch, RegisteredSnapshot, Rel, Slot};
-use super::types::{self, Settings};
+use super::pg::{self, IndexInfo, OwnerWatch, RegisteredSnapshot, TableSlot};
+use super::types::{self, EncoderSettings};
 use super::{key_for, StreamArgs};
 use crate::errors;
 use crate::latch::{Footprint, RelId, Span, Xid};
-use crate::read::run::{self, Choice, Then};
-use crate::read::snapshot::{self, Base};
+use crate::pg::{in_live_transaction, input_datum, Attr, OpenRel};
+use crate::read::run::{self, ReadDecision, ReadStrategy};
+use crate::read::snapshot::{self, BaseSnapshot};
 use crate::read::span;
 use crate::registry::Latched;
 use crate::shmem::backend;
@@ -44,19 +45,19 @@ pub struct ScanRequest {
 
 /// A latched table's scan before the read protocol has run (it runs at
 /// the first call).
-struct Latching {
+struct PendingProtocol {
     latched: Rc<Latched>,
-    choice: Choice,
+    strategy: ReadStrategy,
     /// D: `[lower, upper)` in key encoding (scan/span.rs, from the same
     /// btree scan keys the index scan uses).
     declared: Span,
     /// The statement's snapshot, with `after` read at the first call.
-    base: Base,
+    base: BaseSnapshot,
 }
 
-enum Cursor {
+enum ScanCursor {
     Index {
-        index: Rel,
+        index: OpenRel,
         /// Null until the scan is started (and between restarts).
         scan: pg_sys::IndexScanDesc,
         /// The bounds, kept for restarts (index_rescan copies them).
@@ -70,16 +71,16 @@ enum Cursor {
     },
 }
 
-struct Source {
-    rel: Rel,
-    cursor: Cursor,
-    slot: Slot,
+struct OpenScan {
+    rel: OpenRel,
+    cursor: ScanCursor,
+    slot: TableSlot,
     /// Deforms the rows `pages` finds (up to the highest projected column).
     deformer: Deformer,
     snapshot: RegisteredSnapshot,
     /// The read protocol's base snapshot, once it has run: the statement's,
     /// or a fresh one it registered (released with the scan).
-    base: Option<Base>,
+    base: Option<BaseSnapshot>,
     /// The context the scan was begun in: access methods expect to run in a
     /// context that lives as long as the scan, as the executor's per-query
     /// context does.  Spliced snapshots live here too.
@@ -87,12 +88,12 @@ struct Source {
     owner: Box<OwnerWatch>,
 }
 
-impl Source {
+impl OpenScan {
     /// (Re)starts the index scan, reading at `snap`: the statement's
     /// snapshot, or one the read protocol built from it.
     fn start(&mut self, snap: pg_sys::Snapshot) {
         let heap = self.rel.as_ptr();
-        let Cursor::Index { index, scan, keys, pages } = &mut self.cursor else {
+        let ScanCursor::Index { index, scan, keys, pages } = &mut self.cursor else {
             unreachable!("heap scans start in open()")
         };
         let old = std::mem::replace(scan, std::ptr::null_mut());
@@ -126,7 +127,7 @@ impl Source {
         let rel = self.rel.as_ptr();
         let cursor = &mut self.cursor;
         // Most rows are on the page read last: no context switch for them.
-        if let Cursor::Index { pages: Some(p), .. } = cursor {
+        if let ScanCursor::Index { pages: Some(p), .. } = cursor {
             if p.next_on_page() {
                 return true;
             }
@@ -136,11 +137,11 @@ impl Source {
         // allocates in scan_cx, as when it began.
         unsafe {
             PgMemoryContexts::For(self.scan_cx).switch_to(|_| match cursor {
-                Cursor::Index { pages: Some(p), .. } => p.next(),
-                Cursor::Index { scan, .. } => {
+                ScanCursor::Index { pages: Some(p), .. } => p.next(),
+                ScanCursor::Index { scan, .. } => {
                     pg_sys::index_getnext_slot(*scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
                 }
-                Cursor::Heap { scan } => {
+                ScanCursor::Heap { scan } => {
                     let am = (*rel).rd_tableam;
                     ((*am).scan_getnextslot.expect("table AM without scan_getnextslot"))(
                         *scan,
@@ -163,7 +164,7 @@ impl Source {
         // or the slot holds it.
         unsafe {
             match &self.cursor {
-                Cursor::Index { pages: Some(p), .. } => self.deformer.deform(p.current()),
+                ScanCursor::Index { pages: Some(p), .. } => self.deformer.deform(p.current()),
                 _ => pg::deform(self.slot.as_ptr(), natts),
             }
         }
@@ -175,7 +176,7 @@ impl Source {
         // a row of the latched table.
         unsafe {
             match &self.cursor {
-                Cursor::Index { pages: Some(p), .. } => {
+                ScanCursor::Index { pages: Some(p), .. } => {
                     let mut tup = *p.current();
                     latched.key.encode_heap_tuple(&mut tup, (*self.rel.as_ptr()).rd_att)
                 }
@@ -191,9 +192,15 @@ impl Source {
     fn release(self) {
         self.owner.unregister();
         if !in_live_transaction() || self.owner.released() {
+            // Postgres released everything with its owner; closing the
+            // relations again would release them twice.
+            if let ScanCursor::Index { index, .. } = self.cursor {
+                index.forget();
+            }
+            self.rel.forget();
             return;
         }
-        // SAFETY: the scan descriptors are live (each Source is released at
+        // SAFETY: the scan descriptors are live (each OpenScan is released at
         // most once, by value) and their resources are still held by
         // `owner`, which has not been released (checked above) and so still
         // exists.
@@ -201,7 +208,7 @@ impl Source {
             let saved = pg_sys::CurrentResourceOwner;
             pg_sys::CurrentResourceOwner = self.owner.owner();
             match self.cursor {
-                Cursor::Index { index, scan, pages, .. } => {
+                ScanCursor::Index { index, scan, pages, .. } => {
                     for buf in pages.map(|mut p| p.take_buffers()).into_iter().flatten() {
                         if buf != pg_sys::InvalidBuffer as pg_sys::Buffer {
                             pg_sys::ReleaseBuffer(buf);
@@ -212,7 +219,7 @@ impl Source {
                     }
                     index.close();
                 }
-                Cursor::Heap { scan } => {
+                ScanCursor::Heap { scan } => {
                     let am = (*self.rel.as_ptr()).rd_tableam;
                     ((*am).scan_end.expect("table AM without scan_end"))(scan);
                 }
@@ -229,7 +236,7 @@ impl Source {
 }
 
 pub struct TableStream {
-    source: Option<Source>,
+    source: Option<OpenScan>,
     out: BatchWriter,
     /// 0-based attribute index of each output column.
     attrs: Vec<usize>,
@@ -239,7 +246,7 @@ pub struct TableStream {
     remaining: Option<u64>,
     /// Set on a latched table under `pgkvx.scan_mode` until the first call
     /// runs the read protocol.
-    latching: Option<Latching>,
+    pending_protocol: Option<PendingProtocol>,
     /// Batches read, encoded and validated before the first was returned
     /// (optimistic mode), waiting to be returned.
     ready: VecDeque<Vec<u8>>,
@@ -257,7 +264,7 @@ impl TableStream {
                 errors::raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "max_rows must not be negative");
             }
         }
-        let rel = Rel::open(req.rel);
+        let rel = OpenRel::open(req.rel, pg_sys::AccessShareLock).keeping_lock();
         let relname = rel.name();
         match rel.relkind() {
             k if k == pg_sys::RELKIND_RELATION || k == pg_sys::RELKIND_MATVIEW => {}
@@ -273,8 +280,7 @@ impl TableStream {
                 "cannot access temporary tables of other sessions",
             );
         }
-        // SAFETY: rd_rel of an open relation.
-        if !unsafe { (*(*rel.as_ptr()).rd_rel).relispopulated } {
+        if !rel.form().relispopulated {
             refuse(
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("materialized view \"{relname}\" has not been populated"),
@@ -283,8 +289,8 @@ impl TableStream {
         }
 
         let all = rel.attrs();
-        let live: Vec<&pg::Attr> = all.iter().filter(|a| !a.dropped).collect();
-        let projected: Vec<&pg::Attr> = match &req.columns {
+        let live: Vec<&Attr> = all.iter().filter(|a| !a.dropped).collect();
+        let projected: Vec<&Attr> = match &req.columns {
             None => live.clone(),
             Some(names) => {
                 if names.is_empty() {
@@ -293,7 +299,7 @@ impl TableStream {
                         "columns must name at least one column (or be NULL for all)",
                     );
                 }
-                let mut out: Vec<&pg::Attr> = Vec::with_capacity(names.len());
+                let mut out: Vec<&Attr> = Vec::with_capacity(names.len());
                 for n in names {
                     let Some(a) = live.iter().find(|a| &a.name == n) else {
                         errors::raise(
@@ -321,7 +327,7 @@ impl TableStream {
 
         let (latched, key_index) = key_for(&rel);
         let index = key_index.map(|oid| {
-            let ix = Rel::open(oid);
+            let ix = OpenRel::open(oid, pg_sys::AccessShareLock).keeping_lock();
             let info = IndexInfo::of(&ix);
             if !info.is_btree {
                 errors::raise(
@@ -383,17 +389,17 @@ impl TableStream {
                     .find(|a| a.attnum == info.heap_attnums[0])
                     .expect("key column of the primary key exists");
                 if let Some(lo) = &req.lower {
-                    let v = pg::parse_value(lo, key_attr.typid, key_attr.typmod);
+                    let v = input_datum(key_attr.typid, key_attr.typmod, lo);
                     keys.push(pg::btree_key(info, pg_sys::BTGreaterEqualStrategyNumber, v));
                 }
                 if let Some(hi) = &req.upper {
-                    let v = pg::parse_value(hi, key_attr.typid, key_attr.typmod);
+                    let v = input_datum(key_attr.typid, key_attr.typmod, hi);
                     keys.push(pg::btree_key(info, pg_sys::BTLessStrategyNumber, v));
                 }
             }
         }
 
-        let settings = Settings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
+        let settings = EncoderSettings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
         let columns =
             projected.iter().map(|a| types::column(&a.name, a.typid, a.typmod, !a.notnull, settings)).collect();
         let attrs: Vec<usize> = projected.iter().map(|a| a.attnum as usize - 1).collect();
@@ -403,23 +409,23 @@ impl TableStream {
         // `after` for the statement's snapshot (read/snapshot.rs): read as
         // soon after it as we can, which only errs on the safe side.
         let after = snapshot::after_for_statement();
-        let slot = Slot::for_rel(&rel);
-        let latching = match (&latched, &index) {
-            (Some(l), Some(_)) => run::choose_mode(req.max_rows.map(|m| m as u64)).map(|choice| {
+        let slot = TableSlot::for_rel(&rel);
+        let pending_protocol = match (&latched, &index) {
+            (Some(l), Some(_)) => run::choose_mode(req.max_rows.map(|m| m as u64)).map(|strategy| {
                 refuse_on_standby();
-                Latching {
+                PendingProtocol {
                     latched: l.clone(),
-                    choice,
+                    strategy,
                     declared: span::declared(&l.key, span::scan_key_quals(&keys, Some)),
                     // SAFETY: the snapshot is registered until the scan ends,
                     // and `after` was read after it was taken.
-                    base: unsafe { Base::of(snapshot.as_ptr(), after) },
+                    base: unsafe { BaseSnapshot::of(snapshot.as_ptr(), after) },
                 }
             }),
             _ => None,
         };
         let cursor = match index {
-            Some((index, _)) => Cursor::Index { index, scan: std::ptr::null_mut(), keys, pages: None },
+            Some((index, _)) => ScanCursor::Index { index, scan: std::ptr::null_mut(), keys, pages: None },
             // SAFETY: the relation is open and locked, the snapshot registered.
             None => unsafe {
                 let am = (*rel.as_ptr()).rd_tableam;
@@ -436,15 +442,15 @@ impl TableStream {
                     std::ptr::null_mut(),
                     flags,
                 );
-                Cursor::Heap { scan }
+                ScanCursor::Heap { scan }
             },
         };
         // SAFETY: a plain read of a backend global.
         let scan_cx = unsafe { pg_sys::CurrentMemoryContext };
         let owner = OwnerWatch::new();
         let deformer = Deformer::new(rel.as_ptr(), &attrs);
-        let mut source = Source { rel, cursor, slot, deformer, snapshot, base: None, scan_cx, owner };
-        if latching.is_none() && matches!(source.cursor, Cursor::Index { .. }) {
+        let mut source = OpenScan { rel, cursor, slot, deformer, snapshot, base: None, scan_cx, owner };
+        if pending_protocol.is_none() && matches!(source.cursor, ScanCursor::Index { .. }) {
             // Plain Postgres visibility: read at the statement's snapshot.
             let snap = source.snapshot.as_ptr();
             source.start(snap);
@@ -456,7 +462,7 @@ impl TableStream {
             natts,
             max_rows: req.max_rows.map(|m| m as u64),
             remaining: req.max_rows.map(|m| m as u64),
-            latching,
+            pending_protocol,
             ready: VecDeque::new(),
             done: false,
         }
@@ -466,26 +472,26 @@ impl TableStream {
     /// returns, either the whole validated result waits in `ready`
     /// (optimistic), or the index scan is started at a snapshot for which
     /// the declared span is clean (fenced).
-    fn validate(&mut self, l: Latching) {
+    fn validate(&mut self, l: PendingProtocol) {
         let rel = backend::rel_id(l.latched.key.relid);
-        let mut reader = Optimistic { stream: self, latched: &l.latched, declared: l.declared, rel };
-        let run = run::run(&mut reader, l.base, &vec![(rel, l.declared)], l.choice, "arrow_scan");
+        let mut reader = OptimisticAttempt { stream: self, latched: &l.latched, declared: l.declared, rel };
+        let result = run::run_protocol(&mut reader, l.base, &vec![(rel, l.declared)], l.strategy, "arrow_scan");
         let src = self.source.as_mut().expect("source");
-        match run.then {
-            Then::Emit => {
-                src.base = Some(run.base);
+        match result.decision {
+            ReadDecision::Emit => {
+                src.base = Some(result.base);
                 self.release();
                 self.done = true;
             }
-            Then::Stream { pulled } => {
+            ReadDecision::Stream { pulled } => {
                 // Fenced from the start, or fallen back to it after
                 // optimistic attempts: forget what those read.
                 self.ready.clear();
                 self.out.restart();
                 self.remaining = self.max_rows;
                 // SAFETY: scan_cx lives as long as the scan.
-                let snap = unsafe { run.base.spliced_in(src.scan_cx, &pulled) };
-                src.base = Some(run.base);
+                let snap = unsafe { result.base.spliced_in(src.scan_cx, &pulled) };
+                src.base = Some(result.base);
                 src.start(snap);
             }
         }
@@ -533,7 +539,7 @@ impl Iterator for TableStream {
     type Item = Vec<u8>;
 
     fn next(&mut self) -> Option<Vec<u8>> {
-        if let Some(l) = self.latching.take() {
+        if let Some(l) = self.pending_protocol.take() {
             self.validate(l);
         }
         if let Some(b) = self.ready.pop_front() {
@@ -553,15 +559,15 @@ impl Iterator for TableStream {
 
 /// An optimistic attempt: reads and encodes the whole (bounded) result into
 /// `ready`, and says which span it touched.
-struct Optimistic<'a> {
+struct OptimisticAttempt<'a> {
     stream: &'a mut TableStream,
     latched: &'a Latched,
     declared: Span,
     rel: RelId,
 }
 
-impl run::Reader for Optimistic<'_> {
-    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Option<Footprint> {
+impl run::Reader for OptimisticAttempt<'_> {
+    fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint> {
         let st = &mut *self.stream;
         st.ready.clear();
         st.out.restart();

@@ -6,21 +6,10 @@ use super::codec::{decode_col, KeyKind, KeyValue, KeyWriter};
 use super::desc::KeyDesc;
 use crate::errors;
 use crate::latch::{KeyBuf, Span};
+use crate::pg::{input_datum, varlena_bytes};
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::PgSqlErrorCode;
-use std::ffi::{CStr, CString};
-
-/// Varlena payload, detoasted if needed (into the current memory context).
-///
-/// # Safety
-/// `d` is a non-null datum of a varlena type.
-unsafe fn varlena_bytes<'a>(d: Datum) -> &'a [u8] {
-    // SAFETY: per the contract; detoasting returns a plain varlena.
-    unsafe {
-        let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr());
-        pgrx::varlena::varlena_to_byte_slice(v)
-    }
-}
+use std::ffi::CStr;
 
 /// Appends a (non-null) value of type `typid`, encoded as a `kind` column.
 ///
@@ -43,7 +32,9 @@ pub unsafe fn encode_value(kind: KeyKind, desc: bool, typid: Oid, d: Datum, w: &
             let b = unsafe { &*(d.cast_mut_ptr::<u8>() as *const [u8; 16]) };
             w.uuid(b, desc)
         }
+        // SAFETY: these kinds are varlena types.
         KeyKind::Bytes | KeyKind::Text => w.bytes_col(unsafe { varlena_bytes(d) }, desc),
+        // SAFETY: as above.
         KeyKind::BpChar => w.bpchar(unsafe { varlena_bytes(d) }, desc),
         KeyKind::Date => w.date(d.value() as i32, desc),
         KeyKind::Timestamp => w.timestamp(d.value() as i64, desc),
@@ -168,7 +159,7 @@ impl KeyDesc {
                     format!("{what} bound of \"{}\" has a NULL key column", self.relname),
                 );
             };
-            let d = input_value(self.cols[i].typid, f);
+            let d = input_datum(self.cols[i].typid, -1, f);
             // SAFETY: input functions return a value of their type.
             unsafe { self.encode_datum(i, d, &mut w) };
         }
@@ -266,21 +257,6 @@ impl KeyDesc {
     }
 }
 
-/// Runs `typid`'s input function on `s`.
-pub fn input_value(typid: Oid, s: &str) -> Datum {
-    let cs = CString::new(s).unwrap_or_else(|_| {
-        errors::raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, "bound contains a NUL byte")
-    });
-    let mut input = pg_sys::InvalidOid;
-    let mut ioparam = pg_sys::InvalidOid;
-    // SAFETY: catalog lookup and the type's own input function; both raise
-    // proper errors on bad input.
-    unsafe {
-        pg_sys::getTypeInputInfo(typid, &mut input, &mut ioparam);
-        pg_sys::OidInputFunctionCall(input, cs.as_ptr() as *mut _, ioparam, -1)
-    }
-}
-
 /// Text of a decoded value through its type's output function.
 fn output_value(typid: Oid, v: &KeyValue) -> String {
     let d: Datum = match v {
@@ -354,7 +330,7 @@ fn parse_row_literal(s: &str) -> Option<Vec<Option<String>>> {
 }
 
 #[cfg(test)]
-mod tests {
+mod row_literal_tests {
     use super::parse_row_literal;
 
     #[test]
@@ -375,6 +351,256 @@ mod tests {
             let want: Option<Vec<Option<String>>> =
                 want.as_ref().map(|v| v.iter().map(|f| f.map(str::to_string)).collect());
             assert_eq!(got, want, "{text}");
+        }
+    }
+}
+
+/// The codec against values Postgres produces: for each key type, the keys
+/// of a generated set (edge values included) are encoded from the datums a
+/// query returns `ORDER BY` the key, and their bytes must come out strictly
+/// increasing in that order.  One-column keys also go through their text
+/// form both ways.
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use crate::pg::{quote_ident, quote_literal};
+    use pgrx::prelude::*;
+
+    fn oid_of(name: &str) -> Oid {
+        Spi::get_one::<Oid>(&format!("SELECT {}::pg_catalog.regclass::pg_catalog.oid", quote_literal(name)))
+            .unwrap()
+            .unwrap()
+    }
+
+    fn key_of(table: &str, index: Option<&str>) -> KeyDesc {
+        KeyDesc::resolve(oid_of(table), index.map(oid_of))
+    }
+
+    /// The key of every row, encoded from the datums of
+    /// `SELECT <key columns> FROM table ORDER BY order_by`, in that order.
+    fn encoded_in_order(key: &KeyDesc, table: &str, order_by: &str) -> Vec<KeyWriter> {
+        let cols: Vec<String> = key.cols.iter().map(|c| quote_ident(&c.name)).collect();
+        let sql = format!("SELECT {} FROM {table} ORDER BY {order_by}", cols.join(", "));
+        Spi::connect(|client| {
+            let mut rows = client.select(&sql, None, &[]).unwrap();
+            let mut out = Vec::new();
+            while rows.next().is_some() {
+                let mut w = KeyWriter::new();
+                for i in 0..key.cols.len() {
+                    let d = rows.get_datum_by_ordinal(i + 1).unwrap().expect("key columns are NOT NULL");
+                    // SAFETY: result column i is key column i, of its type,
+                    // and lives until the SPI connection closes.
+                    unsafe { key.encode_datum(i, d, &mut w) };
+                }
+                out.push(w);
+            }
+            out
+        })
+    }
+
+    /// Each key's bytes sort strictly above the previous key's (or tie, when
+    /// one was truncated: a truncated key is a prefix of the exact one).
+    fn assert_byte_order(keys: &[KeyWriter], what: &str, min_rows: usize) {
+        assert!(keys.len() >= min_rows, "{what}: only {} rows", keys.len());
+        for (i, w) in keys.windows(2).enumerate() {
+            let (a, b) = (w[0].bytes(), w[1].bytes());
+            let ok = if w[0].truncated() || w[1].truncated() { a <= b } else { a < b };
+            assert!(ok, "{what}: row {} encodes {:?}, row {} {:?}", i + 1, w[0], i + 2, w[1]);
+        }
+    }
+
+    /// Each key of a one-column table, as Postgres prints it, parses to its
+    /// encoding, and its encoding formats back to that text.
+    fn assert_text_round_trip(key: &KeyDesc, table: &str, keys: &[KeyWriter]) {
+        let col = quote_ident(&key.cols[0].name);
+        let texts: Vec<String> = Spi::connect(|c| {
+            c.select(&format!("SELECT {col}::text AS key_text FROM {table} ORDER BY {col}"), None, &[])
+                .unwrap()
+                .map(|r| r.get::<String>(1).unwrap().unwrap())
+                .collect()
+        });
+        assert_eq!(texts.len(), keys.len());
+        for (text, w) in texts.iter().zip(keys) {
+            assert_eq!(key.parse_bound(text, "test").0.bytes(), w.bytes(), "{table}: {text}");
+            assert_eq!(key.format_key(w.bytes()), *text, "{table}");
+        }
+    }
+
+    fn check_one_column(table: &str, min_rows: usize) {
+        let key = key_of(table, None);
+        let keys = encoded_in_order(&key, table, &quote_ident(&key.cols[0].name));
+        assert_byte_order(&keys, table, min_rows);
+        assert_text_round_trip(&key, table, &keys);
+    }
+
+    #[pg_test]
+    fn integer_keys_sort_as_order_by() {
+        Spi::run(
+            "SELECT pg_catalog.setseed(0.25);
+             CREATE TABLE k_i2 (k int2 PRIMARY KEY);
+             INSERT INTO k_i2 SELECT g FROM generate_series(-32768, 32767, 331) g;
+             INSERT INTO k_i2 VALUES (-32768), (32767), (-1), (0), (1) ON CONFLICT DO NOTHING;
+             CREATE TABLE k_i4 (k int4 PRIMARY KEY);
+             INSERT INTO k_i4 SELECT g FROM generate_series(-2147483648, 2147483647, 16777259) g;
+             INSERT INTO k_i4 SELECT (random() * 4294967295 - 2147483648)::int4 FROM generate_series(1, 200)
+                 ON CONFLICT DO NOTHING;
+             INSERT INTO k_i4 VALUES (-2147483648), (2147483647), (-1), (0), (1) ON CONFLICT DO NOTHING;
+             CREATE TABLE k_i8 (k int8 PRIMARY KEY);
+             INSERT INTO k_i8 SELECT g FROM generate_series(-9223372036854775808, 9223372036854775807, 36028797018963971) g;
+             INSERT INTO k_i8 VALUES (-9223372036854775808), (9223372036854775807), (-1), (0), (1), (4294967296), (-4294967297)
+                 ON CONFLICT DO NOTHING;",
+        )
+        .unwrap();
+        check_one_column("k_i2", 200);
+        check_one_column("k_i4", 400);
+        check_one_column("k_i8", 500);
+    }
+
+    #[pg_test]
+    fn text_keys_under_c_sort_as_order_by() {
+        Spi::run(
+            "CREATE TABLE k_text (k text COLLATE \"C\" PRIMARY KEY);
+             INSERT INTO k_text VALUES (''), (' '), ('a'), ('a '), ('a b'), ('ab'), ('A'), ('Z'), ('b'), ('e'),
+                 ('é'), ('€'), ('😀'), (E'\\x01'), (E'a\\x01'), (E'\\x7f'), ('~'), (repeat('z', 36));
+             INSERT INTO k_text SELECT md5(g::text) FROM generate_series(1, 200) g;
+             INSERT INTO k_text SELECT upper(substr(md5(g::text), 1, g % 9)) FROM generate_series(1, 200) g
+                 ON CONFLICT DO NOTHING;
+             CREATE TABLE k_varchar (k varchar(40) COLLATE \"C\" PRIMARY KEY);
+             INSERT INTO k_varchar SELECT k FROM k_text;",
+        )
+        .unwrap();
+        check_one_column("k_text", 300);
+        check_one_column("k_varchar", 300);
+        // Keys too long to latch in full sort no worse than tied.
+        Spi::run(
+            "CREATE TABLE k_long (k text COLLATE \"C\" PRIMARY KEY);
+             INSERT INTO k_long SELECT repeat('x', 40) || g FROM generate_series(1, 20) g;
+             INSERT INTO k_long VALUES (repeat('x', 39)), (repeat('x', 39) || 'w'), (repeat('x', 39) || 'y');",
+        )
+        .unwrap();
+        let key = key_of("k_long", None);
+        let keys = encoded_in_order(&key, "k_long", "k");
+        assert!(keys.iter().any(|k| k.truncated()), "no key was long enough to truncate");
+        assert_byte_order(&keys, "k_long", 23);
+    }
+
+    /// A non-C collation does not sort by bytes, but its pattern operator
+    /// class does, and the codec follows the index, not the collation.
+    #[pg_test]
+    fn text_pattern_ops_under_a_non_c_collation_sort_as_the_index() {
+        Spi::run(
+            "CREATE TABLE k_icu (k text COLLATE \"und-x-icu\" NOT NULL);
+             CREATE UNIQUE INDEX k_icu_key ON k_icu (k text_pattern_ops);
+             INSERT INTO k_icu VALUES (''), ('a'), ('A'), ('b'), ('B'), ('e'), ('é'), ('f'), ('a-b'), ('ab'), ('a b'),
+                 ('Ab'), ('1'), ('10'), ('9');
+             INSERT INTO k_icu SELECT md5(g::text) FROM generate_series(1, 100) g;",
+        )
+        .unwrap();
+        let differs = Spi::get_one::<bool>(
+            "SELECT array_agg(k ORDER BY k) <> array_agg(k ORDER BY k USING OPERATOR(pg_catalog.~<~)) FROM k_icu",
+        )
+        .unwrap();
+        assert_eq!(differs, Some(true), "the collation should not sort by bytes");
+        let key = key_of("k_icu", Some("k_icu_key"));
+        let keys = encoded_in_order(&key, "k_icu", "k USING OPERATOR(pg_catalog.~<~)");
+        assert_byte_order(&keys, "k_icu", 100);
+    }
+
+    #[pg_test(
+        error = "key column \"k\" of \"k_icu_plain\" (text, collation \"und-x-icu\") does not sort in byte order"
+    )]
+    fn text_keys_under_a_non_c_collation_are_refused() {
+        Spi::run("CREATE TABLE k_icu_plain (k text COLLATE \"und-x-icu\" PRIMARY KEY)").unwrap();
+        key_of("k_icu_plain", None);
+    }
+
+    /// The codec has no encoding for NULL: a key that could hold one is
+    /// refused up front.
+    #[pg_test(error = "key column \"k\" of \"k_null\" may be NULL")]
+    fn nullable_keys_are_refused() {
+        Spi::run("CREATE TABLE k_null (k int); CREATE UNIQUE INDEX k_null_key ON k_null (k)").unwrap();
+        key_of("k_null", Some("k_null_key"));
+    }
+
+    #[pg_test]
+    fn uuid_and_timestamptz_keys_sort_as_order_by() {
+        Spi::run(
+            "SELECT pg_catalog.setseed(0.5);
+             CREATE TABLE k_uuid (k uuid PRIMARY KEY);
+             INSERT INTO k_uuid VALUES ('00000000-0000-0000-0000-000000000000'), ('00000000-0000-0000-0000-000000000001'),
+                 ('00000000-0000-0000-0000-000000000100'), ('7fffffff-ffff-ffff-ffff-ffffffffffff'),
+                 ('80000000-0000-0000-0000-000000000000'), ('ffffffff-ffff-ffff-ffff-ffffffffffff');
+             INSERT INTO k_uuid SELECT gen_random_uuid() FROM generate_series(1, 300) ON CONFLICT DO NOTHING;
+             CREATE TABLE k_tstz (k timestamptz PRIMARY KEY);
+             INSERT INTO k_tstz VALUES ('-infinity'), ('infinity'), ('4713-01-01 00:00:00+00 BC'),
+                 ('294276-12-31 23:59:59.999999+00'), ('1970-01-01 00:00:00+00'), ('1999-12-31 23:59:59.999999+00'),
+                 ('2000-01-01 00:00:00+00'), ('2000-01-01 00:00:00.000001+00');
+             INSERT INTO k_tstz SELECT timestamptz '2000-01-01 00:00:00+00' + (random() - 0.5) * interval '800 years'
+                 FROM generate_series(1, 300) ON CONFLICT DO NOTHING;",
+        )
+        .unwrap();
+        check_one_column("k_uuid", 300);
+        check_one_column("k_tstz", 300);
+    }
+
+    #[pg_test]
+    fn other_key_types_sort_as_order_by() {
+        Spi::run(
+            "CREATE TABLE k_bytea (k bytea PRIMARY KEY);
+             INSERT INTO k_bytea VALUES ('\\x'), ('\\x00'), ('\\x0000'), ('\\x0001'), ('\\x00ff'), ('\\x01'), ('\\xff'),
+                 ('\\xff00'), ('\\xffff');
+             INSERT INTO k_bytea SELECT decode(substr(md5(g::text), 1, 2 * (g % 12)), 'hex') FROM generate_series(1, 200) g
+                 ON CONFLICT DO NOTHING;
+             CREATE TABLE k_date (k date PRIMARY KEY);
+             INSERT INTO k_date VALUES ('-infinity'), ('infinity'), ('4713-01-01 BC'), ('5874897-12-31'), ('2000-01-01'),
+                 ('1999-12-31');
+             INSERT INTO k_date SELECT date '2000-01-01' + g * 7919 FROM generate_series(-300, 300) g ON CONFLICT DO NOTHING;
+             CREATE TABLE k_bool (k bool PRIMARY KEY);
+             INSERT INTO k_bool VALUES (true), (false);
+             CREATE TABLE k_char (k char(4) COLLATE \"C\" PRIMARY KEY);
+             INSERT INTO k_char VALUES (''), ('a'), (' a'), ('a a'), ('ab'), ('b'), ('abcd'), ('A');",
+        )
+        .unwrap();
+        check_one_column("k_bytea", 100);
+        check_one_column("k_date", 500);
+        // bool prints as t/f but casts to text as true/false: order only.
+        let key = key_of("k_bool", None);
+        assert_byte_order(&encoded_in_order(&key, "k_bool", "k"), "k_bool", 2);
+        // bpchar prints with its padding but compares without it: order only.
+        let key = key_of("k_char", None);
+        assert_byte_order(&encoded_in_order(&key, "k_char", "k"), "k_char", 8);
+    }
+
+    #[pg_test]
+    fn composite_keys_with_desc_columns_sort_as_order_by() {
+        Spi::run(
+            "CREATE TABLE k_comp (a int8 NOT NULL, b text COLLATE \"C\" NOT NULL, c timestamptz NOT NULL);
+             INSERT INTO k_comp
+                 SELECT a, b, c
+                   FROM (VALUES (-9223372036854775808), (-1), (0), (1), (9223372036854775807)) x(a),
+                        (VALUES (''), ('a'), ('a '), ('ab'), ('b'), ('é')) y(b),
+                        (VALUES ('-infinity'::timestamptz), ('2000-01-01 00:00:00+00'), ('infinity')) z(c);
+             CREATE UNIQUE INDEX k_comp_mixed ON k_comp (a, b DESC, c);
+             CREATE UNIQUE INDEX k_comp_desc_first ON k_comp (c DESC, a, b);",
+        )
+        .unwrap();
+        for (index, order_by) in [("k_comp_mixed", "a, b DESC, c"), ("k_comp_desc_first", "c DESC, a, b")] {
+            let key = key_of("k_comp", Some(index));
+            assert_eq!(key.cols.iter().filter(|c| c.desc).count(), 1, "{index}");
+            let keys = encoded_in_order(&key, "k_comp", order_by);
+            assert_byte_order(&keys, index, 90);
+            // The row literal of each key parses to its encoding.
+            let cols = key.cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+            let rows: Vec<String> = Spi::connect(|c| {
+                c.select(&format!("SELECT ROW({cols})::text FROM k_comp ORDER BY {order_by}"), None, &[])
+                    .unwrap()
+                    .map(|r| r.get::<String>(1).unwrap().unwrap())
+                    .collect()
+            });
+            for (text, w) in rows.iter().zip(&keys) {
+                assert_eq!(key.parse_bound(text, "test").0.bytes(), w.bytes(), "{index}: {text}");
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 
 use super::codec::KeyKind;
 use crate::errors;
+use crate::pg::{quote_ident, quote_literal, regclass_text, rel_name, OpenRel};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::PgSqlErrorCode;
 use std::ffi::CStr;
@@ -52,17 +53,6 @@ pub struct KeyDesc {
     pub cols: Vec<KeyCol>,
 }
 
-fn name_of(relid: Oid) -> String {
-    // SAFETY: get_rel_name returns a palloc'd copy or NULL.
-    let p = unsafe { pg_sys::get_rel_name(relid) };
-    if p.is_null() {
-        format!("{}", relid.to_u32())
-    } else {
-        // SAFETY: non-null NUL-terminated string from the catalog.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
-}
-
 fn type_name(typid: Oid) -> String {
     // SAFETY: format_type_be always returns a palloc'd string.
     unsafe { CStr::from_ptr(pg_sys::format_type_be(typid)) }.to_string_lossy().into_owned()
@@ -94,37 +84,13 @@ pub fn kind_of(typid: Oid) -> Option<KeyKind> {
     })
 }
 
-/// Opens a relation and closes it when dropped (or unwound).
-struct Rel(pg_sys::Relation);
-
-impl Rel {
-    fn open(relid: Oid) -> Rel {
-        // SAFETY: relation_open raises a proper ERROR for a missing relation.
-        Rel(unsafe { pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) })
-    }
-    fn get(&self) -> &pg_sys::RelationData {
-        // SAFETY: an open relation's descriptor stays valid until closed.
-        unsafe { &*self.0 }
-    }
-}
-
-impl Drop for Rel {
-    fn drop(&mut self) {
-        // SAFETY: opened in Rel::open with the same lock mode.
-        unsafe { pg_sys::relation_close(self.0, pg_sys::AccessShareLock as pg_sys::LOCKMODE) }
-    }
-}
-
 impl KeyDesc {
     /// Resolves and validates the key of `relid`: `index`, or the primary
     /// key when `None`.  Raises a clear ERROR when pgkvx cannot latch it.
     pub fn resolve(relid: Oid, index: Option<Oid>) -> KeyDesc {
-        let rel = Rel::open(relid);
-        let relname = name_of(relid);
-        // SAFETY: rd_rel is always set for an open relation.
-        let form = unsafe { &*rel.get().rd_rel };
-        let kind = form.relkind as u8;
-        match kind {
+        let rel = OpenRel::open(relid, pg_sys::AccessShareLock);
+        let relname = rel_name(relid);
+        match rel.relkind() {
             b'r' => {}
             b'p' => errors::raise_hint(
                 PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
@@ -136,7 +102,7 @@ impl KeyDesc {
                 format!("pgkvx can latch only ordinary tables; \"{relname}\" is not one"),
             ),
         }
-        if form.relpersistence as u8 == b't' && !rel.get().rd_islocaltemp {
+        if rel.is_other_temp() {
             errors::raise(
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                 format!("cannot latch temporary table \"{relname}\" of another session"),
@@ -144,26 +110,20 @@ impl KeyDesc {
         }
         let index = match index {
             Some(i) => i,
-            None => {
-                // SAFETY: the relation is open.
-                let pk = unsafe { pg_sys::RelationGetPrimaryKeyIndex(rel.0) };
-                if pk == pg_sys::InvalidOid {
-                    errors::raise_hint(
-                        PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
-                        format!("table \"{relname}\" has no primary key to latch"),
-                        format!(
-                            "Add a primary key, or name a unique index: SELECT pgkvx.enable('{relname}', 'the_index');"
-                        ),
-                    );
-                }
-                pk
-            }
+            None => rel.primary_key_index().unwrap_or_else(|| {
+                errors::raise_hint(
+                    PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+                    format!("table \"{relname}\" has no primary key to latch"),
+                    format!(
+                        "Add a primary key, or name a unique index: SELECT pgkvx.enable({}, 'the_index');",
+                        quote_literal(&regclass_text(relid))
+                    ),
+                )
+            }),
         };
-        let idx = Rel::open(index);
-        let index_name = name_of(index);
-        // SAFETY: opened as an index below is checked via rd_index.
-        let ind = unsafe { idx.get().rd_index.as_ref() };
-        let Some(ind) = ind else {
+        let idx = OpenRel::open(index, pg_sys::AccessShareLock);
+        let index_name = rel_name(index);
+        let Some(ind) = idx.index() else {
             errors::raise(PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE, format!("\"{index_name}\" is not an index"));
         };
         if ind.indrelid != relid {
@@ -179,8 +139,7 @@ impl KeyDesc {
                 "Use the primary key or a unique, non-partial btree index on plain NOT NULL columns.",
             )
         };
-        // SAFETY: rd_rel of an open index.
-        if unsafe { (*idx.get().rd_rel).relam } != pg_sys::BTREE_AM_OID {
+        if idx.form().relam != pg_sys::BTREE_AM_OID {
             refuse("it is not a btree index");
         }
         if !ind.indisunique {
@@ -190,38 +149,39 @@ impl KeyDesc {
             refuse("it is not valid (a failed CREATE INDEX CONCURRENTLY?)");
         }
         // SAFETY: relcache helpers on an open index.
-        if !unsafe { pg_sys::RelationGetIndexPredicate(idx.0) }.is_null() {
+        if !unsafe { pg_sys::RelationGetIndexPredicate(idx.as_ptr()) }.is_null() {
             refuse("it is partial");
         }
         // SAFETY: as above.
-        if !unsafe { pg_sys::RelationGetIndexExpressions(idx.0) }.is_null() {
+        if !unsafe { pg_sys::RelationGetIndexExpressions(idx.as_ptr()) }.is_null() {
             refuse("it has expression columns");
         }
         let nkeys = ind.indnkeyatts as usize;
         // SAFETY: indkey holds indnatts >= indnkeyatts entries.
         let attnums = unsafe { ind.indkey.values.as_slice(nkeys) }.to_vec();
-        let tupdesc = rel.get().rd_att;
+        let attrs = rel.attrs();
+        // How the user's session names the table, for suggested DDL.
+        let table_sql = regclass_text(relid);
         let mut cols = Vec::with_capacity(nkeys);
         for (i, &attnum) in attnums.iter().enumerate() {
-            // SAFETY: attnum is a valid user column of the open relation.
-            let att = unsafe { &*(*tupdesc).attrs.as_ptr().add(attnum as usize - 1) };
-            // SAFETY: NameData is NUL-terminated.
-            let name = unsafe { CStr::from_ptr(att.attname.data.as_ptr()) }.to_string_lossy().into_owned();
-            if !att.attnotnull {
+            // Expression columns (attnum 0) were refused above.
+            let att = &attrs[attnum as usize - 1];
+            let name = att.name.clone();
+            if !att.notnull {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
                     format!("key column \"{name}\" of \"{relname}\" may be NULL"),
-                    format!("ALTER TABLE {relname} ALTER COLUMN {name} SET NOT NULL;"),
+                    format!("ALTER TABLE {table_sql} ALTER COLUMN {} SET NOT NULL;", quote_ident(&name)),
                 );
             }
             // SAFETY: plain catalog lookup.
-            let base = unsafe { pg_sys::getBaseType(att.atttypid) };
+            let base = unsafe { pg_sys::getBaseType(att.typid) };
             let Some(kind) = kind_of(base) else {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                     format!(
                         "key column \"{name}\" of \"{relname}\" has type {}, which pgkvx cannot encode in index order",
-                        type_name(att.atttypid)
+                        type_name(att.typid)
                     ),
                     "Supported key types: smallint, integer, bigint, boolean, uuid, bytea, text, varchar, char, date, timestamp, timestamptz.",
                 );
@@ -254,12 +214,13 @@ impl KeyDesc {
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                     format!(
                         "key column \"{name}\" of \"{relname}\" ({}, collation \"{}\") does not sort in byte order",
-                        type_name(att.atttypid),
+                        type_name(att.typid),
                         collation_name(coll)
                     ),
                     format!(
-                        "pgkvx needs its key index to order by bytes. Use COLLATE \"C\": ALTER TABLE {relname} ALTER COLUMN {name} TYPE {} COLLATE \"C\";",
-                        type_name(att.atttypid)
+                        "pgkvx needs its key index to order by bytes. Use COLLATE \"C\": ALTER TABLE {table_sql} ALTER COLUMN {} TYPE {} COLLATE \"C\";",
+                        quote_ident(&name),
+                        type_name(att.typid)
                     ),
                 );
             }

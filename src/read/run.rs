@@ -7,11 +7,12 @@
 //! same 40001 when a fixed snapshot meets a conflict waiting cannot repair.
 //! What differs is only how they read: each implements [`Reader`].
 
-use super::snapshot::{self, Base};
+use super::snapshot::{self, BaseSnapshot};
 use crate::errors;
 use crate::guc::{self, ScanMode};
 use crate::latch::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
 use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
+use crate::pg::rel_name;
 use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::PgSqlErrorCode;
@@ -19,18 +20,18 @@ use pgrx::PgSqlErrorCode;
 /// How a read runs an optimistic attempt.
 pub trait Reader {
     /// Reads with `base` and the `pulled` holders folded in
-    /// ([`Base::spliced`]), buffering everything it would return, and
+    /// ([`BaseSnapshot::spliced`]), buffering everything it would return, and
     /// returns the footprint it touched; None when the result outgrew the
     /// buffer (the read then goes fenced).  Each call replaces the previous
     /// attempt.
-    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Option<Footprint>;
+    fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint>;
 }
 
 /// The mode a read of latched tables runs in, from `pgkvx.scan_mode` and
 /// the most rows it can return (`want`, None = unknown): optimistic only
 /// when its result is small enough to buffer, otherwise fenced; None for
 /// `off` (plain Postgres).  Counts the read in `pgkvx.stats()`.
-pub fn choose_mode(want: Option<u64>) -> Option<Choice> {
+pub fn choose_mode(want: Option<u64>) -> Option<ReadStrategy> {
     let mode = guc::SCAN_MODE.get();
     if mode == ScanMode::Off {
         backend::count(Stat::ScansOff, 1);
@@ -40,20 +41,20 @@ pub fn choose_mode(want: Option<u64>) -> Option<Choice> {
     let read_mode = if mode == ScanMode::Optimistic && small { ReadMode::Optimistic } else { ReadMode::Fenced };
     backend::count(if read_mode == ReadMode::Optimistic { Stat::ScansOptimistic } else { Stat::ScansFenced }, 1);
     let declared_first = read_mode == ReadMode::Optimistic && want.is_none_or(|w| w > STREAM_ABOVE_ROWS);
-    Some(Choice { mode: read_mode, declared_first })
+    Some(ReadStrategy { mode: read_mode, declared_first })
 }
 
 /// How a read of latched tables runs: the mode, and for optimistic reads
 /// whether to check the declared footprint first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Choice {
+pub struct ReadStrategy {
     pub mode: ReadMode,
     pub declared_first: bool,
 }
 
 /// What the read does once the protocol has decided.
 #[derive(Debug)]
-pub enum Then {
+pub enum ReadDecision {
     /// The optimistic attempt the reader buffered last is valid: emit it.
     Emit,
     /// Fenced: read the declared footprint now with
@@ -62,20 +63,20 @@ pub enum Then {
 }
 
 /// The protocol's result.
-pub struct Run {
-    pub then: Then,
+pub struct ProtocolResult {
+    pub decision: ReadDecision,
     pub report: ReadReport,
     /// Microseconds spent waiting for writers.
     pub wait_us: i64,
     /// The base snapshot the result was read (or is to be read) at: the one
     /// given, or a fresh one the protocol took (release it when done).
-    pub base: Base,
+    pub base: BaseSnapshot,
 }
 
 /// The protocol's view of one read: the reader's reads, our checks and waits.
 struct ReadEnv<'a, R> {
     reader: &'a mut R,
-    base: Base,
+    base: BaseSnapshot,
     wait_us: i64,
 }
 
@@ -99,7 +100,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
 
     fn refresh_snapshot(&mut self) {
         self.base.release();
-        self.base = Base::fresh();
+        self.base = BaseSnapshot::fresh();
     }
 }
 
@@ -114,10 +115,16 @@ pub const STREAM_ABOVE_ROWS: u64 = 64;
 /// repair under REPEATABLE READ or SERIALIZABLE raises 40001 naming the
 /// table and span; `what` names the read in its detail ("LIMIT scan",
 /// "arrow_scan").
-pub fn run<R: Reader>(reader: &mut R, base: Base, declared: &Footprint, choice: Choice, what: &str) -> Run {
+pub fn run_protocol<R: Reader>(
+    reader: &mut R,
+    base: BaseSnapshot,
+    declared: &Footprint,
+    strategy: ReadStrategy,
+    what: &str,
+) -> ProtocolResult {
     let params = ReadParams {
-        mode: choice.mode,
-        declared_first: choice.declared_first,
+        mode: strategy.mode,
+        declared_first: strategy.declared_first,
         retries: guc::OPTIMISTIC_RETRIES.get() as u32,
         fixed_snapshot: snapshot::fixed_snapshot(),
     };
@@ -126,12 +133,12 @@ pub fn run<R: Reader>(reader: &mut R, base: Base, declared: &Footprint, choice: 
     let outcome = protocol::run(&mut env, declared, &params, &mut report);
     let (base, wait_us) = (env.base, env.wait_us);
     count(&report);
-    let then = match outcome {
-        ReadOutcome::Emit => Then::Emit,
-        ReadOutcome::Stream { pulled } => Then::Stream { pulled },
+    let decision = match outcome {
+        ReadOutcome::Emit => ReadDecision::Emit,
+        ReadOutcome::Stream { pulled } => ReadDecision::Stream { pulled },
         ReadOutcome::SerializationFailure { xid, rel, span } => serialization_failure(xid, rel, &span, what),
     };
-    Run { then, report, wait_us, base }
+    ProtocolResult { decision, report, wait_us, base }
 }
 
 /// Raises 40001 for a write by `xid` in `span` of `rel` that a fixed
@@ -141,7 +148,7 @@ pub fn serialization_failure(xid: Xid, rel: RelId, span: &Span, what: &str) -> !
     let relid = pgrx::pg_sys::Oid::from(rel.rel());
     let (name, where_) = match registry::lookup(relid) {
         Some(l) => (l.key.relname.clone(), l.key.format_span(span)),
-        None => (registry::rel_name(relid), format!("{span:?}")),
+        None => (rel_name(relid), format!("{span:?}")),
     };
     errors::raise_full(
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,

@@ -97,7 +97,7 @@ pub fn after_for_statement() -> Xid {
 }
 
 /// The snapshot a read starts from, before pulling anyone in.
-pub struct Base {
+pub struct BaseSnapshot {
     pub snap: Snapshot,
     /// Xids at or above this were assigned after the snapshot.
     after: Xid,
@@ -107,28 +107,28 @@ pub struct Base {
     xip: Vec<Xid>,
 }
 
-impl Base {
+impl BaseSnapshot {
     /// Views `snap` (owned by the caller).
     ///
     /// # Safety
     /// `snap` is a valid MVCC snapshot that outlives this value, and every
     /// xid assigned before it was taken precedes `after`.
-    pub unsafe fn of(snap: Snapshot, after: Xid) -> Base {
+    pub unsafe fn of(snap: Snapshot, after: Xid) -> BaseSnapshot {
         // SAFETY: per contract; xip has xcnt entries.
         let mut xip: Vec<Xid> =
             unsafe { (0..(*snap).xcnt as usize).map(|i| Xid((*(*snap).xip.add(i)).into_inner())).collect() };
         xip.sort_unstable_by_key(|x| x.0);
-        Base { snap, after, registered: false, xip }
+        BaseSnapshot { snap, after, registered: false, xip }
     }
 
     /// A new snapshot of the latest committed state (READ COMMITTED only).
-    pub fn fresh() -> Base {
+    pub fn fresh() -> BaseSnapshot {
         // SAFETY: GetLatestSnapshot returns a static snapshot that
         // RegisterSnapshot copies into a registered one we own.
         let snap = unsafe { pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()) };
         let after = next_xid();
         // SAFETY: registered until release(); `after` was read after it.
-        let mut b = unsafe { Base::of(snap, after) };
+        let mut b = unsafe { BaseSnapshot::of(snap, after) };
         b.registered = true;
         b
     }
@@ -174,7 +174,7 @@ impl Base {
         pulled.is_empty() || self.spliced_xmax(pulled).0.wrapping_sub(self.xmax().0) <= MAX_SPLICED_XIDS
     }
 
-    /// [`Base::spliced`], allocated in `cx`: the snapshot lives as long as
+    /// [`BaseSnapshot::spliced`], allocated in `cx`: the snapshot lives as long as
     /// that context (or as the base, when nothing is pulled in).
     ///
     /// # Safety
@@ -192,7 +192,7 @@ impl Base {
     /// The result is an unregistered template (`copied` is false):
     /// `RegisterSnapshot` makes a registered copy of it, and scans may read
     /// at it directly while it lives.  With nothing pulled in it is the base
-    /// itself.  The caller checked [`Base::can_pull`].
+    /// itself.  The caller checked [`BaseSnapshot::can_pull`].
     pub fn spliced(&self, pulled: &[Xid]) -> Snapshot {
         if pulled.is_empty() {
             return self.snap;
@@ -266,5 +266,119 @@ pub fn wait_for(xid: Xid) -> i64 {
         let us = pg_sys::GetCurrentTimestamp() - t0;
         backend::count(Stat::WaitMicros, us as u64);
         us
+    }
+}
+
+/// Splicing against Postgres's own visibility test.  The xids used lie
+/// below this backend's xmin, so `XidInMVCCSnapshot` decides them from the
+/// snapshot alone (no pg_subtrans lookup for xids that were never assigned).
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+
+    /// A private copy of the active snapshot with the given xmin, xmax and
+    /// in-progress xids (no subtransactions), in the current memory context.
+    fn snapshot_with(xmin: u32, xmax: u32, xip: &[u32]) -> Snapshot {
+        // SAFETY: copies a valid MVCC snapshot into palloc'd room for it and
+        // its xip array, then edits only the copy's xid fields.
+        unsafe {
+            let head = std::mem::size_of::<pg_sys::SnapshotData>();
+            let s = pg_sys::palloc0(head + 4 * xip.len().max(1)) as *mut pg_sys::SnapshotData;
+            std::ptr::copy_nonoverlapping(pg_sys::GetActiveSnapshot(), s, 1);
+            let arr = (s as *mut u8).add(head) as *mut pg_sys::TransactionId;
+            for (i, &x) in xip.iter().enumerate() {
+                *arr.add(i) = pg_sys::TransactionId::from(x);
+            }
+            (*s).xmin = pg_sys::TransactionId::from(xmin);
+            (*s).xmax = pg_sys::TransactionId::from(xmax);
+            (*s).xip = arr;
+            (*s).xcnt = xip.len() as u32;
+            (*s).subxip = std::ptr::null_mut();
+            (*s).subxcnt = 0;
+            (*s).suboverflowed = false;
+            (*s).copied = false;
+            (*s).active_count = 0;
+            (*s).regd_count = 0;
+            (*s).ph_node = std::mem::zeroed();
+            s
+        }
+    }
+
+    /// Whether Postgres counts `xid` as still running for `snap`.
+    fn running(snap: Snapshot, xid: u32) -> bool {
+        // SAFETY: a valid MVCC snapshot; the xid precedes TransactionXmin
+        // or lies outside [xmin, xmax), see the module docs.
+        unsafe { pg_sys::XidInMVCCSnapshot(pg_sys::TransactionId::from(xid), snap) }
+    }
+
+    /// This backend's xmin: every xid below it has ended.
+    fn my_xmin() -> u32 {
+        // SAFETY: a plain read of a backend global, set by the snapshot
+        // the test's query runs with.
+        let m = unsafe { pg_sys::TransactionXmin }.into_inner();
+        assert!(m > 100, "too few xids assigned for the test: {m}");
+        m
+    }
+
+    #[pg_test]
+    fn splicing_makes_pulled_holders_visible_and_keeps_the_rest_running() {
+        let m = my_xmin();
+        // The base: xids [m-40, m-20) known, m-38, m-30 and m-25 running.
+        let snap = snapshot_with(m - 40, m - 20, &[m - 25, m - 38, m - 30]);
+        // SAFETY: a valid snapshot in the current context, which outlives
+        // the test; `after` read after it was made.
+        let base = unsafe { BaseSnapshot::of(snap, next_xid()) };
+        let view = base.view(&[]);
+        assert_eq!(view.xip, &[Xid(m - 38), Xid(m - 30), Xid(m - 25)], "sorted for binary search");
+        assert_eq!((view.xmin, view.xmax), (Xid(m - 40), Xid(m - 20)));
+        assert!(running(snap, m - 30) && running(snap, m - 15) && !running(snap, m - 35));
+
+        // Pull in one holder the base saw running and one it did not know.
+        let pulled = [Xid(m - 30), Xid(m - 15)];
+        assert!(base.can_pull(&pulled));
+        let next_before = next_xid().0;
+        let s = base.spliced(&pulled);
+        assert!(!running(s, m - 30) && !running(s, m - 15), "pulled holders are visible");
+        assert!(running(s, m - 38) && running(s, m - 25), "the base's other running xids still run");
+        for x in [m - 20, m - 16, m - 14, m - 1] {
+            assert!(running(s, x), "xid {x}, unknown to the base and not pulled, still runs");
+        }
+        assert!(!running(s, m - 35) && !running(s, m - 41), "ended before the base: visible");
+        // SAFETY: `s` is the snapshot just built.
+        let (xmin, xmax, xcnt, overflowed) =
+            unsafe { ((*s).xmin, (*s).xmax.into_inner(), (*s).xcnt, (*s).suboverflowed) };
+        assert_eq!(xmin, pg_sys::TransactionId::from(m - 40), "xmin stays, so our proc's xmin still protects it");
+        assert!(xmax >= next_before, "xmax {xmax} is past every xid assigned ({next_before})");
+        assert!(running(s, xmax) && running(s, xmax + 7), "xids from the new xmax on are running");
+        // The base's 2 unpulled xids, plus [m-20, xmax) less the one pulled.
+        assert_eq!(xcnt, 2 + (xmax - (m - 20)) - 1);
+        assert!(overflowed, "subtransactions resolve through pg_subtrans");
+        // Nothing pulled in: the base itself.
+        assert_eq!(base.spliced(&[]), snap);
+    }
+
+    #[pg_test]
+    fn pulling_in_is_bounded_by_max_spliced_xids() {
+        let n = next_xid().0;
+        let m = my_xmin();
+        let xmax = n - 10;
+        // SAFETY: a valid snapshot in the current context; `after` read
+        // after it was made.
+        let base = unsafe { BaseSnapshot::of(snapshot_with(m - 40, xmax, &[]), next_xid()) };
+        assert!(base.can_pull(&[]), "nothing to pull is always within bounds");
+        // The spliced xmax is one past the newest pulled xid, at least.
+        assert!(base.can_pull(&[Xid(xmax + MAX_SPLICED_XIDS - 1)]));
+        assert!(!base.can_pull(&[Xid(xmax + MAX_SPLICED_XIDS)]));
+        assert!(!base.can_pull(&[Xid(m - 30), Xid(xmax + 2 * MAX_SPLICED_XIDS)]));
+    }
+
+    #[pg_test]
+    fn committed_asks_the_commit_log() {
+        // SAFETY: assigns this transaction its xid (a plain call).
+        let mine = unsafe { pg_sys::GetCurrentTransactionId() }.into_inner();
+        assert!(!committed(Xid(mine)), "our own transaction is still running");
+        assert!(committed(Xid(pg_sys::FrozenTransactionId.into_inner())), "the frozen xid counts as committed");
+        assert!(committed(Xid(pg_sys::BootstrapTransactionId.into_inner())));
     }
 }

@@ -28,20 +28,20 @@ pub struct KeyQual {
 
 /// A bound on one key column: the value and whether it is included.
 #[derive(Clone, Copy)]
-struct Bound {
+struct ColumnBound {
     datum: pg_sys::Datum,
     typid: pg_sys::Oid,
     inclusive: bool,
 }
 
 #[derive(Clone, Copy, Default)]
-struct Column {
-    eq: Option<Bound>,
-    lo: Option<Bound>,
-    hi: Option<Bound>,
+struct ColumnBounds {
+    eq: Option<ColumnBound>,
+    lo: Option<ColumnBound>,
+    hi: Option<ColumnBound>,
 }
 
-fn encode_one(desc: &KeyDesc, i: usize, b: &Bound) -> KeyWriter {
+fn encode_one(desc: &KeyDesc, i: usize, b: &ColumnBound) -> KeyWriter {
     let mut w = KeyWriter::new();
     // SAFETY: the datum has type b.typid, checked compatible with column i.
     unsafe { encode_value(desc.cols[i].kind, desc.cols[i].desc, b.typid, b.datum, &mut w) };
@@ -50,7 +50,7 @@ fn encode_one(desc: &KeyDesc, i: usize, b: &Bound) -> KeyWriter {
 
 /// Keeps the tighter of two bounds in encoded order: the greater lower
 /// bound, or the smaller upper bound (`upper`); ties go to the exclusive one.
-fn tighter(desc: &KeyDesc, i: usize, cur: Option<Bound>, new: Bound, upper: bool) -> Option<Bound> {
+fn tighter(desc: &KeyDesc, i: usize, cur: Option<ColumnBound>, new: ColumnBound, upper: bool) -> Option<ColumnBound> {
     let Some(cur) = cur else { return Some(new) };
     let (a, b) = (encode_one(desc, i, &cur), encode_one(desc, i, &new));
     let ord = b.bytes().cmp(a.bytes());
@@ -64,7 +64,7 @@ fn tighter(desc: &KeyDesc, i: usize, cur: Option<Bound>, new: Bound, upper: bool
 
 /// D from evaluated quals on key columns.
 pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Span {
-    let mut cols = vec![Column::default(); desc.cols.len()];
+    let mut cols = vec![ColumnBounds::default(); desc.cols.len()];
     for q in quals {
         if q.isnull {
             // `k op NULL` is never true: the read returns nothing.
@@ -79,7 +79,7 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Spa
         if !desc.compatible(i, typid) {
             continue;
         }
-        let b = |inclusive| Bound { datum: q.value, typid, inclusive };
+        let b = |inclusive| ColumnBound { datum: q.value, typid, inclusive };
         // On a DESC column the encoding runs backwards: `>` bounds from above.
         let flip = desc.cols[i].desc;
         let c = &mut cols[i];
@@ -129,7 +129,7 @@ pub fn scan_key_quals<'a>(
     })
 }
 
-fn assemble(desc: &KeyDesc, cols: &[Column]) -> Span {
+fn assemble(desc: &KeyDesc, cols: &[ColumnBounds]) -> Span {
     let mut prefix = KeyWriter::new();
     let mut j = 0;
     while j < cols.len() {
@@ -141,7 +141,7 @@ fn assemble(desc: &KeyDesc, cols: &[Column]) -> Span {
     if j == cols.len() {
         return Span::point(prefix.bytes());
     }
-    let with = |b: &Bound| {
+    let with = |b: &ColumnBound| {
         let mut w = prefix;
         // SAFETY: as above.
         unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, b.typid, b.datum, &mut w) };

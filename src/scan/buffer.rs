@@ -88,23 +88,23 @@ impl BufferDest {
 }
 
 /// Validated rows waiting to be handed on, in order.
-pub struct Held {
+pub struct HeldRows {
     rows: Vec<MinimalTuple>,
     next: usize,
     slot: *mut pg_sys::TupleTableSlot,
 }
 
-impl Held {
+impl HeldRows {
     /// Rows to hand on through a slot of `desc`, made in the current
     /// memory context.
     ///
     /// # Safety
     /// `desc` is a valid tuple descriptor that describes the rows.
-    pub unsafe fn new(rows: Vec<MinimalTuple>, desc: pg_sys::TupleDesc) -> Held {
+    pub unsafe fn new(rows: Vec<MinimalTuple>, desc: pg_sys::TupleDesc) -> HeldRows {
         // SAFETY: a standalone slot for minimal tuples of the result's
         // descriptor, freed with the executor's memory.
         let slot = unsafe { pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsMinimalTuple) };
-        Held { rows, next: 0, slot }
+        HeldRows { rows, next: 0, slot }
     }
 
     /// Hands up to `count` rows (0: all) to `dest` as one executor run

@@ -13,25 +13,25 @@
 //! expression of the statement sees.
 
 use super::plan_data::GuardPlan;
-use super::planner::{Methods, NAME};
+use super::planner::{StaticMethods, NAME};
 use super::statement::StatementReport;
 use crate::guc;
 use crate::keys::KeyDesc;
 use crate::latch::{RelId, Span};
+use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::read::span::{self, KeyQual};
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
-use pgrx::PgList;
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::rc::Rc;
 
-pub static SCAN_METHODS: Methods<pg_sys::CustomScanMethods> =
-    Methods(pg_sys::CustomScanMethods { CustomName: NAME.as_ptr(), CreateCustomScanState: Some(create_state) });
+pub static SCAN_METHODS: StaticMethods<pg_sys::CustomScanMethods> =
+    StaticMethods(pg_sys::CustomScanMethods { CustomName: NAME.as_ptr(), CreateCustomScanState: Some(create_state) });
 
-static EXEC_METHODS: Methods<pg_sys::CustomExecMethods> = Methods(pg_sys::CustomExecMethods {
+static EXEC_METHODS: StaticMethods<pg_sys::CustomExecMethods> = StaticMethods(pg_sys::CustomExecMethods {
     CustomName: NAME.as_ptr(),
     BeginCustomScan: Some(begin),
     ExecCustomScan: Some(exec),
@@ -61,11 +61,11 @@ const MAX_SPANS: usize = 32;
 #[repr(C)]
 pub struct NodeState {
     css: pg_sys::CustomScanState,
-    rt: *mut Runtime,
+    rt: *mut NodeRuntime,
 }
 
 /// Where the guarded scan has got to.
-enum Position {
+enum ScanPosition {
     /// An index scan in key order: its scan slot holds the row it examined
     /// last, `attnos` are the key columns' positions in that slot,
     /// `key_col` maps an index column to its key position, and `forward`
@@ -82,13 +82,13 @@ enum Position {
     Anywhere,
 }
 
-pub struct Runtime {
+pub struct NodeRuntime {
     pub plan: GuardPlan,
     /// None when the table stopped being latched after planning.
     latched: Option<Rc<Latched>>,
     pub rel: RelId,
     child: *mut pg_sys::PlanState,
-    position: Position,
+    position: ScanPosition,
     bounds: Vec<*mut pg_sys::ExprState>,
     /// D from the quals known before the statement ran (cached).
     static_declared: Option<Span>,
@@ -104,7 +104,7 @@ pub struct Runtime {
 #[pg_guard]
 unsafe extern "C-unwind" fn drop_runtime(arg: *mut std::ffi::c_void) {
     // SAFETY: `arg` is the Box we leaked in begin(), dropped only here.
-    drop(unsafe { Box::from_raw(arg as *mut Runtime) });
+    drop(unsafe { Box::from_raw(arg as *mut NodeRuntime) });
 }
 
 #[pg_guard]
@@ -117,11 +117,6 @@ unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut
         (*ns).css.methods = &EXEC_METHODS.0;
         ns as *mut Node
     }
-}
-
-fn tag(n: *const pg_sys::PlanState) -> pg_sys::NodeTag {
-    // SAFETY: every node starts with its tag.
-    unsafe { (*(n as *const Node)).type_ }
 }
 
 /// Whether a scan moving forward through `index` under `keys` returns
@@ -175,19 +170,19 @@ unsafe fn index_order(index: pg_sys::Relation, keys: &[pg_sys::ScanKeyData], key
 ///
 /// # Safety
 /// `child` is an initialised plan state (not EXPLAIN-only).
-unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> Position {
+unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> ScanPosition {
     // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
         let mut s = child;
         // A gating Result (pseudoconstant quals) sits over the scan.
-        while tag(s) == pg_sys::NodeTag::T_ResultState && !(*s).lefttree.is_null() {
+        while node_tag(s) == pg_sys::NodeTag::T_ResultState && !(*s).lefttree.is_null() {
             s = (*s).lefttree;
         }
-        let (scan, index, keys, nkeys, dir, only) = match tag(s) {
+        let (scan, index, keys, nkeys, dir, only) = match node_tag(s) {
             pg_sys::NodeTag::T_IndexScanState => {
                 let is = s as *mut pg_sys::IndexScanState;
                 if (*is).iss_NumOrderByKeys > 0 {
-                    return Position::Anywhere;
+                    return ScanPosition::Anywhere;
                 }
                 let plan = (*s).plan as *mut pg_sys::IndexScan;
                 let (k, n) = ((*is).iss_ScanKeys, (*is).iss_NumScanKeys);
@@ -196,20 +191,20 @@ unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> Position 
             pg_sys::NodeTag::T_IndexOnlyScanState => {
                 let is = s as *mut pg_sys::IndexOnlyScanState;
                 if (*is).ioss_NumOrderByKeys > 0 {
-                    return Position::Anywhere;
+                    return ScanPosition::Anywhere;
                 }
                 let plan = (*s).plan as *mut pg_sys::IndexOnlyScan;
                 let (k, n) = ((*is).ioss_ScanKeys, (*is).ioss_NumScanKeys);
                 (s as *mut pg_sys::ScanState, (*is).ioss_RelationDesc, k, n, (*plan).indexorderdir, true)
             }
-            _ => return Position::Anywhere,
+            _ => return ScanPosition::Anywhere,
         };
         if index.is_null() {
-            return Position::Anywhere;
+            return ScanPosition::Anywhere;
         }
         let sks: &[pg_sys::ScanKeyData] =
             if nkeys > 0 { std::slice::from_raw_parts(keys, nkeys as usize) } else { &[] };
-        let Some(same) = index_order(index, sks, key) else { return Position::Anywhere };
+        let Some(same) = index_order(index, sks, key) else { return ScanPosition::Anywhere };
         let ind = &*(*index).rd_index;
         let attnums = ind.indkey.values.as_slice(ind.indnatts as usize);
         let key_col = attnums.iter().map(|a| key.cols.iter().position(|c| c.attnum == *a)).collect();
@@ -226,10 +221,10 @@ unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> Position 
             })
             .collect::<Vec<_>>();
         if attnos.contains(&0) {
-            return Position::Anywhere;
+            return ScanPosition::Anywhere;
         }
         let backward = dir == pg_sys::ScanDirection::BackwardScanDirection;
-        Position::Ordered { scan, keys, nkeys: nkeys.max(0) as usize, key_col, attnos, forward: same != backward }
+        ScanPosition::Ordered { scan, keys, nkeys: nkeys.max(0) as usize, key_col, attnos, forward: same != backward }
     }
 }
 
@@ -249,11 +244,9 @@ unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *m
                 "this plan was made by another version of pgkvx; run the statement again to re-plan it",
             )
         });
-        let child_plan = PgList::<pg_sys::Plan>::from_pg((*cs).custom_plans).get_ptr(0).expect("one child plan");
+        let child_plan = list_nth::<pg_sys::Plan>((*cs).custom_plans, 0).expect("one child plan");
         let child = pg_sys::ExecInitNode(child_plan, estate, eflags);
-        let mut children = PgList::<pg_sys::PlanState>::new();
-        children.push(child);
-        (*node).custom_ps = children.into_pg();
+        (*node).custom_ps = make_list([child]);
         // We hand up the child's own slots, so our result slots are of its
         // kind.  Left as the virtual slots of a CustomScan, a parent would
         // compile its expressions to read our rows without deforming them.
@@ -266,13 +259,10 @@ unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *m
         let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0;
         let position = match &latched {
             Some(l) if !explain_only => position_of(child, &l.key),
-            _ => Position::Anywhere,
+            _ => ScanPosition::Anywhere,
         };
-        let bounds = PgList::<pg_sys::Expr>::from_pg((*cs).custom_exprs)
-            .iter_ptr()
-            .map(|e| pg_sys::ExecInitExpr(e, ps))
-            .collect();
-        let rt = Box::new(Runtime {
+        let bounds = list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| pg_sys::ExecInitExpr(e, ps)).collect();
+        let rt = Box::new(NodeRuntime {
             rel: backend::rel_id(plan.relid),
             plan,
             latched,
@@ -377,7 +367,7 @@ unsafe extern "C-unwind" fn restr_pos(node: *mut pg_sys::CustomScanState) {
     }
 }
 
-impl Runtime {
+impl NodeRuntime {
     /// The key of the latched table, if it is still latched.
     pub fn key(&self) -> Option<&KeyDesc> {
         self.latched.as_ref().map(|l| &l.key)
@@ -423,7 +413,7 @@ impl Runtime {
         let d = unsafe { self.static_declared(node) };
         let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return };
         let t = match &self.position {
-            Position::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
+            ScanPosition::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
                 // SAFETY: the child's scan keys (evaluated for this
                 // execution) and its scan slot, both live for the scan.
                 unsafe {
@@ -441,7 +431,7 @@ impl Runtime {
                     }
                 }
             }
-            Position::Anywhere => d,
+            ScanPosition::Anywhere => d,
         };
         self.add_touched(t);
     }
@@ -489,7 +479,7 @@ impl Runtime {
 ///
 /// # Safety
 /// `node` is a `PgkvxLimitScan` state that has begun.
-pub unsafe fn runtime<'a>(node: *mut pg_sys::CustomScanState) -> &'a mut Runtime {
+pub unsafe fn runtime<'a>(node: *mut pg_sys::CustomScanState) -> &'a mut NodeRuntime {
     // SAFETY: per contract.
     unsafe { &mut *(*(node as *mut NodeState)).rt }
 }
@@ -501,7 +491,7 @@ pub unsafe fn runtime<'a>(node: *mut pg_sys::CustomScanState) -> &'a mut Runtime
 pub unsafe fn is_ours(ps: *mut pg_sys::PlanState) -> bool {
     // SAFETY: per contract; methods are compared by address.
     unsafe {
-        tag(ps) == pg_sys::NodeTag::T_CustomScanState
+        node_tag(ps) == pg_sys::NodeTag::T_CustomScanState
             && std::ptr::eq((*(ps as *mut pg_sys::CustomScanState)).methods, &EXEC_METHODS.0)
     }
 }
@@ -548,7 +538,7 @@ unsafe extern "C-unwind" fn explain(
         };
         prop_text(es, c"Mode", &mode);
         let Some(key) = rt.latched.as_ref().map(|l| l.key.clone()) else {
-            prop_text(es, c"Table", &format!("{} (no longer latched)", registry::rel_name(rt.plan.relid)));
+            prop_text(es, c"Table", &format!("{} (no longer latched)", rel_name(rt.plan.relid)));
             return;
         };
         prop_text(es, c"Table", &key.relname);

@@ -3,8 +3,8 @@
 //! here and nowhere else.  A list of Integer nodes survives `copyObject`,
 //! the plan cache and EXPLAIN.
 
+use crate::pg::{list_iter, make_list};
 use pgrx::pg_sys::{self, List, Oid};
-use pgrx::PgList;
 
 /// Bumped whenever the layout changes: a plan cached by an older library
 /// is refused rather than misread.
@@ -15,7 +15,7 @@ const LAYOUT: i32 = 2;
 /// expressions computable before the statement runs (constants, query
 /// parameters, stable functions of them) are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bound {
+pub struct BoundQual {
     /// Position in the key (0-based).
     pub col: u16,
     /// btree strategy number of the operator, with the key column on its left.
@@ -31,10 +31,10 @@ pub struct GuardPlan {
     /// The statement has no side effects, so it may run again: optimistic
     /// reads may retry it at another snapshot.
     pub restartable: bool,
-    pub bounds: Vec<Bound>,
+    pub bounds: Vec<BoundQual>,
 }
 
-fn int(v: i32) -> *mut std::ffi::c_void {
+fn integer_node(v: i32) -> *mut std::ffi::c_void {
     // SAFETY: makeInteger pallocs a node in the current context.
     unsafe { pg_sys::makeInteger(v) as *mut std::ffi::c_void }
 }
@@ -46,11 +46,7 @@ impl GuardPlan {
         for b in &self.bounds {
             v.extend([i32::from(b.col), i32::from(b.strategy), b.typid.to_u32() as i32]);
         }
-        let mut list = PgList::<std::ffi::c_void>::new();
-        for x in v {
-            list.push(int(x));
-        }
-        list.into_pg()
+        make_list(v.into_iter().map(integer_node))
     }
 
     /// Reads the private list back; None for a list this library did not
@@ -61,8 +57,7 @@ impl GuardPlan {
     pub unsafe fn from_list(list: *mut List) -> Option<GuardPlan> {
         // SAFETY: per contract; every element is checked to be an Integer.
         let ints: Vec<i32> = unsafe {
-            PgList::<pg_sys::Node>::from_pg(list)
-                .iter_ptr()
+            list_iter::<pg_sys::Node>(list)
                 .map(|n| ((*n).type_ == pg_sys::NodeTag::T_Integer).then(|| (*(n as *mut pg_sys::Integer)).ival))
                 .collect::<Option<Vec<i32>>>()?
         };
@@ -72,7 +67,7 @@ impl GuardPlan {
         }
         let bounds = rest
             .chunks_exact(3)
-            .map(|c| Bound { col: c[0] as u16, strategy: c[1] as u16, typid: Oid::from(c[2] as u32) })
+            .map(|c| BoundQual { col: c[0] as u16, strategy: c[1] as u16, typid: Oid::from(c[2] as u32) })
             .collect();
         Some(GuardPlan { relid: Oid::from(relid as u32), restartable: restartable != 0, bounds })
     }
@@ -90,8 +85,8 @@ mod tests {
             relid: Oid::from(4_000_000_123),
             restartable: true,
             bounds: vec![
-                Bound { col: 0, strategy: 5, typid: pg_sys::INT8OID },
-                Bound { col: 1, strategy: 3, typid: pg_sys::TEXTOID },
+                BoundQual { col: 0, strategy: 5, typid: pg_sys::INT8OID },
+                BoundQual { col: 1, strategy: 3, typid: pg_sys::TEXTOID },
             ],
         };
         let list = p.to_list();
@@ -99,8 +94,6 @@ mod tests {
         let copied = unsafe { pg_sys::copyObjectImpl(list as *const std::ffi::c_void) as *mut List };
         assert_eq!(unsafe { GuardPlan::from_list(copied) }, Some(p));
         // A list of another layout is not misread.
-        let mut other = PgList::<std::ffi::c_void>::new();
-        other.push(int(99));
-        assert_eq!(unsafe { GuardPlan::from_list(other.into_pg()) }, None);
+        assert_eq!(unsafe { GuardPlan::from_list(make_list([integer_node(99)])) }, None);
     }
 }

@@ -17,22 +17,22 @@
 //! Wrapped relations get no partial paths: the node reads where its scan
 //! runs, which must be this process.
 
-use super::plan_data::{Bound, GuardPlan};
+use super::plan_data::{BoundQual, GuardPlan};
+use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
 use pgrx::prelude::*;
-use pgrx::PgList;
 use std::cell::RefCell;
 
 pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
 
 /// Static method tables Postgres keeps pointers to.
 #[repr(transparent)]
-pub struct Methods<T>(pub T);
+pub struct StaticMethods<T>(pub T);
 // SAFETY: immutable after construction; only read by this process.
-unsafe impl<T> Sync for Methods<T> {}
+unsafe impl<T> Sync for StaticMethods<T> {}
 
-static PATH_METHODS: Methods<pg_sys::CustomPathMethods> = Methods(pg_sys::CustomPathMethods {
+static PATH_METHODS: StaticMethods<pg_sys::CustomPathMethods> = StaticMethods(pg_sys::CustomPathMethods {
     CustomName: NAME.as_ptr(),
     PlanCustomPath: Some(plan_custom_path),
     ReparameterizeCustomPathByChild: None,
@@ -60,8 +60,8 @@ pub fn init() {
 
 /// Pops the planning stack however planning ends (an ERROR unwinds
 /// through here).
-struct Planning;
-impl Drop for Planning {
+struct PlanningFrame;
+impl Drop for PlanningFrame {
     fn drop(&mut self) {
         RESTARTABLE.with(|r| r.borrow_mut().pop());
     }
@@ -84,7 +84,7 @@ unsafe extern "C-unwind" fn planner_hook(
             && !pg_sys::contain_volatile_functions(parse as *mut Node)
     };
     RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
-    let _planning = Planning;
+    let _frame = PlanningFrame;
     // SAFETY: chaining the previous hook (or the standard planner) with the
     // same arguments.
     unsafe {
@@ -95,19 +95,14 @@ unsafe extern "C-unwind" fn planner_hook(
     }
 }
 
-fn tag(n: *const Node) -> pg_sys::NodeTag {
-    // SAFETY: every Node starts with its tag.
-    unsafe { (*n).type_ }
-}
-
 /// `e` with binary-compatible casts (RelabelType) peeled off.
 ///
 /// # Safety
 /// `e` is a valid expression node.
-unsafe fn strip(mut e: *mut Node) -> *mut Node {
+unsafe fn strip_relabel(mut e: *mut Node) -> *mut Node {
     // SAFETY: checked by tag before the cast.
     unsafe {
-        while !e.is_null() && tag(e) == pg_sys::NodeTag::T_RelabelType {
+        while !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_RelabelType {
             e = (*(e as *mut pg_sys::RelabelType)).arg as *mut Node;
         }
     }
@@ -121,8 +116,8 @@ unsafe fn strip(mut e: *mut Node) -> *mut Node {
 unsafe fn is_column(e: *mut Node, rti: u32, attnum: i16) -> bool {
     // SAFETY: checked by tag before the cast.
     unsafe {
-        let e = strip(e);
-        if e.is_null() || tag(e) != pg_sys::NodeTag::T_Var {
+        let e = strip_relabel(e);
+        if e.is_null() || node_tag(e) != pg_sys::NodeTag::T_Var {
             return false;
         }
         let v = &*(e as *mut pg_sys::Var);
@@ -137,8 +132,7 @@ unsafe fn is_column(e: *mut Node, rti: u32, attnum: i16) -> bool {
 unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16) -> bool {
     // SAFETY: per contract; members are EquivalenceMembers.
     unsafe {
-        PgList::<pg_sys::EquivalenceMember>::from_pg((*ec).ec_members)
-            .iter_ptr()
+        list_iter::<pg_sys::EquivalenceMember>((*ec).ec_members)
             .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum))
     }
 }
@@ -150,8 +144,7 @@ unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16
 unsafe fn fixed_by_equality(root: *mut PlannerInfo, rti: u32, attnum: i16) -> bool {
     // SAFETY: per contract.
     unsafe {
-        PgList::<pg_sys::EquivalenceClass>::from_pg((*root).eq_classes)
-            .iter_ptr()
+        list_iter::<pg_sys::EquivalenceClass>((*root).eq_classes)
             .any(|ec| (*ec).ec_has_const && ec_has_column(ec, rti, attnum))
     }
 }
@@ -172,8 +165,7 @@ unsafe fn level_tails(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDe
             // The whole key is fixed: a point read, in any order.
             return true;
         };
-        let pathkeys = PgList::<pg_sys::PathKey>::from_pg((*root).query_pathkeys);
-        match pathkeys.get_ptr(0) {
+        match list_nth::<pg_sys::PathKey>((*root).query_pathkeys, 0) {
             Some(pk) => ec_has_column((*pk).pk_eclass, rti, lead.attnum),
             None => false,
         }
@@ -192,15 +184,15 @@ unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
         while !p.is_null() {
             let q = &*(*p).parse;
             if !q.limitCount.is_null() && !q.sortClause.is_null() {
-                let sc = PgList::<pg_sys::SortGroupClause>::from_pg(q.sortClause).get_ptr(0);
+                let sc = list_nth::<pg_sys::SortGroupClause>(q.sortClause, 0);
                 if let Some(sc) = sc {
                     let tle = pg_sys::get_sortgroupclause_tle(sc, q.targetList);
-                    let e = strip((*tle).expr as *mut Node);
-                    if !e.is_null() && tag(e) == pg_sys::NodeTag::T_Var {
+                    let e = strip_relabel((*tle).expr as *mut Node);
+                    if !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_Var {
                         let v = &*(e as *mut pg_sys::Var);
                         if v.varlevelsup == 0 {
-                            let rte = pg_sys::list_nth(q.rtable, v.varno - 1) as *mut pg_sys::RangeTblEntry;
-                            if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION {
+                            let rte = list_nth::<pg_sys::RangeTblEntry>(q.rtable, v.varno as usize - 1);
+                            if rte.is_some_and(|rte| (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION) {
                                 return true;
                             }
                         }
@@ -242,15 +234,17 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
         if !level_tails(root, rti, &latched.key) && !ancestor_orders_by_subquery(root) {
             return;
         }
-        let mut wrapped = PgList::<pg_sys::Path>::new();
-        for p in PgList::<pg_sys::Path>::from_pg((*rel).pathlist).iter_ptr() {
-            // Gather paths run the scan in other processes.
-            if matches!(tag(p as *const Node), pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath) {
-                continue;
-            }
-            wrapped.push(guard_path(rel, p));
-        }
-        (*rel).pathlist = wrapped.into_pg();
+        // Gather paths run the scan in other processes.
+        let wrapped = list_iter::<pg_sys::Path>((*rel).pathlist)
+            .filter(|&p| {
+                !matches!(
+                    node_tag(p as *const Node),
+                    pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath
+                )
+            })
+            .map(|p| guard_path(rel, p))
+            .collect::<Vec<_>>();
+        (*rel).pathlist = make_list(wrapped);
         (*rel).partial_pathlist = std::ptr::null_mut();
         (*rel).consider_parallel = false;
     }
@@ -280,9 +274,7 @@ unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_
         path.total_cost = c.total_cost;
         path.pathkeys = c.pathkeys;
         (*cp).flags = if pg_sys::ExecSupportsMarkRestore(child) { pg_sys::CUSTOMPATH_SUPPORT_MARK_RESTORE } else { 0 };
-        let mut children = PgList::<pg_sys::Path>::new();
-        children.push(child);
-        (*cp).custom_paths = children.into_pg();
+        (*cp).custom_paths = make_list([child]);
         (*cp).custom_private = std::ptr::null_mut();
         (*cp).methods = &PATH_METHODS.0;
         cp as *mut pg_sys::Path
@@ -295,24 +287,21 @@ unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_
 /// # Safety
 /// Planner structures of the current planning step; `clauses` is a list of
 /// RestrictInfo.
-unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -> Vec<(Bound, *mut Node)> {
+unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -> Vec<(BoundQual, *mut Node)> {
     let mut out = Vec::new();
     // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
-        for ri in PgList::<pg_sys::RestrictInfo>::from_pg(clauses).iter_ptr() {
+        for ri in list_iter::<pg_sys::RestrictInfo>(clauses) {
             if (*ri).pseudoconstant {
                 continue;
             }
             let clause = (*ri).clause as *mut Node;
-            if tag(clause) != pg_sys::NodeTag::T_OpExpr {
+            if node_tag(clause) != pg_sys::NodeTag::T_OpExpr {
                 continue;
             }
             let op = &*(clause as *mut pg_sys::OpExpr);
-            let args = PgList::<Node>::from_pg(op.args);
-            let (Some(l), Some(r)) = (args.get_ptr(0), args.get_ptr(1)) else { continue };
-            if args.len() != 2 {
-                continue;
-            }
+            let args: Vec<*mut Node> = list_iter(op.args).collect();
+            let &[l, r] = args.as_slice() else { continue };
             for (col, c) in key.cols.iter().enumerate() {
                 // `key op value`, or `value op key` read with the commutator.
                 let (value, opno) = if is_column(l, rti, c.attnum) {
@@ -333,7 +322,7 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
                 if strategy == 0 {
                     continue;
                 }
-                let b = Bound { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
+                let b = BoundQual { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
                 out.push((b, pg_sys::copyObjectImpl(value as *const _) as *mut Node));
             }
         }
@@ -353,17 +342,13 @@ unsafe extern "C-unwind" fn plan_custom_path(
     // SAFETY (whole body): the planner hands us the plan of our one child
     // path; we build a CustomScan that returns that plan's rows unchanged.
     unsafe {
-        let child = PgList::<pg_sys::Plan>::from_pg(custom_plans).get_ptr(0).expect("one child plan");
+        let child = list_nth::<pg_sys::Plan>(custom_plans, 0).expect("one child plan");
         let rti = (*rel).relid;
         let relid = (**(*root).simple_rte_array.add(rti as usize)).relid;
         let latched = registry::require(relid);
         let bounds = key_bounds(rti, &latched.key, clauses);
         let restartable = RESTARTABLE.with(|r| r.borrow().last().copied()).unwrap_or(false);
         let plan = GuardPlan { relid, restartable, bounds: bounds.iter().map(|(b, _)| *b).collect() };
-        let mut exprs = PgList::<Node>::new();
-        for (_, e) in &bounds {
-            exprs.push(*e);
-        }
 
         let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
@@ -373,7 +358,7 @@ unsafe extern "C-unwind" fn plan_custom_path(
         (*cs).scan.plan.qual = std::ptr::null_mut();
         (*cs).scan.scanrelid = 0;
         (*cs).custom_plans = custom_plans;
-        (*cs).custom_exprs = exprs.into_pg();
+        (*cs).custom_exprs = make_list(bounds.iter().map(|&(_, e)| e));
         (*cs).custom_private = plan.to_list();
         // Not backward-scannable: a cursor declared without SCROLL then
         // stays forward-only (and reads optimistically); a SCROLL cursor

@@ -24,21 +24,21 @@
 //!   declared spans: when they are clean it streams at once.
 //! - off: nothing; the nodes only pass rows on.
 
-use super::buffer::{BufferDest, Held};
+use super::buffer::{BufferDest, HeldRows};
 use super::node;
 use super::plan_data::GuardPlan;
 use crate::errors;
 use crate::guc;
 use crate::latch::protocol::{ReadMode, ReadReport};
 use crate::latch::{Footprint, Xid};
-use crate::read::run::{self, Choice, Reader, Then};
-use crate::read::snapshot::{self, Base};
+use crate::pg::{list_iter, node_tag};
+use crate::read::run::{self, ReadDecision, ReadStrategy, Reader};
+use crate::read::snapshot::{self, BaseSnapshot};
 use crate::read::span::{self, KeyQual};
 use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::pg_sys::{self, Node, QueryDesc};
 use pgrx::prelude::*;
-use pgrx::PgList;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -51,23 +51,23 @@ pub struct StatementReport {
 }
 
 /// Where a statement's rows come from when it runs.
-enum Source {
+enum RowSource {
     /// Its own executor, as usual (fenced, off, or clean declared spans).
     Plan,
     /// Optimistic and not yet run: the first run reads into a buffer.
     Pending,
     /// The validated rows of an optimistic attempt.
-    Held(Held),
+    Held(HeldRows),
     /// A second executor at another snapshot, streaming (fenced fallback).
     Second(*mut QueryDesc),
 }
 
-struct Statement {
+struct GuardedStatement {
     qd: *mut QueryDesc,
-    source: Source,
+    source: RowSource,
     report: Rc<RefCell<StatementReport>>,
     /// The statement's snapshot as the protocol sees it (optimistic).
-    base: Option<Base>,
+    base: Option<BaseSnapshot>,
     /// We replaced the statement's snapshot: it must be the active one
     /// while the statement runs, for functions that read tables.
     swapped: bool,
@@ -77,7 +77,7 @@ struct Statement {
 }
 
 thread_local! {
-    static STATEMENTS: RefCell<Vec<Statement>> = const { RefCell::new(Vec::new()) };
+    static STATEMENTS: RefCell<Vec<GuardedStatement>> = const { RefCell::new(Vec::new()) };
 }
 
 static mut PREV_START: pg_sys::ExecutorStart_hook_type = None;
@@ -111,11 +111,6 @@ pub fn init() {
 
 // ---- finding the guarded scans ---------------------------------------------
 
-fn tag(n: *const Node) -> pg_sys::NodeTag {
-    // SAFETY: every node starts with its tag.
-    unsafe { (*n).type_ }
-}
-
 /// Every `PgkvxLimitScan` plan node of a statement.
 ///
 /// # Safety
@@ -129,7 +124,7 @@ unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Custom
         }
         // SAFETY: per contract; each cast follows a tag check.
         unsafe {
-            let lists: &[*mut pg_sys::List] = match tag(p as *const Node) {
+            let lists: &[*mut pg_sys::List] = match node_tag(p as *const Node) {
                 pg_sys::NodeTag::T_CustomScan => {
                     let cs = p as *mut pg_sys::CustomScan;
                     if std::ptr::eq((*cs).methods, &super::node::SCAN_METHODS.0) {
@@ -148,7 +143,7 @@ unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Custom
                 _ => &[],
             };
             for &l in lists {
-                for c in PgList::<pg_sys::Plan>::from_pg(l).iter_ptr() {
+                for c in list_iter::<pg_sys::Plan>(l) {
                     walk(c, out);
                 }
             }
@@ -161,7 +156,7 @@ unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Custom
     // all in the statement's list.
     unsafe {
         walk((*stmt).planTree, &mut out);
-        for sp in PgList::<pg_sys::Plan>::from_pg((*stmt).subplans).iter_ptr() {
+        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
             walk(sp, &mut out);
         }
     }
@@ -258,7 +253,7 @@ unsafe fn declared_at_start(
         let quals: Vec<KeyQual> = plan
             .bounds
             .iter()
-            .zip(PgList::<pg_sys::Expr>::from_pg((*cs).custom_exprs).iter_ptr())
+            .zip(list_iter::<pg_sys::Expr>((*cs).custom_exprs))
             .filter_map(|(b, e)| {
                 let (value, isnull) = eval_at_start(e, params)?;
                 Some(KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull })
@@ -279,7 +274,7 @@ unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamListI
     // SAFETY: per contract.
     unsafe {
         let top = (*stmt).planTree;
-        if tag(top as *const Node) == pg_sys::NodeTag::T_Limit {
+        if node_tag(top as *const Node) == pg_sys::NodeTag::T_Limit {
             let l = top as *mut pg_sys::Limit;
             if !(*l).limitCount.is_null() {
                 let int = |e: *mut Node| -> Option<u64> {
@@ -301,11 +296,11 @@ unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamListI
 
 // ---- the hooks ---------------------------------------------------------------
 
-fn find<R>(qd: *mut QueryDesc, f: impl FnOnce(&mut Statement) -> R) -> Option<R> {
+fn find_statement<R>(qd: *mut QueryDesc, f: impl FnOnce(&mut GuardedStatement) -> R) -> Option<R> {
     STATEMENTS.with(|s| s.borrow_mut().iter_mut().find(|st| st.qd == qd).map(f))
 }
 
-fn take(qd: *mut QueryDesc) -> Option<Statement> {
+fn take_statement(qd: *mut QueryDesc) -> Option<GuardedStatement> {
     STATEMENTS.with(|s| {
         let mut s = s.borrow_mut();
         let i = s.iter().position(|st| st.qd == qd)?;
@@ -316,7 +311,7 @@ fn take(qd: *mut QueryDesc) -> Option<Statement> {
 /// Forgets a statement whose executor memory goes away (after an ERROR,
 /// when ExecutorEnd never runs).
 #[pg_guard]
-unsafe extern "C-unwind" fn forget(arg: *mut std::ffi::c_void) {
+unsafe extern "C-unwind" fn forget_statement(arg: *mut std::ffi::c_void) {
     STATEMENTS.with(|s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             s.retain(|st| st.qd as *mut std::ffi::c_void != arg);
@@ -404,26 +399,26 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
             && eflags & pg_sys::EXEC_FLAG_BACKWARD as i32 == 0
             && guards.iter().all(|&g| GuardPlan::from_list((*g).custom_private).is_some_and(|p| p.restartable));
         let want = if restartable { rows_wanted(stmt, params) } else { None };
-        let Some(mut choice) = run::choose_mode(want) else {
+        let Some(mut strategy) = run::choose_mode(want) else {
             // off: plain Postgres.
             prev_start(qd, eflags);
-            attach(qd, Source::Plan, "off", None, false, eflags);
+            attach(qd, RowSource::Plan, "off", None, false, eflags);
             return;
         };
         refuse_on_standby();
         report_unprotected(&guards);
         if !restartable {
-            choice = Choice { mode: ReadMode::Fenced, declared_first: false };
+            strategy = ReadStrategy { mode: ReadMode::Fenced, declared_first: false };
         }
         let declared = || -> Footprint {
             guards.iter().filter_map(|&g| declared_at_start(g, params)).flat_map(|(_, fp)| fp).collect()
         };
-        let base = Base::of((*qd).snapshot, snapshot::after_for_statement());
-        match choice.mode {
+        let base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
+        match strategy.mode {
             ReadMode::Fenced => {
                 let fp = declared();
-                let ran = run::run(&mut NoReads, base, &fp, choice, "LIMIT scan");
-                let Then::Stream { pulled } = ran.then else { unreachable!("fenced reads never buffer") };
+                let ran = run::run_protocol(&mut FencedReader, base, &fp, strategy, "LIMIT scan");
+                let ReadDecision::Stream { pulled } = ran.decision else { unreachable!("fenced reads never buffer") };
                 let mut b = ran.base;
                 let swapped = !pulled.is_empty() || b.snap != (*qd).snapshot;
                 if swapped {
@@ -434,12 +429,12 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
                 }
                 b.release();
                 prev_start(qd, eflags);
-                let st = attach(qd, Source::Plan, "fenced", None, swapped, eflags);
+                let st = attach(qd, RowSource::Plan, "fenced", None, swapped, eflags);
                 st.borrow_mut().report = ran.report;
                 st.borrow_mut().wait_us = ran.wait_us;
             }
             ReadMode::Optimistic
-                if choice.declared_first && {
+                if strategy.declared_first && {
                     let fp = declared();
                     let view = base.view(&[]);
                     let clean = table().check_footprint(&fp, &view, &snapshot::committed, &mut |_| {}).clean();
@@ -448,13 +443,13 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
                 } =>
             {
                 prev_start(qd, eflags);
-                let st = attach(qd, Source::Plan, "optimistic, declared spans clean: streamed", None, false, eflags);
+                let st = attach(qd, RowSource::Plan, "optimistic, declared spans clean: streamed", None, false, eflags);
                 st.borrow_mut().report.validations = 1;
                 st.borrow_mut().report.streamed = true;
             }
             ReadMode::Optimistic => {
                 prev_start(qd, eflags);
-                attach(qd, Source::Pending, "optimistic", Some(base), false, eflags);
+                attach(qd, RowSource::Pending, "optimistic", Some(base), false, eflags);
             }
         }
     }
@@ -466,9 +461,9 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
 /// `qd` has been started.
 unsafe fn attach(
     qd: *mut QueryDesc,
-    source: Source,
+    source: RowSource,
     mode: &str,
-    base: Option<Base>,
+    base: Option<BaseSnapshot>,
     swapped: bool,
     eflags: i32,
 ) -> Rc<RefCell<StatementReport>> {
@@ -482,20 +477,20 @@ unsafe fn attach(
             (*(*qd).estate).es_query_cxt,
             std::mem::size_of::<pg_sys::MemoryContextCallback>(),
         ) as *mut pg_sys::MemoryContextCallback;
-        (*cb).func = Some(forget);
+        (*cb).func = Some(forget_statement);
         (*cb).arg = qd as *mut std::ffi::c_void;
         (*cb).next = std::ptr::null_mut();
         pg_sys::MemoryContextRegisterResetCallback((*(*qd).estate).es_query_cxt, cb);
     }
-    let st = Statement { qd, source, report: report.clone(), base, swapped, second_finished: false, eflags };
+    let st = GuardedStatement { qd, source, report: report.clone(), base, swapped, second_finished: false, eflags };
     STATEMENTS.with(|s| s.borrow_mut().push(st));
     report
 }
 
 /// A reader for fenced runs, which never buffer.
-struct NoReads;
-impl Reader for NoReads {
-    fn read_buffered(&mut self, _base: &Base, _pulled: &[Xid]) -> Option<Footprint> {
+struct FencedReader;
+impl Reader for FencedReader {
+    fn read_buffered(&mut self, _base: &BaseSnapshot, _pulled: &[Xid]) -> Option<Footprint> {
         unreachable!("fenced reads never buffer")
     }
 }
@@ -514,44 +509,44 @@ unsafe fn with_active<R>(snap: pg_sys::Snapshot, f: impl FnOnce() -> R) -> R {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
-    enum Step {
+    enum RunStep {
         Plain(bool),
         Pending,
         Serve,
         Second(*mut QueryDesc),
     }
-    let step = find(qd, |st| match &st.source {
-        Source::Plan => Step::Plain(st.swapped),
-        Source::Pending => Step::Pending,
-        Source::Held(_) => Step::Serve,
-        Source::Second(q2) => Step::Second(*q2),
+    let step = find_statement(qd, |st| match &st.source {
+        RowSource::Plan => RunStep::Plain(st.swapped),
+        RowSource::Pending => RunStep::Pending,
+        RowSource::Held(_) => RunStep::Serve,
+        RowSource::Second(q2) => RunStep::Second(*q2),
     });
     // SAFETY (whole body): the executor's QueryDesc, started by us.
     unsafe {
         match step {
-            None | Some(Step::Plain(false)) => prev_run(qd, dir, count, once),
-            Some(Step::Plain(true)) => {
+            None | Some(RunStep::Plain(false)) => prev_run(qd, dir, count, once),
+            Some(RunStep::Plain(true)) => {
                 with_active((*(*qd).estate).es_snapshot, || prev_run(qd, dir, count, once));
             }
-            Some(Step::Pending) => {
+            Some(RunStep::Pending) => {
                 validate(qd, once);
                 executor_run(qd, dir, count, once);
             }
-            Some(Step::Serve) => {
+            Some(RunStep::Serve) => {
                 let dest = (*qd).dest;
                 let desc = (*qd).tupDesc;
                 let n = if dir == pg_sys::ScanDirection::NoMovementScanDirection {
                     0
                 } else {
-                    find(qd, |st| match &mut st.source {
-                        Source::Held(h) => h.send(dest, desc, count),
+                    find_statement(qd, |st| match &mut st.source {
+                        RowSource::Held(h) => h.send(dest, desc, count),
                         _ => 0,
                     })
                     .unwrap_or(0)
                 };
                 (*(*qd).estate).es_processed = n;
             }
-            Some(Step::Second(q2)) => {
+            Some(RunStep::Second(q2)) => {
                 (*q2).dest = (*qd).dest;
                 with_active((*(*q2).estate).es_snapshot, || pg_sys::standard_ExecutorRun(q2, dir, count, once));
                 (*(*qd).estate).es_processed = (*(*q2).estate).es_processed;
@@ -567,7 +562,8 @@ unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDi
 /// `qd` is a started, optimistic, not yet run statement of ours.
 unsafe fn validate(qd: *mut QueryDesc, once: bool) {
     let (base, eflags) =
-        find(qd, |st| (st.base.take().expect("an optimistic statement has its base"), st.eflags)).expect("ours");
+        find_statement(qd, |st| (st.base.take().expect("an optimistic statement has its base"), st.eflags))
+            .expect("ours");
     // SAFETY: per contract.
     unsafe {
         let estate = (*qd).estate;
@@ -580,14 +576,16 @@ unsafe fn validate(qd: *mut QueryDesc, once: bool) {
         );
         let max_rows = guc::MAX_OPTIMISTIC_ROWS.get() as usize;
         let max_bytes = pg_sys::work_mem as usize * 1024;
-        let mut reader = Attempts { qd, once, eflags, attempts: 0, buffer: BufferDest::new(cx, max_rows, max_bytes) };
+        let mut reader =
+            OptimisticAttempts { qd, once, eflags, attempts: 0, buffer: BufferDest::new(cx, max_rows, max_bytes) };
         let declared: Footprint = guard_plans((*qd).plannedstmt)
             .into_iter()
             .filter_map(|g| declared_at_start(g, (*qd).params))
             .flat_map(|(_, fp)| fp)
             .collect();
-        let choice = Choice { mode: ReadMode::Optimistic, declared_first: false };
-        let run::Run { then, report, wait_us, base } = run::run(&mut reader, base, &declared, choice, "LIMIT scan");
+        let strategy = ReadStrategy { mode: ReadMode::Optimistic, declared_first: false };
+        let run::ProtocolResult { decision, report, wait_us, base } =
+            run::run_protocol(&mut reader, base, &declared, strategy, "LIMIT scan");
         let mode = if report.overflowed {
             "optimistic, result too large to hold back: fenced"
         } else if report.fell_back {
@@ -596,21 +594,23 @@ unsafe fn validate(qd: *mut QueryDesc, once: bool) {
             "optimistic"
         };
         let mut base = base;
-        let source = match then {
-            Then::Emit => {
+        let source = match decision {
+            ReadDecision::Emit => {
                 let rows = reader.buffer.take();
                 let old = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
-                let held = Held::new(rows, (*qd).tupDesc);
+                let held = HeldRows::new(rows, (*qd).tupDesc);
                 pg_sys::MemoryContextSwitchTo(old);
-                Source::Held(held)
+                RowSource::Held(held)
             }
             // Pulled-in holders are folded in even if more xids have been
             // assigned since the protocol checked the bound: a fresh
             // snapshot here would bring writers nobody checked.
-            Then::Stream { pulled } => Source::Second(second(qd, base.spliced(&pulled), (*qd).dest, eflags)),
+            ReadDecision::Stream { pulled } => {
+                RowSource::Second(start_second_executor(qd, base.spliced(&pulled), (*qd).dest, eflags))
+            }
         };
         base.release();
-        find(qd, |st| {
+        find_statement(qd, |st| {
             st.source = source;
             let mut r = st.report.borrow_mut();
             r.mode = mode.to_string();
@@ -625,7 +625,7 @@ unsafe fn validate(qd: *mut QueryDesc, once: bool) {
 ///
 /// # Safety
 /// `qd` is started; `snap` a valid MVCC snapshot or template.
-unsafe fn second(
+unsafe fn start_second_executor(
     qd: *mut QueryDesc,
     snap: pg_sys::Snapshot,
     dest: *mut pg_sys::DestReceiver,
@@ -652,7 +652,7 @@ unsafe fn second(
 }
 
 /// Ends a second executor.
-unsafe fn end_second(q2: *mut QueryDesc, finished: bool) {
+unsafe fn end_second_executor(q2: *mut QueryDesc, finished: bool) {
     // SAFETY: a second executor we started and have not ended.
     unsafe {
         if !finished {
@@ -665,7 +665,7 @@ unsafe fn end_second(q2: *mut QueryDesc, finished: bool) {
 
 /// Optimistic attempts of one statement: the first runs its own executor,
 /// later ones a second executor at the snapshot the protocol asks for.
-struct Attempts {
+struct OptimisticAttempts {
     qd: *mut QueryDesc,
     once: bool,
     eflags: i32,
@@ -692,8 +692,8 @@ unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
     fp
 }
 
-impl Reader for Attempts {
-    fn read_buffered(&mut self, base: &Base, pulled: &[Xid]) -> Option<Footprint> {
+impl Reader for OptimisticAttempts {
+    fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint> {
         self.buffer.clear();
         let dest = self.buffer.as_dest();
         // SAFETY: our statement's QueryDesc; the buffer outlives each run.
@@ -705,12 +705,12 @@ impl Reader for Attempts {
                 (*self.qd).dest = saved;
                 footprint(self.qd)
             } else {
-                let q2 = second(self.qd, base.spliced(pulled), dest, self.eflags);
+                let q2 = start_second_executor(self.qd, base.spliced(pulled), dest, self.eflags);
                 with_active((*(*q2).estate).es_snapshot, || {
                     pg_sys::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true)
                 });
                 let fp = footprint(q2);
-                end_second(q2, false);
+                end_second_executor(q2, false);
                 fp
             }
         };
@@ -721,8 +721,8 @@ impl Reader for Attempts {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn executor_finish(qd: *mut QueryDesc) {
-    let second = find(qd, |st| match st.source {
-        Source::Second(q2) if !st.second_finished => {
+    let second = find_statement(qd, |st| match st.source {
+        RowSource::Second(q2) if !st.second_finished => {
             st.second_finished = true;
             Some(q2)
         }
@@ -743,12 +743,12 @@ unsafe extern "C-unwind" fn executor_finish(qd: *mut QueryDesc) {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn executor_end(qd: *mut QueryDesc) {
-    let st = take(qd);
+    let st = take_statement(qd);
     // SAFETY: ending what we started, then chaining.
     unsafe {
         if let Some(mut st) = st {
-            if let Source::Second(q2) = st.source {
-                end_second(q2, st.second_finished);
+            if let RowSource::Second(q2) = st.source {
+                end_second_executor(q2, st.second_finished);
             }
             if let Some(mut b) = st.base.take() {
                 b.release();

@@ -45,7 +45,7 @@ pub fn my_slot() -> u32 {
 
 /// This process's backend slot in `t`: its PGPROC number, if it has a
 /// PGPROC and the number fits.  Panic-free (see `xact_callback`).
-fn slot_in(t: &super::Table) -> Option<u32> {
+fn slot_in(t: &super::SharedLatchTable) -> Option<u32> {
     // SAFETY: plain read of a backend global; checked for NULL.
     let n = unsafe { pg_sys::MyProc.as_ref() }?.pgprocno;
     u32::try_from(n).ok().filter(|&n| n < t.config().max_backends)

@@ -72,7 +72,7 @@ impl LockSet for PgLocks {
     }
 }
 
-pub type Table = LatchTable<'static, PgLocks>;
+pub type SharedLatchTable = LatchTable<'static, PgLocks>;
 
 /// A value set once per process (in the postmaster, inherited by fork) and
 /// read by the same single-threaded process afterwards.
@@ -81,12 +81,12 @@ struct ProcessGlobal<T>(UnsafeCell<Option<T>>);
 // by the shmem startup hook, before any reader exists in this process.
 unsafe impl<T> Sync for ProcessGlobal<T> {}
 
-static TABLE: ProcessGlobal<Table> = ProcessGlobal(UnsafeCell::new(None));
+static TABLE: ProcessGlobal<SharedLatchTable> = ProcessGlobal(UnsafeCell::new(None));
 static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 /// The latch table of this cluster.
-pub fn table() -> &'static Table {
+pub fn table() -> &'static SharedLatchTable {
     table_if_attached().unwrap_or_else(|| {
         crate::errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -96,7 +96,7 @@ pub fn table() -> &'static Table {
 }
 
 /// The latch table if this process has one; never raises.
-pub fn table_if_attached() -> Option<&'static Table> {
+pub fn table_if_attached() -> Option<&'static SharedLatchTable> {
     // SAFETY: see ProcessGlobal; it is set by the startup hook, before any
     // reader runs in this process.
     unsafe { &*TABLE.0.get() }.as_ref()
@@ -135,7 +135,7 @@ extern "C-unwind" fn request_hook() {
     let cfg = config();
     // SAFETY: called from the shmem request hook, the only place allowed.
     unsafe {
-        pg_sys::RequestAddinShmemSpace(Table::region_size(&cfg));
+        pg_sys::RequestAddinShmemSpace(SharedLatchTable::region_size(&cfg));
         pg_sys::RequestNamedLWLockTranche(DIRECTORY_TRANCHE.as_ptr(), 1);
         pg_sys::RequestNamedLWLockTranche(RANGE_TRANCHE.as_ptr(), cfg.max_ranges as i32);
         pg_sys::RequestNamedLWLockTranche(TABLE_TRANCHE.as_ptr(), cfg.max_tables as i32);
@@ -151,7 +151,7 @@ extern "C-unwind" fn startup_hook() {
         }
     }
     let cfg = config();
-    let size = Table::region_size(&cfg);
+    let size = SharedLatchTable::region_size(&cfg);
     // SAFETY: the standard add-in shared memory protocol: create or find
     // the region under AddinShmemInitLock; initialise it only when new.
     unsafe {
@@ -166,7 +166,7 @@ extern "C-unwind" fn startup_hook() {
             nranges: cfg.max_ranges,
             ntables: cfg.max_tables,
         };
-        let table = if found { Table::attach(mem, locks) } else { Table::init(mem, &cfg, locks) };
+        let table = if found { SharedLatchTable::attach(mem, locks) } else { SharedLatchTable::init(mem, &cfg, locks) };
         table.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
         table.set_max_tables_per_owner(guc::MAX_TABLES_PER_OWNER.get() as u32);
         *TABLE.0.get() = Some(table);

@@ -95,7 +95,7 @@ impl Encoder for VarlenaText {
     #[inline]
     unsafe fn push(&mut self, datum: pg_sys::Datum) {
         // SAFETY: the caller passes a non-null varlena of a text-like type.
-        let bytes = unsafe { pg::varlena_bytes(datum) };
+        let bytes = unsafe { crate::pg::varlena_bytes(datum) };
         let out = &mut self.out;
         pg::with_utf8(bytes, self.encoding, |b| out.push(b));
     }
@@ -150,7 +150,7 @@ impl Encoder for VarlenaBinary {
     #[inline]
     unsafe fn push(&mut self, datum: pg_sys::Datum) {
         // SAFETY: the caller passes a non-null bytea.
-        self.out.push(unsafe { pg::varlena_bytes(datum) });
+        self.out.push(unsafe { crate::pg::varlena_bytes(datum) });
     }
     fn push_null(&mut self) {
         self.out.push_null();

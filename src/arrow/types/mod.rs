@@ -96,27 +96,27 @@ impl<T: Default + Copy> SizedVec<T> {
 
 /// What every encoder needs to know about the session.
 #[derive(Clone, Copy, Debug)]
-pub struct Settings {
+pub struct EncoderSettings {
     pub encoding: ServerEncoding,
     pub numeric: NumericMode,
 }
 
 /// One output column: its Arrow field and the encoder that fills it.
-pub struct Column {
+pub struct OutputColumn {
     pub field: Field,
     pub encoder: Box<dyn Encoder>,
 }
 
 /// The Arrow type and encoder for a column `name` of Postgres type
 /// `typid`/`typmod`.
-pub fn column(name: &str, typid: pg_sys::Oid, typmod: i32, nullable: bool, s: Settings) -> Column {
+pub fn column(name: &str, typid: pg_sys::Oid, typmod: i32, nullable: bool, s: EncoderSettings) -> OutputColumn {
     let (data_type, encoder) = encoder_for(name, typid, typmod, s);
-    Column { field: Field::new(name, data_type, nullable), encoder }
+    OutputColumn { field: Field::new(name, data_type, nullable), encoder }
 }
 
 /// Picks the encoder by base type.  Arrays of a natively mapped element type
 /// become Lists; every other type goes through its output function as Utf8.
-pub fn encoder_for(name: &str, typid: pg_sys::Oid, typmod: i32, s: Settings) -> (DataType, Box<dyn Encoder>) {
+pub fn encoder_for(name: &str, typid: pg_sys::Oid, typmod: i32, s: EncoderSettings) -> (DataType, Box<dyn Encoder>) {
     let (base, typmod) = pg::base_type(typid, typmod);
     if let Some(native) = native(name, base, typmod, s) {
         return native;
@@ -132,7 +132,7 @@ pub fn encoder_for(name: &str, typid: pg_sys::Oid, typmod: i32, s: Settings) -> 
     (DataType::Utf8, Box::new(fallback::OutputText::new(base, s.encoding)))
 }
 
-fn native(name: &str, typid: pg_sys::Oid, typmod: i32, s: Settings) -> Option<(DataType, Box<dyn Encoder>)> {
+fn native(name: &str, typid: pg_sys::Oid, typmod: i32, s: EncoderSettings) -> Option<(DataType, Box<dyn Encoder>)> {
     use pg_sys as p;
     let enc: (DataType, Box<dyn Encoder>) = match typid {
         p::INT2OID => (DataType::Int16, Box::new(primitive::int2())),

@@ -17,8 +17,7 @@ use arrow_buffer::{NullBufferBuilder, ScalarBuffer};
 use arrow_schema::DataType;
 use pgrx::{pg_sys, PgSqlErrorCode};
 
-use super::{fallback::OutputText, Encoder, Settings};
-use crate::arrow::pg;
+use super::{fallback::OutputText, Encoder, EncoderSettings};
 use crate::errors;
 
 /// How numerics without a Decimal128-sized typmod are sent.
@@ -29,7 +28,7 @@ pub enum NumericMode {
     Decimal128 { scale: i8 },
 }
 
-pub fn encoder(name: &str, typmod: i32, s: Settings) -> (DataType, Box<dyn Encoder>) {
+pub fn encoder(name: &str, typmod: i32, s: EncoderSettings) -> (DataType, Box<dyn Encoder>) {
     if let Some((p, sc)) = decimal_typmod(typmod) {
         return (DataType::Decimal128(p, sc), Box::new(DecimalEncoder::new(name, p, sc)));
     }
@@ -57,8 +56,8 @@ pub fn decimal_typmod(typmod: i32) -> Option<(u8, i8)> {
 /// A numeric value as stored: sign, weight of the first base-10000 group and
 /// the groups themselves — or one of the special values.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Decoded<'a> {
-    Finite { negative: bool, weight: i32, digits: Digits<'a> },
+pub enum DecodedNumeric<'a> {
+    Finite { negative: bool, weight: i32, digits: NumericDigits<'a> },
     NaN,
     PosInf,
     NegInf,
@@ -66,9 +65,9 @@ pub enum Decoded<'a> {
 
 /// Base-10000 digit groups in native byte order.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
-pub struct Digits<'a>(pub &'a [u8]);
+pub struct NumericDigits<'a>(pub &'a [u8]);
 
-impl Digits<'_> {
+impl NumericDigits<'_> {
     fn len(&self) -> usize {
         self.0.len() / 2
     }
@@ -79,22 +78,22 @@ impl Digits<'_> {
 
 /// Reads the numeric header (src/backend/utils/adt/numeric.c: short and long
 /// formats, special values in the sign bits).
-pub fn decode(payload: &[u8]) -> Decoded<'_> {
+pub fn decode(payload: &[u8]) -> DecodedNumeric<'_> {
     let h = u16::from_ne_bytes([payload[0], payload[1]]);
     match h & 0xC000 {
         0xC000 => match h & 0xF000 {
-            0xD000 => Decoded::PosInf,
-            0xF000 => Decoded::NegInf,
-            _ => Decoded::NaN,
+            0xD000 => DecodedNumeric::PosInf,
+            0xF000 => DecodedNumeric::NegInf,
+            _ => DecodedNumeric::NaN,
         },
         0x8000 => {
             let w = (h & 0x3F) as i32;
             let weight = if h & 0x40 != 0 { w | !0x3F } else { w };
-            Decoded::Finite { negative: h & 0x2000 != 0, weight, digits: Digits(&payload[2..]) }
+            DecodedNumeric::Finite { negative: h & 0x2000 != 0, weight, digits: NumericDigits(&payload[2..]) }
         }
         flag => {
             let weight = i16::from_ne_bytes([payload[2], payload[3]]) as i32;
-            Decoded::Finite { negative: flag == 0x4000, weight, digits: Digits(&payload[4..]) }
+            DecodedNumeric::Finite { negative: flag == 0x4000, weight, digits: NumericDigits(&payload[4..]) }
         }
     }
 }
@@ -103,7 +102,7 @@ const POW10: [i128; 5] = [1, 10, 100, 1000, 10000];
 
 /// The value × 10^scale as an i128, rounded half away from zero, or None when
 /// it has more than 38 digits.
-pub fn scaled(negative: bool, weight: i32, digits: Digits<'_>, scale: i32) -> Option<i128> {
+pub fn scaled(negative: bool, weight: i32, digits: NumericDigits<'_>, scale: i32) -> Option<i128> {
     let group = |p: i32| -> i128 {
         let i = weight - p;
         if i >= 0 && (i as usize) < digits.len() {
@@ -172,15 +171,17 @@ impl DecimalEncoder {
 impl Encoder for DecimalEncoder {
     unsafe fn push(&mut self, datum: pg_sys::Datum) {
         // SAFETY: the caller passes a non-null numeric varlena.
-        let payload = unsafe { pg::varlena_bytes(datum) };
+        let payload = unsafe { crate::pg::varlena_bytes(datum) };
         let v = match decode(payload) {
-            Decoded::Finite { negative, weight, digits } => match scaled(negative, weight, digits, self.scale as i32) {
-                Some(v) if v.unsigned_abs() < 10u128.pow(self.precision as u32) => v,
-                _ => self.refuse("a value with too many digits"),
-            },
-            Decoded::NaN => self.refuse("NaN"),
-            Decoded::PosInf => self.refuse("Infinity"),
-            Decoded::NegInf => self.refuse("-Infinity"),
+            DecodedNumeric::Finite { negative, weight, digits } => {
+                match scaled(negative, weight, digits, self.scale as i32) {
+                    Some(v) if v.unsigned_abs() < 10u128.pow(self.precision as u32) => v,
+                    _ => self.refuse("a value with too many digits"),
+                }
+            }
+            DecodedNumeric::NaN => self.refuse("NaN"),
+            DecodedNumeric::PosInf => self.refuse("Infinity"),
+            DecodedNumeric::NegInf => self.refuse("-Infinity"),
         };
         self.values.push(v);
         self.nulls.append_non_null();
@@ -243,7 +244,7 @@ mod unit {
 
     fn sc(neg: bool, weight: i32, g: &[i16], scale: i32) -> Option<i128> {
         let b = groups(g);
-        scaled(neg, weight, Digits(&b), scale)
+        scaled(neg, weight, NumericDigits(&b), scale)
     }
 
     #[test]
@@ -285,12 +286,12 @@ mod unit {
         b.extend((0x4000u16 | 2).to_ne_bytes());
         b.extend(0i16.to_ne_bytes());
         b.extend(7i16.to_ne_bytes());
-        assert_eq!(decode(&b), Decoded::Finite { negative: true, weight: 0, digits: Digits(&b[4..]) });
-        assert_eq!(decode(&0xC000u16.to_ne_bytes()), Decoded::NaN);
-        assert_eq!(decode(&0xD000u16.to_ne_bytes()), Decoded::PosInf);
-        assert_eq!(decode(&0xF000u16.to_ne_bytes()), Decoded::NegInf);
+        assert_eq!(decode(&b), DecodedNumeric::Finite { negative: true, weight: 0, digits: NumericDigits(&b[4..]) });
+        assert_eq!(decode(&0xC000u16.to_ne_bytes()), DecodedNumeric::NaN);
+        assert_eq!(decode(&0xD000u16.to_ne_bytes()), DecodedNumeric::PosInf);
+        assert_eq!(decode(&0xF000u16.to_ne_bytes()), DecodedNumeric::NegInf);
         // short format, weight -1 (sign-extended 6 bits)
         let h = 0x8000u16 | 0x40 | 0x3F;
-        assert!(matches!(decode(&h.to_ne_bytes()), Decoded::Finite { weight: -1, negative: false, .. }));
+        assert!(matches!(decode(&h.to_ne_bytes()), DecodedNumeric::Finite { weight: -1, negative: false, .. }));
     }
 }

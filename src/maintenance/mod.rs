@@ -9,15 +9,3 @@
 //! queued ranges one at a time, highest priority first.
 
 pub mod worker;
-
-use crate::latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
-
-pub fn state_name(state: u32) -> &'static str {
-    match state {
-        IDLE => "idle",
-        QUEUED => "queued",
-        PROCESSING => "processing",
-        s if s == PROCESSING | REQUEUED => "processing, requeued",
-        _ => "unknown",
-    }
-}
