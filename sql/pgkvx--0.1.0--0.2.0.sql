@@ -9,7 +9,22 @@
 -- objects until this script has run.
 --
 -- The pgkvx schema of a 0.1.0 installation was made by CREATE EXTENSION
--- outside the extension and stays so: DROP EXTENSION leaves it, empty.
+-- outside the extension, as its nominal schema.  It becomes a member, as
+-- in a fresh 0.2.0 install (whose nominal schema is pg_catalog), so that
+-- DROP EXTENSION leaves nothing behind.  A schema that holds the extension
+-- cannot join it: the extension's record moves to pg_catalog first (a
+-- pinned schema, on which nothing records a dependency).
+
+DELETE FROM pg_catalog.pg_depend
+ WHERE classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+   AND objid OPERATOR(pg_catalog.=) (SELECT e.oid FROM pg_catalog.pg_extension e
+                                      WHERE e.extname OPERATOR(pg_catalog.=) 'pgkvx')
+   AND refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+   AND refobjid OPERATOR(pg_catalog.=) 'pgkvx'::pg_catalog.regnamespace;
+UPDATE pg_catalog.pg_extension
+   SET extnamespace = 'pg_catalog'::pg_catalog.regnamespace
+ WHERE extname OPERATOR(pg_catalog.=) 'pgkvx';
+ALTER EXTENSION pgkvx ADD SCHEMA pgkvx;
 
 ALTER TABLE pgkvx.tables ADD COLUMN key_columns int2[];
 UPDATE pgkvx.tables t
@@ -205,6 +220,28 @@ CREATE OR REPLACE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem 
                AND dep.refclassid = 'pg_proc'::regclass
                AND dep.refobjid = 'pgkvx.next_key(pg_catalog.regclass)'::regprocedure
             WHERE d.adrelid = t.relid AND d.adnum = a.attnum)
+    UNION ALL
+    -- A read through a partitioned or inheritance parent reads every table
+    -- under it: one that is not latched leaves the read unprotected there.
+    SELECT DISTINCT m.member, format('%s is not latched, but is read with latched %s through %s: a read in key order through %s can skip its rows; run pgkvx.enable(%L)',
+                  m.member, t.relid, m.parent, m.parent, m.member::text)
+      FROM pgkvx.tables t
+      CROSS JOIN LATERAL (
+          SELECT p.relid AS member, pg_catalog.pg_partition_root(t.relid) AS parent
+            FROM pg_catalog.pg_partition_tree(pg_catalog.pg_partition_root(t.relid)) p
+           WHERE p.isleaf
+          UNION ALL
+          SELECT s.inhrelid::pg_catalog.regclass, i.inhparent::pg_catalog.regclass
+            FROM pg_inherits i JOIN pg_inherits s ON s.inhparent = i.inhparent
+            JOIN pg_class pc ON pc.oid = i.inhparent AND pc.relkind = 'r'
+           WHERE i.inhrelid = t.relid OR i.inhparent = t.relid
+          UNION ALL
+          SELECT i.inhparent::pg_catalog.regclass, i.inhparent::pg_catalog.regclass
+            FROM pg_inherits i JOIN pg_class pc ON pc.oid = i.inhparent AND pc.relkind = 'r'
+           WHERE i.inhrelid = t.relid OR i.inhparent = t.relid) m
+      JOIN pg_class c ON c.oid = m.member AND c.relkind = 'r'
+     WHERE m.member IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u WHERE u.relid = m.member)
     UNION ALL
     SELECT t.relid, 'logical replication writes into it: rows arrive in the publisher''s commit order and the publisher''s writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)'
       FROM pgkvx.tables t

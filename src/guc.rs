@@ -40,6 +40,7 @@ pub static MAX_TABLES: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAINTENANCE_CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static RANGE_MAX_LATCHES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 pub static MAX_LATCHES_PER_TRANSACTION: GucSetting<i32> = GucSetting::<i32>::new(8192);
+pub static MAX_LATCHES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(16384);
 pub static MAX_TABLES_PER_OWNER: GucSetting<i32> = GucSetting::<i32>::new(64);
 pub static UNPROTECTED_READS: GucSetting<Unprotected> = GucSetting::<Unprotected>::new(Unprotected::Warning);
 
@@ -151,6 +152,16 @@ pub fn init() {
         &MAX_LATCHES_PER_TRANSACTION,
         16,
         64 * 1024 * 1024,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pgkvx.max_latches_per_role",
+        c"Latch entries the transactions of one role may hold together (0: no limit).",
+        c"Counted per session user, checked every 64 entries a transaction takes; a transaction over it escalates its latches, then gets SQLSTATE 53400.",
+        &MAX_LATCHES_PER_ROLE,
+        0,
+        i32::MAX,
         GucContext::Suset,
         GucFlags::default(),
     );

@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 pub mod api;
+pub mod args;
 pub mod arrow;
 pub mod errors;
 pub mod guc;

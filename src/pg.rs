@@ -205,6 +205,8 @@ pub struct Attr {
     pub dropped: bool,
     /// `attidentity`: 0, or 'a'/'d' for an identity column.
     pub identity: u8,
+    /// `attgenerated`: 0, or 's' for a stored generated column.
+    pub generated: u8,
 }
 
 /// Every attribute of `tupdesc`, dropped ones included (so that index i is
@@ -229,6 +231,7 @@ pub unsafe fn tupdesc_attrs(tupdesc: pg_sys::TupleDesc) -> Vec<Attr> {
                 notnull: a.attnotnull,
                 dropped: a.attisdropped,
                 identity: a.attidentity as u8,
+                generated: a.attgenerated as u8,
             })
             .collect()
     }

@@ -48,7 +48,7 @@ fn filled(live: u32, mut split: impl FnMut(Table, u32)) -> Table {
     let mut r = Rng(0x9E37_79B9_7F4A_7C15);
     for i in 0..live {
         let slot = i % 64;
-        let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0, owner: 0 };
+        let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0, owner: 0, role: 0 };
         t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
         split(t, i);
     }
@@ -92,7 +92,7 @@ fn populated_default_ranges(live: u32) -> Table {
 }
 
 fn acquire_release(t: &LatchTable<'_, StdLocks>, slot: u32, r: &mut Rng, xid: u32, commit: bool) {
-    let h = Holder { xid: Xid(xid), pid: 1, now_us: 0, owner: 0 };
+    let h = Holder { xid: Xid(xid), pid: 1, now_us: 0, owner: 0, role: 0 };
     t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
     t.release_all(slot, if commit { TxEnd::Committed } else { TxEnd::Aborted });
 }

@@ -5,7 +5,7 @@
 //! search_path pinned; the registration row is written straight into
 //! `pgkvx.tables`.
 
-use super::regclass::{self, Regclass};
+use crate::args::{self, Regclass};
 use crate::errors;
 use crate::keys::{KeyDesc, KeyKind};
 use crate::pg::{list_iter, qualified_name, quote_ident, quote_literal, rel_name, with_pinned_settings, OpenRel};
@@ -72,8 +72,9 @@ pub fn gapless_sequence(key: &KeyDesc) -> Oid {
 }
 
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
-fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapless: default!(bool, false)) {
-    let rel = regclass::required(rel, "rel");
+fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapless: default!(Option<bool>, false)) {
+    let rel = args::required(rel, "rel");
+    let gapless = args::required_value(gapless, "gapless");
     let index = index.map(|i| i.0);
     require_owner(rel);
     // SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes) up front, so writers
@@ -152,7 +153,7 @@ pub fn restore_sequence_default(rel: Oid) {
 
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn disable(rel: Option<Regclass>) {
-    let rel = regclass::required(rel, "rel");
+    let rel = args::required(rel, "rel");
     require_owner(rel);
     // No reader may be validating and no writer latching while we go.
     // SAFETY: standard lock acquisition, held to the end of the transaction.

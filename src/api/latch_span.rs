@@ -1,7 +1,7 @@
 //! `pgkvx.latch_span(rel, lo, hi)`: an explicit write latch on a key range,
 //! held to the end of the transaction (bulk loads, reserving a range).
 
-use super::regclass::Regclass;
+use crate::args::Regclass;
 use crate::errors;
 use crate::latch::{KeyBuf, Span};
 use crate::pg::rel_name;
@@ -12,7 +12,7 @@ use pgrx::prelude::*;
 
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn latch_span(rel: Option<Regclass>, lo: Option<&str>, hi: Option<&str>) {
-    let relid = super::regclass::required(rel, "rel");
+    let relid = crate::args::required(rel, "rel");
     // A read-only transaction writes nothing, so it has nothing to latch.
     // SAFETY: plain read of a backend global.
     if unsafe { pg_sys::XactReadOnly } {

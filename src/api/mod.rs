@@ -5,7 +5,6 @@ pub mod enable;
 pub mod key_bytes;
 pub mod latch_span;
 pub mod next_key;
-pub mod regclass;
 pub mod trigger;
 pub mod views;
 
@@ -116,6 +115,28 @@ CREATE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
                AND dep.refclassid = 'pg_proc'::regclass
                AND dep.refobjid = 'pgkvx.next_key(pg_catalog.regclass)'::regprocedure
             WHERE d.adrelid = t.relid AND d.adnum = a.attnum)
+    UNION ALL
+    -- A read through a partitioned or inheritance parent reads every table
+    -- under it: one that is not latched leaves the read unprotected there.
+    SELECT DISTINCT m.member, format('%s is not latched, but is read with latched %s through %s: a read in key order through %s can skip its rows; run pgkvx.enable(%L)',
+                  m.member, t.relid, m.parent, m.parent, m.member::text)
+      FROM pgkvx.tables t
+      CROSS JOIN LATERAL (
+          SELECT p.relid AS member, pg_catalog.pg_partition_root(t.relid) AS parent
+            FROM pg_catalog.pg_partition_tree(pg_catalog.pg_partition_root(t.relid)) p
+           WHERE p.isleaf
+          UNION ALL
+          SELECT s.inhrelid::pg_catalog.regclass, i.inhparent::pg_catalog.regclass
+            FROM pg_inherits i JOIN pg_inherits s ON s.inhparent = i.inhparent
+            JOIN pg_class pc ON pc.oid = i.inhparent AND pc.relkind = 'r'
+           WHERE i.inhrelid = t.relid OR i.inhparent = t.relid
+          UNION ALL
+          SELECT i.inhparent::pg_catalog.regclass, i.inhparent::pg_catalog.regclass
+            FROM pg_inherits i JOIN pg_class pc ON pc.oid = i.inhparent AND pc.relkind = 'r'
+           WHERE i.inhrelid = t.relid OR i.inhparent = t.relid) m
+      JOIN pg_class c ON c.oid = m.member AND c.relkind = 'r'
+     WHERE m.member IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u WHERE u.relid = m.member)
     UNION ALL
     SELECT t.relid, 'logical replication writes into it: rows arrive in the publisher''s commit order and the publisher''s writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)'
       FROM pgkvx.tables t

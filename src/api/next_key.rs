@@ -17,15 +17,15 @@
 //! and escalation and back-pressure happen after.  Inside remain the
 //! sequence page update and one latch publication.
 
-use crate::shmem::drawn;
 use super::enable::{check_sequence_cache, gapless_sequence};
-use super::regclass::Regclass;
 use super::trigger;
+use crate::args::Regclass;
 use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Stat};
 use crate::pg::{rel_name, OpenRel};
 use crate::registry;
+use crate::shmem::drawn;
 use crate::shmem::{backend, table};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
@@ -101,6 +101,12 @@ fn next_key(rel: Regclass) -> i64 {
     }
     let h = backend::holder(latched.owner);
     backend::make_room();
+    // Invalidations that arrived meanwhile are processed here, outside the
+    // section: inside it nextval finds its lock already held and cleared,
+    // and no relcache or catalog rebuild (which could wait on a
+    // heavyweight lock) happens under the draw lock.
+    // SAFETY: processes pending shared invalidation messages.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
     let t = table();
     let rel_id = backend::rel_id(relid);
     let (value, key, published) = {

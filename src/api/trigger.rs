@@ -13,13 +13,13 @@
 //! `session_replication_role = replica` (logical replication apply), whose
 //! keys come from elsewhere — `pgkvx.check()` reports tables written so.
 
-use crate::shmem::drawn;
 use crate::errors;
 use crate::keys::KeyWriter;
 use crate::latch::{Span, Xid};
 use crate::pg::{quote_literal, regclass_text};
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
+use crate::shmem::drawn;
 use pgrx::pg_sys::{self, Datum};
 use pgrx::prelude::*;
 use std::cell::Cell;

@@ -64,14 +64,14 @@ fn stream_args(batch_rows: i32) -> StreamArgs {
 /// the returned values.
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn arrow_scan(
-    rel: Option<crate::api::regclass::Regclass>,
+    rel: Option<crate::args::Regclass>,
     columns: default!(Option<Vec<Option<String>>>, "NULL"),
     lower: default!(Option<String>, "NULL"),
     upper: default!(Option<String>, "NULL"),
     max_rows: default!(Option<i64>, "NULL"),
-    batch_rows: default!(i32, 65536),
+    batch_rows: default!(Option<i32>, 65536),
 ) -> SetOfIterator<'static, Vec<u8>> {
-    let args = stream_args(batch_rows);
+    let args = stream_args(crate::args::required_value(batch_rows, "batch_rows"));
     let columns = columns.map(|cols| {
         cols.into_iter()
             .map(|c| {
@@ -81,7 +81,7 @@ fn arrow_scan(
             })
             .collect()
     });
-    let oid = crate::api::regclass::required(rel, "rel");
+    let oid = crate::args::required(rel, "rel");
     let req = scan::ScanRequest { rel: oid, columns, lower, upper, max_rows };
     SetOfIterator::new(scan::TableStream::open(req, args))
 }
@@ -89,10 +89,8 @@ fn arrow_scan(
 /// The result of a read-only query as one Arrow IPC stream over the returned
 /// values, fetched batch by batch through a cursor.
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
-fn arrow_query(query: Option<&str>, batch_rows: default!(i32, 65536)) -> SetOfIterator<'static, Vec<u8>> {
-    let Some(query) = query else {
-        errors::raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "argument \"query\" must not be NULL");
-    };
-    let args = stream_args(batch_rows);
+fn arrow_query(query: Option<&str>, batch_rows: default!(Option<i32>, 65536)) -> SetOfIterator<'static, Vec<u8>> {
+    let query = crate::args::required_value(query, "query");
+    let args = stream_args(crate::args::required_value(batch_rows, "batch_rows"));
     SetOfIterator::new(query::QueryStream::open(query, args))
 }

@@ -41,6 +41,26 @@ pub struct KeyCol {
     /// The key index's btree operator family for the column: the operators
     /// whose quals bound a declared span.
     pub opfamily: Oid,
+    /// The key index's collation for the column (InvalidOid when the type
+    /// has none).
+    pub collation: Oid,
+}
+
+impl KeyCol {
+    /// Whether a comparison under `collation` orders this column as the
+    /// key does: always for types without collations and for pattern
+    /// operators, which compare bytes; otherwise only byte-order
+    /// collations.
+    pub fn orders_like_key(&self, collation: Oid) -> bool {
+        self.collation == pg_sys::InvalidOid
+            || is_pattern_family(self.opfamily)
+            || collation == self.collation
+            || (collation != pg_sys::InvalidOid && collation_is_bytewise(collation))
+    }
+}
+
+fn is_pattern_family(family: Oid) -> bool {
+    family == pg_sys::TEXT_PATTERN_BTREE_FAM_OID || family == pg_sys::BPCHAR_PATTERN_BTREE_FAM_OID
 }
 
 /// The key of a latched table.
@@ -167,6 +187,14 @@ impl KeyDesc {
             // Expression columns (attnum 0) were refused above.
             let att = &attrs[attnum as usize - 1];
             let name = att.name.clone();
+            if att.generated != 0 {
+                // Stored generated columns are computed after BEFORE ROW
+                // triggers: the latch trigger would see the old key.
+                errors::raise(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    format!("key column \"{name}\" of \"{relname}\" is a generated column, which pgkvx cannot latch"),
+                );
+            }
             if !att.notnull {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
@@ -200,8 +228,7 @@ impl KeyDesc {
                     pg_sys::get_opclass_family(opc)
                 }
             };
-            let pattern_ops =
-                family == pg_sys::TEXT_PATTERN_BTREE_FAM_OID || family == pg_sys::BPCHAR_PATTERN_BTREE_FAM_OID;
+            let pattern_ops = is_pattern_family(family);
             if family != default_family && !pattern_ops {
                 errors::raise_hint(
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -231,6 +258,7 @@ impl KeyDesc {
                 kind,
                 desc: option & pg_sys::INDOPTION_DESC as i16 != 0,
                 opfamily: family,
+                collation: coll,
             });
         }
         KeyDesc { relid, relname, index, index_name, cols }

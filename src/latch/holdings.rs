@@ -13,17 +13,28 @@ use super::table::LatchTable;
 /// When a transaction's latches get replaced by span latches.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Point latches on one table before they become one span latch.
+    /// Point latches on one table before they become one span latch; also
+    /// the span latch entries on one table before those become one.
     pub escalate_points: u32,
     /// Latch entries one transaction may hold (a span latch takes one per
     /// latch range it crosses); over it, every table escalates, and if that
     /// is not enough the write fails.
     pub per_transaction: u32,
+    /// Latch entries all transactions of one role may hold together (0: no
+    /// limit), checked every [`ROLE_CHECK_EVERY`] entries a transaction
+    /// takes; over it, the transaction escalates, then fails.
+    pub per_role: u32,
 }
 
 impl Limits {
-    pub const DEFAULT: Limits = Limits { escalate_points: 1024, per_transaction: 8192 };
+    pub const DEFAULT: Limits = Limits { escalate_points: 1024, per_transaction: 8192, per_role: 0 };
+    /// No limit at all (inside a key draw, which must not fail late).
+    pub const NONE: Limits = Limits { escalate_points: u32::MAX, per_transaction: u32::MAX, per_role: 0 };
 }
+
+/// How many entries a transaction takes between looks at its role's total:
+/// one role can overshoot its budget by at most this much per session.
+pub const ROLE_CHECK_EVERY: u32 = 64;
 
 /// What [`LatchTable::latch`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,11 +63,23 @@ pub(crate) struct TableHold {
     pub points: Vec<u32>,
     pub points_hull: Span,
     pub points_seq_lo: u64,
+    /// Entries of the span latches at which they are folded into one
+    /// again: twice what the last such fold published, so a load whose
+    /// span crosses many ranges refolds them geometrically rarely rather
+    /// than on every escalation of its points.
+    pub refold_at: usize,
 }
 
 impl TableHold {
     fn new(rel: RelId) -> TableHold {
-        TableHold { rel, covers: Vec::new(), points: Vec::new(), points_hull: Span::EMPTY, points_seq_lo: u64::MAX }
+        TableHold {
+            rel,
+            covers: Vec::new(),
+            points: Vec::new(),
+            points_hull: Span::EMPTY,
+            points_seq_lo: u64::MAX,
+            refold_at: 0,
+        }
     }
 
     /// Records a point latch just published as `entries`.
@@ -82,6 +105,8 @@ pub struct Holdings {
     pub(crate) live: u32,
     /// Reused buffer for the entries of one publication.
     pub(crate) scratch: Vec<u32>,
+    /// `live` when the role's total is looked at next.
+    pub(crate) role_check_at: u32,
 }
 
 impl Holdings {
@@ -104,6 +129,19 @@ impl Holdings {
     pub fn clear(&mut self) {
         self.tables.clear();
         self.live = 0;
+        self.role_check_at = 0;
+    }
+
+    /// Latch entries the transaction holds on `rel` that escalation would
+    /// fold: its point latches and the entries of its span latches.
+    pub(crate) fn foldable(&mut self, rel: RelId) -> usize {
+        let t = self.table(rel);
+        t.points.len() + t.covers.iter().map(|c| c.entries.len()).sum::<usize>()
+    }
+
+    /// Latch entries of the transaction's span latches on `rel`.
+    pub(crate) fn cover_entries(&mut self, rel: RelId) -> usize {
+        self.table(rel).covers.iter().map(|c| c.entries.len()).sum()
     }
 
     pub(crate) fn table(&mut self, rel: RelId) -> &mut TableHold {

@@ -164,11 +164,15 @@ impl<L: LockSet> LatchTable<'_, L> {
         true
     }
 
-    /// Forgets a table (disabled or dropped): frees its ranges and
-    /// tombstones.  Refuses (false) while any latch on it is still live.
-    pub fn purge_table(&self, rel: RelId) -> bool {
+    /// Forgets a table (disabled or dropped): frees its tombstones that no
+    /// snapshot can need any more, and its slot once nothing is left.
+    /// Tombstones of holders a running snapshot may still see in flight
+    /// stay (a reader of a table disabled and enabled again must still find
+    /// them); the idle-table sweep frees the slot once the horizon has
+    /// passed them.  Refuses (false) while any latch on it is still live.
+    pub fn purge_table(&self, slot: u32, rel: RelId) -> bool {
         // Latches released but not drained still count as live.
-        self.drain_released(u32::MAX);
+        self.drain_released(slot);
         let mut d = self.dir_write();
         let Some(t) = d.find_table(rel) else {
             return true;
@@ -177,18 +181,17 @@ impl<L: LockSet> LatchTable<'_, L> {
         if ranges.as_slice().iter().any(|&r| d.range_mut(r).body().live > 0) {
             return false;
         }
+        let mut left = false;
         for &r in ranges.as_slice() {
             let mut g = d.range_mut(r);
-            loop {
-                let m = g.first();
-                if m == NIL {
-                    break;
-                }
-                // Tombstones only (no live latches): on no chain.
-                let gone = g.remove(m);
-                self.free(gone);
-            }
-            *g.body_mut() = RangeBody::EMPTY;
+            self.reclaim(&mut g, slot, u32::MAX);
+            left |= g.body().root != NIL || !g.body().summary.is_empty();
+        }
+        if left {
+            return true;
+        }
+        for &r in ranges.as_slice() {
+            *d.range_mut(r).body_mut() = RangeBody::EMPTY;
             self.free_range(&mut d, r);
         }
         let td = d.table_data_mut(t);
@@ -343,7 +346,7 @@ mod tests {
     fn idle_empty_tables_are_freed_and_come_back_on_demand() {
         let t = heap_table(Config { max_entries: 64, max_ranges: 8, max_tables: 4, max_backends: 2 });
         let (a, b) = (RelId::new(1, 10), RelId::new(2, 10));
-        let h = |x| Holder { xid: Xid(x), pid: 1, now_us: 0, owner: 0 };
+        let h = |x| Holder { xid: Xid(x), pid: 1, now_us: 0, owner: 0, role: 0 };
         t.acquire(0, a, &Span::point(b"x"), &h(50)).unwrap();
         t.acquire(0, b, &Span::point(b"y"), &h(50)).unwrap();
         assert_eq!(t.gc_idle_tables(), 0, "live latches: nothing to free");

@@ -20,7 +20,6 @@
 
 use super::guard::{Directory, RangeAccess};
 use super::locks::LockSet;
-use super::region::State;
 use super::table::LatchTable;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -224,10 +223,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         let (contended, seen) = self.contended_since(r);
         seen.fetch_add(contended, Relaxed);
         let load = self.load(r);
-        let contended_now = contended >= CONTENTION_SPLIT && load >= 32;
-        // One transaction's own point latches are thinned by its escalation,
-        // not by a split: splitting them only churns the directory.
-        let action = if contended_now || (load > limit && !self.mostly_one_holder(r)) {
+        let action = if load > limit || (contended >= CONTENTION_SPLIT && load >= 32) {
             if self.split(slot, r).is_some() {
                 Action::Split
             } else if load > limit {
@@ -260,29 +256,6 @@ impl<L: LockSet> LatchTable<'_, L> {
         };
         let again = self.finish_counted(r);
         (action, again)
-    }
-
-    /// Whether one transaction holds at least three quarters of range `r`'s
-    /// live latches (a majority vote, then a count).
-    fn mostly_one_holder(&self, r: u32) -> bool {
-        let mut d = self.dir_read();
-        let g = d.range_read(r);
-        let live = |e: u32| self.state(e) == State::Live;
-        let (mut cand, mut votes, mut total) = (super::xid::Xid(0), 0u32, 0u32);
-        g.for_each(&mut |e| {
-            if !live(e) {
-                return;
-            }
-            total += 1;
-            let x = g.data(e).xid;
-            if votes == 0 {
-                cand = x;
-            }
-            votes = if x == cand { votes + 1 } else { votes - 1 };
-        });
-        let mut theirs = 0u32;
-        g.for_each(&mut |e| theirs += u32::from(live(e) && g.data(e).xid == cand));
-        total > 0 && theirs * 4 >= total * 3
     }
 
     /// The range right of `r` in the same table, if any.
@@ -361,7 +334,7 @@ mod tests {
         t.set_range_max_latches(64);
         // Four writers, interleaved in key order.
         for i in 0..500u64 {
-            let h = Holder { xid: Xid(100 + (i % 4) as u32), pid: 1, now_us: 0, owner: 0 };
+            let h = Holder { xid: Xid(100 + (i % 4) as u32), pid: 1, now_us: 0, owner: 0, role: 0 };
             t.acquire((i % 4) as u32, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
         }
         let mut actions = work(t, 50);
@@ -378,28 +351,6 @@ mod tests {
         assert!(actions.contains(&Action::Split) && actions.contains(&Action::Merged), "{actions:?}");
         assert_eq!(t.ranges_of(REL).len(), 1, "empty ranges merge back into one");
         assert_eq!(t.usage().entries_used, 0);
-    }
-
-    #[test]
-    fn one_writers_crowd_is_not_split() {
-        // A bulk writer's own points are thinned by its escalation; splitting
-        // them would only churn the directory.
-        let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
-        t.set_range_max_latches(64);
-        let h = Holder { xid: Xid(100), pid: 1, now_us: 0, owner: 0 };
-        for i in 0..500u64 {
-            t.acquire(0, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
-        }
-        // A few latches of another writer do not make it a crowd.
-        let other = Holder { xid: Xid(101), ..h };
-        for i in 0..20u64 {
-            t.acquire(1, REL, &Span::point(&(1000 + i).to_be_bytes()), &other).unwrap();
-        }
-        let actions = work(t, 10);
-        assert!(!actions.contains(&Action::Split), "{actions:?}");
-        assert_eq!(t.ranges_of(REL).len(), 1);
-        t.release_all(0, TxEnd::Aborted);
-        t.release_all(1, TxEnd::Aborted);
     }
 
     /// Sweeps and lets one worker process everything queued, `rounds` times.
@@ -425,7 +376,7 @@ mod tests {
     fn contention_splits_as_a_rate_and_split_ranges_stay_split_while_it_lasts() {
         let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
         t.set_range_max_latches(1024);
-        let h = Holder { xid: Xid(100), pid: 1, now_us: 0, owner: 0 };
+        let h = Holder { xid: Xid(100), pid: 1, now_us: 0, owner: 0, role: 0 };
         for i in 0..40u64 {
             t.acquire(0, REL, &Span::point(&(i * 1000).to_be_bytes()), &h).unwrap();
         }

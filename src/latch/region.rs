@@ -314,6 +314,10 @@ pub(crate) struct EntryData {
 pub(crate) struct BackendSlot {
     /// Head of this backend's live latches (linked by `Entry::holder_next`).
     pub chain: AtomicU32,
+    /// The role whose transaction holds them, and how many entries: the
+    /// per-role budget sums these.
+    pub role: AtomicU32,
+    pub live: AtomicU32,
     pub stats: [AtomicU64; super::stats::NSTATS],
 }
 
@@ -485,7 +489,12 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Region<'r> {
         for i in 0..cfg.max_backends as usize {
             std::ptr::write(
                 backends.add(i),
-                BackendSlot { chain: AtomicU32::new(NIL), stats: std::array::from_fn(|_| AtomicU64::new(0)) },
+                BackendSlot {
+                    chain: AtomicU32::new(NIL),
+                    role: AtomicU32::new(0),
+                    live: AtomicU32::new(0),
+                    stats: std::array::from_fn(|_| AtomicU64::new(0)),
+                },
             );
         }
         attach(mem)

@@ -112,7 +112,7 @@ impl Db {
     }
 
     fn latch(&mut self, p: usize, span: &Span, x: u32) {
-        let h = Holder { xid: Xid(x), pid: p as i32, now_us: 0, owner: 0 };
+        let h = Holder { xid: Xid(x), pid: p as i32, now_us: 0, owner: 0, role: 0 };
         if self.t.acquire(p as u32, REL, span, &h).is_err() {
             self.refresh_horizon();
             self.t.relieve_pressure(p as u32);

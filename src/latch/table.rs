@@ -33,6 +33,15 @@ pub struct Holder {
     pub now_us: i64,
     /// The owner of the table latched (a role oid), charged for its slot.
     pub owner: u32,
+    /// The role writing (a role oid), charged for the latch entries.
+    pub role: u32,
+}
+
+/// Which of a table's latches an escalation replaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fold {
+    Points,
+    All,
 }
 
 /// What a publication entered.
@@ -56,6 +65,9 @@ pub enum AcquireError {
     /// The transaction would hold more latch entries than its budget,
     /// even with every table escalated.
     TransactionBudget,
+    /// The role's transactions hold more latch entries than its budget,
+    /// even with this transaction's tables escalated.
+    RoleBudget,
 }
 
 /// How a transaction ended, for the latches it releases.
@@ -294,6 +306,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             return Ok(Published { max_load: 0, seq_lo: u64::MAX });
         }
         let b = self.backend(slot);
+        b.role.store(h.role, Relaxed);
         let open = !span.is_point();
         // The common case takes the Directory lock once: the table exists.
         // A slot created here can be freed as idle by a worker before the
@@ -342,6 +355,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             // Only this backend touches its chain.
             ent.holder_next.store(b.chain.load(Relaxed), Relaxed);
             b.chain.store(id, Relaxed);
+            b.live.fetch_add(1, Relaxed);
             self.count(slot, Stat::LatchesAcquired, 1);
             out.push(id);
         }
@@ -391,9 +405,9 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         Ok(Latched::Published { max_load })
     }
 
-    /// Escalates `rel`'s point latches when there are too many, and every
-    /// table's when the transaction is over its budget; fails when even
-    /// that leaves it over.
+    /// Escalates `rel`'s latches when there are too many, and every table's
+    /// when the transaction, or its role, is over its budget; fails when
+    /// even that leaves it over.
     pub fn enforce_limits(
         &self,
         slot: u32,
@@ -403,37 +417,68 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         limits: &Limits,
     ) -> Result<(), AcquireError> {
         if held.table(rel).points.len() as u32 >= limits.escalate_points {
-            self.escalate(slot, held, rel, h)?;
+            self.escalate(slot, held, rel, h, Fold::Points)?;
+        }
+        let refold_at = held.table(rel).refold_at.max(limits.escalate_points as usize);
+        if held.cover_entries(rel) >= refold_at {
+            self.escalate(slot, held, rel, h, Fold::All)?;
         }
         if held.live > limits.per_transaction {
-            for rel in held.tables.iter().filter(|t| t.points.len() > 1).map(|t| t.rel).collect::<Vec<_>>() {
-                self.escalate(slot, held, rel, h)?;
-            }
+            self.escalate_all(slot, held, h)?;
             if held.live > limits.per_transaction {
                 return Err(AcquireError::TransactionBudget);
+            }
+        }
+        if limits.per_role > 0 && held.live >= held.role_check_at {
+            if self.role_live(h.role) > limits.per_role {
+                self.escalate_all(slot, held, h)?;
+                if self.role_live(h.role) > limits.per_role {
+                    return Err(AcquireError::RoleBudget);
+                }
+            }
+            held.role_check_at = held.live + super::holdings::ROLE_CHECK_EVERY;
+        }
+        Ok(())
+    }
+
+    fn escalate_all(&self, slot: u32, held: &mut Holdings, h: &Holder) -> Result<(), AcquireError> {
+        let tables: Vec<RelId> = held.tables.iter().map(|t| t.rel).collect();
+        for rel in tables {
+            if held.foldable(rel) > 1 {
+                self.escalate(slot, held, rel, h, Fold::All)?;
             }
         }
         Ok(())
     }
 
-    /// Replaces every latch the transaction holds on `rel` by one span latch
-    /// over all of them.
-    fn escalate(&self, slot: u32, held: &mut Holdings, rel: RelId, h: &Holder) -> Result<(), AcquireError> {
+    /// Latch entries the transactions of `role` hold now.
+    pub fn role_live(&self, role: u32) -> u32 {
+        self.region.backends.iter().filter(|b| b.role.load(Relaxed) == role).map(|b| b.live.load(Relaxed)).sum()
+    }
+
+    /// Replaces latches the transaction holds on `rel` by one span latch
+    /// over them: its point latches (`Fold::Points`, the span joins its
+    /// other span latches), or all of them (`Fold::All`).  Folding points
+    /// alone keeps the span narrow — a load in key order puts each one in
+    /// a range or two — and the spans are folded together only when they
+    /// are many, so a bulk write pays for a span over all its ranges rarely.
+    fn escalate(&self, slot: u32, held: &mut Holdings, rel: RelId, h: &Holder, fold: Fold) -> Result<(), AcquireError> {
         let th = held.table(rel);
         let mut hull = th.points_hull;
         let mut seq_lo = th.points_seq_lo;
         let mut old: Vec<u32> = th.points.clone();
-        for c in &th.covers {
-            hull = hull.hull(&c.span);
-            seq_lo = seq_lo.min(c.seq_lo);
-            old.extend_from_slice(&c.entries);
+        if fold == Fold::All {
+            for c in &th.covers {
+                hull = hull.hull(&c.span);
+                seq_lo = seq_lo.min(c.seq_lo);
+                old.extend_from_slice(&c.entries);
+            }
         }
         if old.len() < 2 {
             return Ok(());
         }
         let mut entries = Vec::new();
         // Published first: a reader finds the span or what it replaces.
-        // On failure the old latches stay, and so does what was entered.
         let published = self.publish(slot, rel, &hull, h, Some(seq_lo), &mut entries);
         if published.is_err() {
             self.withdraw(slot, &entries);
@@ -444,7 +489,14 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         th.points.clear();
         th.points_hull = Span::EMPTY;
         th.points_seq_lo = u64::MAX;
-        th.covers = vec![Cover { span: hull, entries: entries.clone(), seq_lo }];
+        let cover = Cover { span: hull, entries: entries.clone(), seq_lo };
+        match fold {
+            Fold::All => {
+                th.refold_at = 2 * entries.len();
+                th.covers = vec![cover];
+            }
+            Fold::Points => th.covers.push(cover),
+        }
         held.live = held.live + entries.len() as u32 - old.len() as u32;
         self.count(slot, Stat::LatchesEscalated, old.len() as u64);
         Ok(())
@@ -473,6 +525,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             keep = e;
         }
         b.chain.store(keep, Relaxed);
+        b.live.fetch_sub(gone.len() as u32, Relaxed);
         let mut d = self.dir_read();
         for &e in &gone {
             self.entry(e).holder_next.store(NIL, Relaxed);
@@ -509,6 +562,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
                 e = next;
             }
         }
+        b.live.store(0, Relaxed);
         // Without maintenance workers nobody else drains: keep it bounded.
         if self.released_pending() > DRAIN_AT {
             self.drain_released(slot);

@@ -32,7 +32,7 @@ fn sp(a: u16, b: u16) -> Span {
     Span::new(&k(a), Some(&k(b)))
 }
 fn holder(x: u32) -> Holder {
-    Holder { xid: Xid(x), pid: x as i32, now_us: 0, owner: 0 }
+    Holder { xid: Xid(x), pid: x as i32, now_us: 0, owner: 0, role: 0 }
 }
 
 /// Conflicting xids of `span` for a snapshot listing `xip` in progress.
@@ -343,7 +343,7 @@ fn split_and_merge_preserve_every_conflict() {
 }
 
 #[test]
-fn purge_waits_for_live_latches() {
+fn purge_waits_for_live_latches_and_keeps_what_snapshots_need() {
     let t = small();
     let nodes = t.free_tree_nodes();
     // An unrelated latch first, so entry and node ids differ; then enough
@@ -352,9 +352,17 @@ fn purge_waits_for_live_latches() {
     for v in 0..40 {
         t.acquire(0, REL, &pt(v * 7 % 40), &holder(50)).unwrap();
     }
-    assert!(!t.purge_table(REL), "a live latch blocks the purge");
+    assert!(!t.purge_table(0, REL), "a live latch blocks the purge");
     t.release_all(0, TxEnd::Committed);
-    assert!(t.purge_table(REL));
+    // A snapshot taken while 50 ran may still be reading: its tombstones
+    // outlive the purge (the table may be latched again under it).
+    t.set_horizon(Xid(45));
+    assert!(t.purge_table(0, REL));
+    assert_eq!(conflicts_of(t, REL, &pt(1), &[50], 60), set(&[50]));
+    assert_eq!(t.usage().tables_used, 2);
+    // Once no snapshot can see 50 in flight, the purge frees everything.
+    t.set_horizon(Xid(51));
+    assert!(t.purge_table(0, REL));
     assert_eq!(t.usage().tables_used, 1);
     assert_eq!(t.free_entries(), 255);
     t.release_all(1, TxEnd::Aborted);
@@ -591,7 +599,7 @@ mod stress {
                 let mut n = 0;
                 // Escalating after a few writes puts span latches (and the
                 // withdrawal of what they replace) in the race too.
-                let limits = crate::holdings::Limits { escalate_points: 3, per_transaction: 64 };
+                let limits = crate::holdings::Limits { escalate_points: 3, per_transaction: 64, per_role: 0 };
                 let mut held = crate::holdings::Holdings::new();
                 while !stop.load(Ordering::Relaxed) {
                     rnd ^= rnd << 13;
@@ -738,12 +746,13 @@ mod escalation {
     #[test]
     fn many_point_latches_become_one_span_that_conflicts_wherever_they_did() {
         let t = table(Config { max_entries: 256, max_ranges: 16, max_tables: 4, max_backends: 4 });
-        let l = Limits { escalate_points: 16, per_transaction: 64 };
+        let l = Limits { escalate_points: 16, per_transaction: 64, per_role: 0 };
         let mut h = Holdings::new();
         // 200 writes, far more than the table could hold one latch each.
         for i in 0..200u16 {
             latch(t, &mut h, 0, &pt(1000 + 3 * i), 7, &l);
-            assert!(h.live() <= 16 + 1, "write {i}: {} entries held", h.live());
+            // At most 16 points and 16 span entries, then all fold into one.
+            assert!(h.live() <= 2 * 16 + 1, "write {i}: {} entries held", h.live());
         }
         assert!(t.stats()[crate::stats::Stat::LatchesEscalated as usize] > 0);
         // Every key written, and the keys between, conflict for a reader
@@ -769,7 +778,7 @@ mod escalation {
         // after 70's key 10: 70 must be pulled in too, though the span's
         // first publication predates 70's.
         let t = small();
-        let l = Limits { escalate_points: 3, per_transaction: 64 };
+        let l = Limits { escalate_points: 3, per_transaction: 64, per_role: 0 };
         let mut h50 = Holdings::new();
         let mut h70 = Holdings::new();
         latch(t, &mut h50, 0, &pt(5), 50, &l);
@@ -793,7 +802,7 @@ mod escalation {
         // then 50 (in flight) latches 20.  Pulling 50 in must pull 70 in:
         // its span stands for a publication before 50's.
         let t = small();
-        let l = Limits { escalate_points: 2, per_transaction: 64 };
+        let l = Limits { escalate_points: 2, per_transaction: 64, per_role: 0 };
         let (mut h50, mut h70) = (Holdings::new(), Holdings::new());
         latch(t, &mut h70, 1, &pt(3), 70, &l);
         latch(t, &mut h70, 1, &pt(4), 70, &l);
@@ -811,7 +820,7 @@ mod escalation {
     #[test]
     fn the_transaction_budget_escalates_every_table_then_refuses() {
         let t = table(Config { max_entries: 512, max_ranges: 64, max_tables: 8, max_backends: 4 });
-        let l = Limits { escalate_points: 1000, per_transaction: 10 };
+        let l = Limits { escalate_points: 1000, per_transaction: 10, per_role: 0 };
         let mut h = Holdings::new();
         // Points on three tables: over budget, each table escalates.
         for i in 0..12u16 {
@@ -842,9 +851,98 @@ mod escalation {
     }
 
     #[test]
+    fn many_span_latches_escalate_like_points() {
+        // Explicit spans (latch_span) count toward escalation too: one
+        // transaction cannot crowd a range with thousands of them.
+        let t = table(Config { max_entries: 512, max_ranges: 16, max_tables: 4, max_backends: 4 });
+        let l = Limits { escalate_points: 16, per_transaction: 256, per_role: 0 };
+        let mut h = Holdings::new();
+        for i in 0..400u16 {
+            t.latch(0, &mut h, REL, &sp(10 * i, 10 * i + 1), &holder(7), &l).unwrap();
+            assert!(h.live() <= 17, "span {i}: {} entries held", h.live());
+        }
+        assert_eq!(conflicts_of(t, REL, &pt(2005), &[7], 100), set(&[7]), "inside the escalated hull");
+        t.release_all(0, TxEnd::Aborted);
+        t.drain_released(0);
+        assert_eq!(t.free_entries(), 512);
+    }
+
+    #[test]
+    fn a_load_across_many_ranges_refolds_rarely() {
+        // Another transaction's latches split the table into many ranges;
+        // a load in key order then escalates every few points.  Each fold
+        // of all its spans publishes a piece per range crossed, so folding
+        // again at every escalation would publish a quadratic number of
+        // entries; the work must stay linear in the rows loaded.
+        let t = table(Config { max_entries: 2048, max_ranges: 128, max_tables: 4, max_backends: 4 });
+        let rel = RelId::new(1, 500);
+        for i in 0..200u16 {
+            t.acquire(1, rel, &pt(i * 300), &holder(8)).unwrap();
+        }
+        for _ in 0..6 {
+            for r in t.ranges_of(rel) {
+                t.split(1, r);
+            }
+        }
+        assert!(t.ranges_of(rel).len() > 60, "{} ranges", t.ranges_of(rel).len());
+        let acquired = |t: &LatchTable<'_, StdLocks>| t.stats()[crate::stats::Stat::LatchesAcquired as usize];
+        let before = acquired(t);
+        let l = Limits { escalate_points: 8, per_transaction: 1024, per_role: 0 };
+        let mut h = Holdings::new();
+        let rows = 20_000u32;
+        for i in 0..rows {
+            t.latch(0, &mut h, rel, &pt((i * 3) as u16), &holder(7), &l).unwrap();
+        }
+        let published = acquired(t) - before;
+        assert!(published < 4 * u64::from(rows), "{published} entries published for {rows} rows");
+        assert_eq!(conflicts_of(t, rel, &pt(30_000), &[7, 8], 100), set(&[7, 8]), "inside the load's span");
+        t.release_all(0, TxEnd::Aborted);
+        t.release_all(1, TxEnd::Aborted);
+        t.drain_released(0);
+        assert_eq!(t.free_entries(), 2048);
+    }
+
+    #[test]
+    fn a_roles_sessions_share_one_budget() {
+        // Three sessions of role 42, each well within its transaction's
+        // budget, together over the role's: the one that looks while over
+        // escalates, and fails when escalating cannot help.  Another role
+        // writes on regardless.
+        let t = table(Config { max_entries: 1024, max_ranges: 64, max_tables: 8, max_backends: 8 });
+        let l = Limits { escalate_points: 10_000, per_transaction: 1000, per_role: 300 };
+        let role = |x: u32, role: u32| Holder { role, ..holder(x) };
+        let mut hs: Vec<Holdings> = (0..4).map(|_| Holdings::new()).collect();
+        let mut refused = None;
+        'writing: for i in 0..200u16 {
+            for s in 0..3u32 {
+                // Every session on its own table and keys far apart.
+                let rel = RelId::new(1, 300 + s);
+                let r = t.latch(s, &mut hs[s as usize], rel, &pt(i * 50), &role(10 + s, 42), &l);
+                if let Err(e) = r {
+                    refused = Some((e, i));
+                    break 'writing;
+                }
+            }
+        }
+        let (e, at) = refused.expect("the role sessions were never held to its budget");
+        assert_eq!(e, AcquireError::RoleBudget);
+        assert!(t.role_live(42) <= 300 + 3 * crate::holdings::ROLE_CHECK_EVERY, "{}", t.role_live(42));
+        assert!(at >= 90, "refused after only {at} writes per session");
+        // Role 43 is not charged for 42's latches.
+        let mut other = Holdings::new();
+        t.latch(3, &mut other, RelId::new(1, 400), &pt(1), &role(20, 43), &l).unwrap();
+        for s in 0..4 {
+            t.release_all(s, TxEnd::Aborted);
+        }
+        assert_eq!(t.role_live(42), 0);
+        t.drain_released(0);
+        assert_eq!(t.free_entries(), 1024);
+    }
+
+    #[test]
     fn a_bulk_write_of_a_hundred_thousand_rows_fits_a_small_table() {
         let t = table(Config { max_entries: 256, max_ranges: 16, max_tables: 4, max_backends: 4 });
-        let l = Limits { escalate_points: 64, per_transaction: 128 };
+        let l = Limits { escalate_points: 64, per_transaction: 128, per_role: 0 };
         let mut h = Holdings::new();
         let mut rnd = crate::rng::XorShift64(12345);
         for i in 0..100_000u32 {
@@ -863,7 +961,7 @@ mod escalation {
     fn one_owner_cannot_take_every_table_slot() {
         let t = table(Config { max_entries: 64, max_ranges: 16, max_tables: 4, max_backends: 2 });
         t.set_max_tables_per_owner(2);
-        let h = |x, owner| Holder { xid: Xid(x), pid: 1, now_us: 0, owner };
+        let h = |x, owner| Holder { xid: Xid(x), pid: 1, now_us: 0, owner, role: 0 };
         t.acquire(0, RelId::new(1, 1), &pt(1), &h(10, 77)).unwrap();
         t.acquire(0, RelId::new(1, 2), &pt(1), &h(10, 77)).unwrap();
         assert_eq!(t.acquire(0, RelId::new(1, 3), &pt(1), &h(10, 77)), Err(AcquireError::TooManyTablesForOwner));

@@ -71,6 +71,16 @@ unsafe extern "C-unwind" fn after_analyze(
             prev(pstate, query, jstate);
         }
     }
+    note_transaction_snapshot();
+}
+
+/// Records `after` for this transaction's fixed snapshot the first time it
+/// is seen taken: after the parse analysis of a simple query, and at every
+/// executor start (an EXECUTE or a Bind takes it with no analysis after).
+/// Recorded later than exact, `after` only makes more writers count as in
+/// flight (a spurious 40001, never a missed row), so the earliest sighting
+/// is what counts.
+pub fn note_transaction_snapshot() {
     // SAFETY: plain read of a backend global.
     if fixed_snapshot() && unsafe { pg_sys::FirstSnapshotSet } {
         let lxid = local_xact();

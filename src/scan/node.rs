@@ -129,26 +129,44 @@ unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut
 unsafe fn index_order(index: pg_sys::Relation, keys: &[pg_sys::ScanKeyData], key: &KeyDesc) -> Option<bool> {
     // SAFETY: per contract.
     unsafe {
+        // Only a btree index with the key's operator family and collation
+        // runs in key order; any other returns rows in an order of its own.
+        if (*(*index).rd_rel).relam != pg_sys::BTREE_AM_OID {
+            return None;
+        }
         let ind = &*(*index).rd_index;
         let n = ind.indnkeyatts as usize;
+        let same_order = |col: usize, kc: &crate::keys::desc::KeyCol| {
+            *(*index).rd_opfamily.add(col) == kc.opfamily && kc.orders_like_key(*(*index).rd_indcollation.add(col))
+        };
+        // An equality fixes one value of a column only under a
+        // deterministic collation (or none).
+        let fixes_one_value = |col: usize| {
+            let coll = *(*index).rd_indcollation.add(col);
+            coll == pg_sys::InvalidOid || pg_sys::get_collation_isdeterministic(coll)
+        };
         let attnums = ind.indkey.values.as_slice(n);
         let fixed = |col: usize| {
-            keys.iter().any(|sk| {
-                let flags = sk.sk_flags as u32;
-                sk.sk_attno as usize == col + 1
-                    && u32::from(sk.sk_strategy) == pg_sys::BTEqualStrategyNumber
-                    && flags
-                        & (pg_sys::SK_SEARCHARRAY
-                            | pg_sys::SK_ROW_HEADER
-                            | pg_sys::SK_SEARCHNULL
-                            | pg_sys::SK_SEARCHNOTNULL)
-                        == 0
-            })
+            fixes_one_value(col)
+                && keys.iter().any(|sk| {
+                    let flags = sk.sk_flags as u32;
+                    sk.sk_attno as usize == col + 1
+                        && u32::from(sk.sk_strategy) == pg_sys::BTEqualStrategyNumber
+                        && flags
+                            & (pg_sys::SK_SEARCHARRAY
+                                | pg_sys::SK_ROW_HEADER
+                                | pg_sys::SK_SEARCHNULL
+                                | pg_sys::SK_SEARCHNOTNULL)
+                            == 0
+                })
         };
         let mut next = 0;
         let mut same: Option<bool> = None;
         for (col, &attnum) in attnums.iter().enumerate() {
             if next < key.cols.len() && attnum == key.cols[next].attnum {
+                if !same_order(col, &key.cols[next]) {
+                    return None;
+                }
                 if !fixed(col) {
                     let index_desc = *(*index).rd_indoption.add(col) & pg_sys::INDOPTION_DESC as i16 != 0;
                     let s = index_desc == key.cols[next].desc;

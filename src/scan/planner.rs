@@ -1,14 +1,16 @@
 //! Planning: which scans of latched tables get a `PgkvxLimitScan` over them.
 //!
-//! A query level that has a LIMIT and an ORDER BY whose leading sort key is
-//! the latched table's key (after key columns an equality fixes) is a tail
-//! read: every path of that table at that level is wrapped in a
+//! A query level whose ORDER BY is led by the latched table's key (after
+//! key columns an equality fixes) is a tail read, with a LIMIT here, above,
+//! or none (a cursor read in part, or a consumer moving its cursor to the
+//! last key it got): every path of that table at that level is wrapped in a
 //! `PgkvxLimitScan` path with the same cost, order and parameterization,
 //! so the planner picks exactly the plan it would have picked — any index,
 //! a bitmap or sequential scan, the outer or inner side of any join — and
 //! the chosen scan runs under the node.  A table read inside a subquery of
-//! such a level whose ORDER BY names a subquery's column is wrapped too: its
-//! order may come from there.
+//! a level whose ORDER BY names a subquery's column is wrapped too: its
+//! order may come from there.  Rows locked with SKIP LOCKED are a work
+//! queue's, skipped by design, and stay plain.
 //!
 //! The planner does not look at `pgkvx.scan_mode`: a plan made while it is
 //! `off` is cached and must protect once the mode changes.  The executor
@@ -18,7 +20,7 @@
 //! runs, which must be this process.
 
 use super::plan_data::{BoundQual, GuardPlan};
-use crate::pg::{list_iter, list_nth, make_list, node_tag};
+use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
 use pgrx::prelude::*;
@@ -149,16 +151,20 @@ unsafe fn fixed_by_equality(root: *mut PlannerInfo, rti: u32, attnum: i16) -> bo
     }
 }
 
-/// Whether this level reads `rel` for a tail: LIMIT, and an ORDER BY led by
-/// the latched key.
+/// Whether this level returns `rel`'s rows in key order: an ORDER BY led by
+/// the latched key (after key columns an equality fixes).  A LIMIT need not
+/// be here: it may be above (a subquery, a view, a CTE or an inlined SQL
+/// function read under a LIMIT), or the reader may stop early itself (a
+/// cursor's FETCH, a PL/pgSQL loop), or take the whole result and move its
+/// cursor to the last key.
 ///
 /// # Safety
 /// Planner structures of the current planning step.
-unsafe fn level_tails(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDesc) -> bool {
+unsafe fn level_orders_by_key(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDesc) -> bool {
     // SAFETY: per contract.
     unsafe {
         let q = &*(*root).parse;
-        if q.limitCount.is_null() || q.sortClause.is_null() {
+        if q.sortClause.is_null() {
             return false;
         }
         let Some(lead) = key.cols.iter().find(|c| !fixed_by_equality(root, rti, c.attnum)) else {
@@ -172,8 +178,8 @@ unsafe fn level_tails(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDe
     }
 }
 
-/// Whether a level above this one has a LIMIT and orders by a column of a
-/// subquery, CTE or function — whose order this level may produce.
+/// Whether a level above this one orders by a column of a subquery, CTE or
+/// function — whose order this level may produce.
 ///
 /// # Safety
 /// Planner structures of the current planning step.
@@ -183,18 +189,15 @@ unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
         let mut p = (*root).parent_root;
         while !p.is_null() {
             let q = &*(*p).parse;
-            if !q.limitCount.is_null() && !q.sortClause.is_null() {
-                let sc = list_nth::<pg_sys::SortGroupClause>(q.sortClause, 0);
-                if let Some(sc) = sc {
-                    let tle = pg_sys::get_sortgroupclause_tle(sc, q.targetList);
-                    let e = strip_relabel((*tle).expr as *mut Node);
-                    if !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_Var {
-                        let v = &*(e as *mut pg_sys::Var);
-                        if v.varlevelsup == 0 {
-                            let rte = list_nth::<pg_sys::RangeTblEntry>(q.rtable, v.varno as usize - 1);
-                            if rte.is_some_and(|rte| (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION) {
-                                return true;
-                            }
+            if let Some(sc) = list_nth::<pg_sys::SortGroupClause>(q.sortClause, 0) {
+                let tle = pg_sys::get_sortgroupclause_tle(sc, q.targetList);
+                let e = strip_relabel((*tle).expr as *mut Node);
+                if !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_Var {
+                    let v = &*(e as *mut pg_sys::Var);
+                    if v.varlevelsup == 0 {
+                        let rte = list_nth::<pg_sys::RangeTblEntry>(q.rtable, v.varno as usize - 1);
+                        if rte.is_some_and(|rte| (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION) {
+                            return true;
                         }
                     }
                 }
@@ -202,6 +205,19 @@ unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
             p = (*p).parent_root;
         }
         false
+    }
+}
+
+/// Whether this level locks `rti`'s rows with SKIP LOCKED: a work queue
+/// that skips rows others hold by design, and would otherwise wait for them.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn skips_locked_rows(root: *mut PlannerInfo, rti: u32) -> bool {
+    // SAFETY: per contract; rowMarks holds RowMarkClauses.
+    unsafe {
+        list_iter::<pg_sys::RowMarkClause>((*(*root).parse).rowMarks)
+            .any(|rc| (*rc).rti == rti && (*rc).waitPolicy == pg_sys::LockWaitPolicy::LockWaitSkip)
     }
 }
 
@@ -230,8 +246,16 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
         {
             return;
         }
-        let Some(latched) = registry::lookup((*rte).relid) else { return };
-        if !level_tails(root, rti, &latched.key) && !ancestor_orders_by_subquery(root) {
+        let Some(latched) = registry::lookup((*rte).relid) else {
+            if (*rel).reloptkind == pg_sys::RelOptKind::RELOPT_OTHER_MEMBER_REL {
+                report_unlatched_member(root, rti, (*rte).relid);
+            }
+            return;
+        };
+        if !level_orders_by_key(root, rti, &latched.key) && !ancestor_orders_by_subquery(root) {
+            return;
+        }
+        if skips_locked_rows(root, rti) {
             return;
         }
         // Gather paths run the scan in other processes.
@@ -247,6 +271,46 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
         (*rel).pathlist = make_list(wrapped);
         (*rel).partial_pathlist = std::ptr::null_mut();
         (*rel).consider_parallel = false;
+    }
+}
+
+/// A partition or inheritance child that is not latched, read in key
+/// order together with latched siblings: its writes cannot be seen, so the
+/// read is not protected there.  Said at planning, as
+/// `pgkvx.unprotected_reads` asks.
+///
+/// # Safety
+/// Planner structures of the current planning step; `rti` is a member of
+/// an append relation.
+unsafe fn report_unlatched_member(root: *mut PlannerInfo, rti: u32, relid: pg_sys::Oid) {
+    // SAFETY: per contract; append_rel_array is indexed by relid.
+    unsafe {
+        let arr = (*root).append_rel_array;
+        if arr.is_null() {
+            return;
+        }
+        let me = *arr.add(rti as usize);
+        if me.is_null() {
+            return;
+        }
+        let parent = (*me).parent_relid;
+        let latched_sibling = list_iter::<pg_sys::AppendRelInfo>((*root).append_rel_list).any(|ai| {
+            if (*ai).parent_relid != parent || (*ai).child_relid == rti {
+                return false;
+            }
+            let child = (*ai).child_relid;
+            let rte = *(*root).simple_rte_array.add(child as usize);
+            registry::lookup((*rte).relid)
+                .is_some_and(|l| level_orders_by_key(root, child, &l.key) || ancestor_orders_by_subquery(root))
+        });
+        if latched_sibling {
+            let parent_rte = *(*root).simple_rte_array.add(parent as usize);
+            super::statement::report_unprotected_read(format!(
+                "\"{}\" is read in key order through \"{}\" with latched tables, but is not latched itself: the read can skip its rows",
+                rel_name(relid),
+                rel_name((*parent_rte).relid)
+            ));
+        }
     }
 }
 
@@ -318,8 +382,10 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
                 {
                     continue;
                 }
+                // A comparison under another collation bounds another order
+                // than the key's bytes.
                 let strategy = pg_sys::get_op_opfamily_strategy(opno, c.opfamily);
-                if strategy == 0 {
+                if strategy == 0 || !c.orders_like_key(op.inputcollid) {
                     continue;
                 }
                 let b = BoundQual { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };

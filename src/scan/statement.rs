@@ -368,14 +368,20 @@ unsafe fn report_unprotected(guards: &[*mut pg_sys::CustomScan]) {
         let Some(plan) = (unsafe { GuardPlan::from_list((*g).custom_private) }) else { continue };
         let Some(latched) = registry::lookup(plan.relid) else { continue };
         let Some(why) = latched.exposure.as_deref() else { continue };
-        let msg = format!("a LIMIT read of \"{}\" can skip rows: {why}", latched.key.relname);
-        let hint = "See pgkvx.check(); SET pgkvx.unprotected_reads = allow to read without this message.";
-        match setting {
-            guc::Unprotected::Error => {
-                errors::raise_hint(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, msg, hint)
-            }
-            _ => errors::warn_hint(PgSqlErrorCode::ERRCODE_WARNING, msg, hint),
+        report_unprotected_read(format!("a read of \"{}\" in key order can skip rows: {why}", latched.key.relname));
+    }
+}
+
+/// Tells the user, as `pgkvx.unprotected_reads` says, that a read in key
+/// order cannot be protected.
+pub fn report_unprotected_read(msg: String) {
+    let hint = "See pgkvx.check(); SET pgkvx.unprotected_reads = allow to read without this message.";
+    match guc::UNPROTECTED_READS.get() {
+        guc::Unprotected::Allow => {}
+        guc::Unprotected::Error => {
+            errors::raise_hint(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, msg, hint)
         }
+        guc::Unprotected::Warning => errors::warn_hint(PgSqlErrorCode::ERRCODE_WARNING, msg, hint),
     }
 }
 
@@ -384,6 +390,7 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
     // SAFETY (whole body): the executor's QueryDesc, before and after the
     // standard start.
     unsafe {
+        snapshot::note_transaction_snapshot();
         let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0;
         let stmt = (*qd).plannedstmt;
         let guards =

@@ -242,7 +242,7 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
             forget_holdings();
             super::drawn::forget();
             for (_, rel) in PENDING_PURGE.with(|p| std::mem::take(&mut *p.borrow_mut())) {
-                t.purge_table(rel);
+                t.purge_table(slot, rel);
             }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
@@ -335,10 +335,17 @@ pub fn workers_running() -> bool {
     guc::MAINTENANCE_CONCURRENCY.get() > 0 && now_us() - table().last_beat() < WORKER_GONE_US
 }
 
-/// The limits a transaction's latches are held to.
+/// The limits a transaction's latches are held to.  Escalation comes
+/// early enough that one transaction never crowds a range past the
+/// back-pressure limit on its own: its points are folded, not split.
 pub fn limits() -> Limits {
     let per = guc::MAX_LATCHES_PER_TRANSACTION.get() as u32;
-    Limits { escalate_points: Limits::DEFAULT.escalate_points.min(per / 2).max(1), per_transaction: per }
+    let crowd = table().range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR) / 2;
+    Limits {
+        escalate_points: Limits::DEFAULT.escalate_points.min(per / 2).min(crowd).max(1),
+        per_transaction: per,
+        per_role: guc::MAX_LATCHES_PER_ROLE.get() as u32,
+    }
 }
 
 /// Raises the error for a latch that could not be published.
@@ -376,6 +383,14 @@ pub fn raise_acquire_error(e: AcquireError) -> ! {
             ),
             "Latch wide spans explicitly with pgkvx.latch_span(), or split the transaction.",
         ),
+        AcquireError::RoleBudget => errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!(
+                "the transactions of this role hold too many pgkvx latches (pgkvx.max_latches_per_role = {})",
+                guc::MAX_LATCHES_PER_ROLE.get()
+            ),
+            "End some of this role's open transactions, or ask an administrator to raise pgkvx.max_latches_per_role.",
+        ),
     }
 }
 
@@ -387,6 +402,8 @@ pub fn holder(owner: pg_sys::Oid) -> Holder {
         pid: unsafe { pg_sys::MyProcPid },
         now_us: now_us(),
         owner: owner.to_u32(),
+        // SAFETY: plain read of a backend global.
+        role: unsafe { pg_sys::GetSessionUserId() }.to_u32(),
     }
 }
 
@@ -420,7 +437,7 @@ pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
 pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latched, AcquireError> {
     let t = table();
     ensure_exit_hook();
-    let unlimited = Limits { escalate_points: u32::MAX, per_transaction: u32::MAX };
+    let unlimited = Limits::NONE;
     HOLDINGS.with(|held| t.latch(my_slot(), &mut held.borrow_mut(), rel_id(relid), span, h, &unlimited))
 }
 

@@ -43,3 +43,28 @@ def test_million_row_load_and_delete(db, table_name, rows):
         assert c.execute(f"SELECT count(*) FROM {table_name}").fetchone() == (0,)
         assert stats(c)["latches_escalated"] > 0
         c.execute(f"DROP TABLE {table_name}, {other}")
+
+
+def test_many_explicit_spans_escalate_and_crowd_no_range(db, table_name):
+    """latch_span() spans count toward escalation like row latches: a
+    transaction taking thousands of small spans ends up holding a few
+    entries, so no range is crowded past the back-pressure limit and other
+    writers of the table are not held back by it."""
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (k bigint PRIMARY KEY)")
+        c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+        (limit,) = c.execute("SHOW pgkvx.range_max_latches").fetchone()
+    with connect(db, autocommit=False) as big, connect(db) as other:
+        pid = big.execute("SELECT pg_backend_pid()").fetchone()[0]
+        for g in range(4096):
+            big.execute("SELECT pgkvx.latch_span(%s, %s, %s)", (table_name, str(2 * g), str(2 * g + 1)))
+        held = other.execute("SELECT count(*) FROM pgkvx.latches WHERE holder_pid = %s", (pid,)).fetchone()[0]
+        crowd = other.execute("SELECT coalesce(max(live + tombstones), 0) FROM pgkvx.ranges WHERE relid = %s::regclass",
+                              (table_name,)).fetchone()[0]
+        assert held < 200, f"{held} latch entries for 4096 spans"
+        assert crowd <= 4 * int(limit), f"a range holds {crowd} latches (limit {limit})"
+        assert stats(other)["latches_escalated"] > 0
+        other.execute(f"INSERT INTO {table_name} VALUES (100000)")
+        big.rollback()
+    with connect(db) as c:
+        c.execute(f"DROP TABLE {table_name}")

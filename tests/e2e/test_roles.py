@@ -60,3 +60,53 @@ def test_plain_pg_dump_by_an_owner_restores_latching(db, owner):
     finally:
         with connect("postgres") as c:
             c.execute(f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')
+
+
+@pytest.fixture
+def tenant(db):
+    with connect(db) as c:
+        c.execute("DROP ROLE IF EXISTS pgkvx_tenant")
+        c.execute("CREATE ROLE pgkvx_tenant LOGIN")
+        c.execute("ALTER ROLE pgkvx_tenant SET pgkvx.max_latches_per_role = 100")
+    yield "pgkvx_tenant"
+    with connect(db) as c:
+        c.execute("DROP OWNED BY pgkvx_tenant CASCADE")
+        c.execute("DROP ROLE pgkvx_tenant")
+
+
+def test_one_role_cannot_take_the_latch_table_from_everyone(db, tenant):
+    """A role's sessions share one budget of latch entries, however many
+    transactions it opens: once over, its writes fail (53400) and every
+    other role's go on."""
+    import psycopg
+    tables = [f"tenant_t{i}" for i in range(40)]
+    with connect(db) as c:
+        for t in tables + ["victim_t"]:
+            c.execute(f"CREATE TABLE {t} (k int PRIMARY KEY)")
+            c.execute("SELECT pgkvx.enable(%s)", (t,))
+            c.execute(f"GRANT INSERT ON {t} TO {tenant}")
+    sessions = [connect(db, user=tenant, autocommit=False) for _ in range(4)]
+    refused = []
+    try:
+        for i, s in enumerate(sessions):
+            # Ten tables each, a few rows per table: below escalation, so
+            # every row holds an entry of its own until the budget says so.
+            for t in tables[10 * i:10 * i + 10]:
+                try:
+                    s.execute(f"INSERT INTO {t} SELECT g FROM generate_series(1, 20) g")
+                except psycopg.errors.ConfigurationLimitExceeded as e:
+                    refused.append(str(e))
+                    s.rollback()
+                    break
+        assert refused, "the tenant's sessions were never held to the role's budget"
+        assert all("max_latches_per_role" in e for e in refused), refused
+        with connect(db) as c:
+            used = c.execute("SELECT count(*) FROM pgkvx.latches").fetchone()[0]
+            assert used <= 100 + 4 * 64, f"{used} latch entries held by one role's sessions"
+            # Another role writes as usual meanwhile.
+            c.execute("INSERT INTO victim_t SELECT g FROM generate_series(1, 200) g")
+    finally:
+        for s in sessions:
+            s.close()
+    with connect(db) as c:
+        c.execute("DROP TABLE " + ", ".join(tables + ["victim_t"]))

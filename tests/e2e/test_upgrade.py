@@ -25,6 +25,29 @@ def db010():
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def surface(c):
+    """The extension's objects as a user meets them: functions (signature,
+    body, settings, strictness, volatility, privileges), views, columns of
+    its tables, event triggers and the extension's members."""
+    q = lambda sql: sorted(tuple(r) for r in c.execute(sql).fetchall())  # noqa: E731
+    return {
+        "functions": q("""SELECT p.proname, pg_get_function_identity_arguments(p.oid),
+                                 pg_get_function_result(p.oid), md5(p.prosrc), p.proconfig::text,
+                                 p.proisstrict, p.provolatile, p.proacl::text
+                            FROM pg_proc p WHERE p.pronamespace = 'pgkvx'::regnamespace"""),
+        "views": q("""SELECT viewname, md5(definition) FROM pg_views WHERE schemaname = 'pgkvx'"""),
+        "columns": q("""SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+                          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+                         WHERE c.relnamespace = 'pgkvx'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped"""),
+        "tables": q("""SELECT relname, relkind, relrowsecurity, relacl::text FROM pg_class
+                        WHERE relnamespace = 'pgkvx'::regnamespace"""),
+        "event_triggers": q("SELECT evtname, evtevent, evtenabled, evttags::text FROM pg_event_trigger"),
+        "members": q("""SELECT pg_describe_object(d.classid, d.objid, 0) FROM pg_depend d
+                         WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+                           AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pgkvx')"""),
+    }
+
+
 def test_update_from_0_1_0(db010):
     with connect(db010) as c:
         c.execute("CREATE EXTENSION pgkvx VERSION '0.1.0'")
@@ -51,6 +74,32 @@ def test_update_from_0_1_0(db010):
             c.execute("SELECT pgkvx.disable(NULL)")
     committed, skipped = run_tail(db010, "events", "optimistic", seed=7)
     assert len(committed) > 50 and skipped == [[]] * len(skipped), skipped
+    # What the update made is what a fresh install makes.
+    fresh = db010 + "_fresh"
+    with connect("postgres") as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{fresh}"')
+    try:
+        with connect(fresh) as c:
+            c.execute("CREATE EXTENSION pgkvx")
+            want = surface(c)
+        with connect(db010) as c:
+            assert surface(c) == want
+    finally:
+        with connect("postgres") as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+    with connect(db010) as c:
+        # As in a fresh install, the schema belongs to the extension: DROP
+        # EXTENSION leaves nothing, and the extension can be created again.
+        member = c.execute("""SELECT count(*) FROM pg_depend d
+                               WHERE d.classid = 'pg_namespace'::regclass
+                                 AND d.objid = 'pgkvx'::regnamespace
+                                 AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'""").fetchone()
+        assert member == (1,)
+        c.execute("DROP EXTENSION pgkvx CASCADE")
+        assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'pgkvx'").fetchone() == (0,)
+        c.execute("CREATE EXTENSION pgkvx")
+        assert c.execute("SELECT pgkvx.version()").fetchone() == ("0.2.0",)
 
 
 def test_installing_a_new_library_keeps_running_backends_alive(conn, tmp_path):

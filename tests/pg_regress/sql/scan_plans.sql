@@ -52,7 +52,7 @@ DROP INDEX kv_v_k;
 -- shapes that are no tail read keep plain Postgres plans
 EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 LIMIT 3;                       -- no ORDER BY
 EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY v LIMIT 3;            -- not the key order
-EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k;                    -- no LIMIT
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k;                    -- no LIMIT: still in key order
 EXPLAIN (COSTS OFF) SELECT v, count(*) FROM kv GROUP BY v ORDER BY v LIMIT 3;     -- grouping
 EXPLAIN (COSTS OFF) SELECT * FROM plain WHERE k > 100 ORDER BY k LIMIT 3;         -- not latched
 -- the planner does not look at pgkvx.scan_mode: a plan made while it is

@@ -1,6 +1,7 @@
-//! `regclass` arguments as plain oids.  pgrx's `PgRelation` opens and locks
-//! the relation on every call; `next_key` runs once per inserted row, so it
-//! takes the oid and locks only what it must.
+//! Arguments of the SQL functions: `regclass` as a plain oid (pgrx's
+//! `PgRelation` opens and locks the relation on every call; `next_key` runs
+//! once per inserted row, so it takes the oid and locks only what it must),
+//! and NULL refused with a proper error where a function is not STRICT.
 
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
@@ -58,4 +59,15 @@ pub fn required(arg: Option<Regclass>, name: &str) -> Oid {
         );
     }
     oid
+}
+
+/// The value of a required argument of a function that is not STRICT (it
+/// has optional ones): NULL is refused with 22004 naming the argument.
+pub fn required_value<T>(arg: Option<T>, name: &str) -> T {
+    arg.unwrap_or_else(|| {
+        crate::errors::raise(
+            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            format!("argument \"{name}\" must not be NULL"),
+        )
+    })
 }
