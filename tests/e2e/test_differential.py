@@ -128,6 +128,9 @@ def test_modes_agree_with_a_table_never_latched(conn, tables):
     "SELECT k, generate_series(1, 2) FROM dk ORDER BY k LIMIT 5",
     "SELECT k FROM dk WHERE v IN (SELECT v FROM dsubs WHERE who = 1) ORDER BY k LIMIT 5",
     "SELECT k FROM dk WHERE (SELECT paid FROM dcat c WHERE c.v = dk.v) ORDER BY k LIMIT 5",
+    # In key order without a LIMIT: a cursor fetched in batches is a tail.
+    "SELECT * FROM dk ORDER BY k",
+    "SELECT * FROM (SELECT * FROM dk WHERE k > 10 ORDER BY k LIMIT 5) t ORDER BY v",
 ])
 def test_tail_shapes_are_protected(conn, tables, q):
     conn.execute("SET pgkvx.scan_mode = optimistic")
@@ -138,7 +141,7 @@ def test_tail_shapes_are_protected(conn, tables, q):
 @pytest.mark.parametrize("q", [
     "SELECT * FROM dk WHERE k > 10 LIMIT 5",
     "SELECT * FROM dk ORDER BY v LIMIT 5",
-    "SELECT * FROM dk ORDER BY k",
+    "SELECT * FROM dk WHERE k > 10",
     "SELECT v, count(*) FROM dk GROUP BY v ORDER BY v LIMIT 3",
     "SELECT DISTINCT v FROM dk ORDER BY v LIMIT 3",
 ])
