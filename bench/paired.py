@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 import kvbench
-from common import (DURABILITY, add_durable_arg, connect, detect, durability, durability_text, log as _log,
+from common import (DURABILITY, add_durable_arg, connect, durability, durability_text, log as _log,
                     machine, pg_bindir, recreate_database, report_base, run_engine)
 
 SCHEMAS = ("pgkvx_side_a", "pgkvx_side_b")
@@ -111,7 +111,7 @@ def render(result):
         f"# pgkvx paired benchmark, {result['started']}",
         "",
         f"{m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB; {m['postgres'].split(' on ')[0]}; "
-        f"load average {m['loadavg']:.2f} at start; pgkvx {result['capabilities'].get('version', '?')}; "
+        f"load average {m['loadavg']:.2f} at start; pgkvx {m['pgkvx_version']}; "
         + ", ".join(f"{k}={m['settings'].get(k, '?')}" for k in DURABILITY)
         + f": {durability_text(result['config'])}.",
         "",
@@ -152,20 +152,14 @@ def _run(args):
               "pairs": []}
     interrupted = False
     with connect() as conn:
-        caps = detect(conn)
         result["machine"] = machine(conn)
-        result["capabilities"] = caps.as_dict()
         _log(f"loading kv_seed with {args.keys:,} random keys")
         kvbench.prepare_seed(conn, args.keys, os.path.join(pg_bindir(), "psql"))
         try:
             for wl, mode_name in args.pairs:
                 mode = MODES[mode_name]
-                missing = caps.missing(mode.needs)
-                pair = {"workload": wl, "mode": mode_name, "rounds": [], "missing": missing}
+                pair = {"workload": wl, "mode": mode_name, "rounds": []}
                 result["pairs"].append(pair)
-                if missing:
-                    _log(f"{wl} {mode_name}: n/a (not built yet: {', '.join(missing)})")
-                    continue
                 for rnd in range(args.rounds):
                     # Swap which schema each side uses every round.
                     a, b = SCHEMAS if rnd % 2 == 0 else SCHEMAS[::-1]
