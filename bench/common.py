@@ -1,5 +1,6 @@
 """What every part of the benchmark harness shares: connections to the scratch
-cluster, what the installed pgkvx can do, and a description of the machine.
+cluster, pgkvx's counters, durability settings, report paths, and a
+description of the machine.
 
 Connection parameters come from libpq's environment (PGHOST, PGPORT, PGUSER),
 which bench/run sets from scripts/env.sh.
@@ -12,8 +13,6 @@ import re
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass
-
 import numpy
 import psycopg
 
@@ -44,66 +43,31 @@ def connect(dbname=DBNAME, scan_mode=None, autocommit=True):
     return psycopg.connect(dbname=dbname, autocommit=autocommit, options=options)
 
 
-def recreate_database():
+def recreate_database(dbname=DBNAME):
     """A fresh benchmark database with the currently installed pgkvx SQL."""
     with connect("postgres") as c:
-        exists = c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DBNAME,)).fetchone()
+        exists = c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
     if exists:
         # DROP DATABASE fires no sql_drop event trigger, so pgkvx would keep
         # the shared-memory slots and tombstones of the tables registered in
         # it until the server restarts; dropping the tables first frees them.
         try:
-            with connect() as c:
+            with connect(dbname) as c:
                 c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
                 c.execute("DROP SCHEMA public CASCADE")
         except psycopg.Error:
             pass  # the database goes anyway; at worst the slots stay until restart
     with connect("postgres") as c:
-        c.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
-        c.execute(f"CREATE DATABASE {DBNAME}")
-    with connect() as c:
+        c.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {dbname}")
+    with connect(dbname) as c:
         c.execute("CREATE EXTENSION pgkvx")
 
 
-@dataclass
-class Capabilities:
-    """The parts of pgkvx's SQL surface the harness uses, as installed now."""
-    version: str
-    enable: bool        # pgkvx.enable/disable: latched tables
-    gapless_arg: bool   # pgkvx.enable(..., gapless => true) sets the key DEFAULT
-    next_key: bool      # pgkvx.next_key: gapless key allocation
-    scan_mode: bool     # the pgkvx.scan_mode GUC: fenced/optimistic LIMIT scans
-    stats: bool         # pgkvx.stats() counters
-
-    def missing(self, needs):
-        """Names of the needed features that are not built yet."""
-        return [n for n in needs if not getattr(self, n)]
-
-    def as_dict(self):
-        return asdict(self)
-
-
-def detect(conn):
-    one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
-    return Capabilities(
-        version=one("SELECT pgkvx.version()"),
-        enable=one("SELECT to_regproc('pgkvx.enable') IS NOT NULL"),
-        gapless_arg=one("""SELECT count(*) > 0 FROM pg_proc p
-                           JOIN pg_namespace n ON n.oid = p.pronamespace
-                           WHERE n.nspname = 'pgkvx' AND p.proname = 'enable'
-                             AND 'gapless' = ANY (p.proargnames)"""),
-        next_key=one("SELECT to_regproc('pgkvx.next_key') IS NOT NULL"),
-        scan_mode=one("SELECT count(*) > 0 FROM pg_settings WHERE name = 'pgkvx.scan_mode'"),
-        stats=one("SELECT to_regproc('pgkvx.stats') IS NOT NULL"),
-    )
-
-
-def stats_snapshot(conn, caps):
-    """pgkvx's counters now, or {} when pgkvx.stats() does not exist yet."""
-    if not caps.stats:
-        return {}
-    return {s: v for s, v in conn.execute("SELECT stat, value FROM pgkvx.stats()")}
+def stats_snapshot(conn):
+    """pgkvx's counters and gauges now."""
+    return dict(conn.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
 
 
 def is_gauge(stat):
@@ -273,12 +237,12 @@ def machine(conn):
         "kernel": platform.release(),
         "cpu": cpu,
         "postgres": conn.execute("SELECT version()").fetchone()[0],
+        "pgkvx_version": conn.execute("SELECT pgkvx.version()").fetchone()[0],
         "settings": settings,
         "pgkvx_library": library_info(),
         "harness_commit": git_head(),
         "loadavg": os.getloadavg()[0],
-        "pgkvx_gauges": {k: v for k, v in stats_snapshot(conn, detect(conn)).items()
-                         if is_gauge(k)},
+        "pgkvx_gauges": {k: v for k, v in stats_snapshot(conn).items() if is_gauge(k)},
     }
 
 

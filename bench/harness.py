@@ -1,7 +1,6 @@
 """bench/run's engine: every workload in every mode, modes interleaved round
 by round (A B C A B C ...), raw results to DIR/<date>.json, then the table and
-chart (report.py).  Modes whose pgkvx features are not built yet are recorded
-as such and skipped.  Timings are reported, never asserted.
+chart (report.py).  Timings are reported, never asserted.
 """
 import argparse
 import json
@@ -16,7 +15,7 @@ import psycopg
 import kvbench
 import report
 import tail
-from common import (add_durable_arg, connect, detect, durability, log as _log, machine, pg_bindir,
+from common import (add_durable_arg, connect, durability, log as _log, machine, pg_bindir,
                     recreate_database, report_base, run_engine)
 
 
@@ -70,9 +69,8 @@ def _pick(arg, known, what):
     return chosen
 
 
-def _modes(all_modes, wanted, caps):
-    return [{"name": m.name, "label": m.label, "missing": caps.missing(m.needs), "mode": m}
-            for m in all_modes if m.name in wanted]
+def _modes(all_modes, wanted):
+    return [m for m in all_modes if m.name in wanted]
 
 
 def _reconnect(conn):
@@ -90,23 +88,22 @@ def _reconnect(conn):
     return connect()
 
 
-def run_kv(result, modes, kvcfg, caps, bindir, logdir):
+def run_kv(result, modes, kvcfg, bindir, logdir):
     with connect() as conn:
         _log(f"loading kv_seed with {kvcfg.keys:,} random keys")
         kvbench.prepare_seed(conn, kvcfg.keys, os.path.join(bindir, "psql"))
-    runnable = [m for m in modes if not m["missing"]]
-    total = len(result["workloads"]) * kvcfg.reps * len(runnable)
+    total = len(result["workloads"]) * kvcfg.reps * len(modes)
     n = 0
     conn = connect()
     try:
         for wl in result["workloads"]:
             for rep in range(kvcfg.reps):
-                for m in runnable:
+                for m in modes:
                     n += 1
-                    tag = f"[{n}/{total}] {wl} rep {rep + 1}/{kvcfg.reps} {m['label']}"
-                    run = {"workload": wl, "mode": m["name"], "rep": rep}
+                    tag = f"[{n}/{total}] {wl} rep {rep + 1}/{kvcfg.reps} {m.label}"
+                    run = {"workload": wl, "mode": m.name, "rep": rep}
                     try:
-                        _kv_run(run, result, m["mode"], kvcfg, caps, conn, bindir, logdir)
+                        _kv_run(run, result, m, kvcfg, conn, bindir, logdir)
                     except psycopg.Error as e:
                         run.update(tps=None, errors=[f"{run.pop('step')}: {str(e).strip()}"])
                         _log(f"{tag}: failed: {run['errors'][0]}")
@@ -121,10 +118,10 @@ def run_kv(result, modes, kvcfg, caps, bindir, logdir):
         conn.close()
 
 
-def _kv_run(run, result, mode, kvcfg, caps, conn, bindir, logdir):
+def _kv_run(run, result, mode, kvcfg, conn, bindir, logdir):
     """Reset kv for the mode, note its scan node once, run pgbench; run["step"]
     says which part an error came from."""
-    scan_mode = kvbench.session_scan_mode(mode, caps)
+    scan_mode = mode.scan_mode
     run["step"] = "setup"
     kvbench.reset_kv(conn, mode)
     if run["rep"] == 0:
@@ -132,23 +129,21 @@ def _kv_run(run, result, mode, kvcfg, caps, conn, bindir, logdir):
             kvbench.read_scan_node(conn, run["workload"], scan_mode)
     run["step"] = "run"
     run.update(kvbench.run_pgbench(os.path.join(bindir, "pgbench"), run["workload"], scan_mode,
-                                   kvcfg, logdir, conn, caps))
+                                   kvcfg, logdir, conn))
     del run["step"]
 
 
-def run_tail(result, modes, tcfg, reps, caps):
-    runnable = [m for m in modes if not m["missing"]]
-    total = len(result["scenarios"]) * reps * len(runnable)
+def run_tail(result, modes, tcfg, reps):
+    total = len(result["scenarios"]) * reps * len(modes)
     n = 0
     for sc in result["scenarios"]:
         for rep in range(reps):
-            for m in runnable:
-                mode = m["mode"]
+            for mode in modes:
                 n += 1
                 tag = f"[{n}/{total}] tail {sc} rep {rep + 1}/{reps} {mode.label}"
                 run = {"scenario": sc, "mode": mode.name, "rep": rep}
                 try:
-                    run.update(tail.run_tail(mode, sc, tcfg, caps))
+                    run.update(tail.run_tail(mode, sc, tcfg))
                 except (psycopg.Error, RuntimeError, OSError, EOFError) as e:
                     run["error"] = str(e).strip()[:300] or type(e).__name__
                     result["tail"].append(run)
@@ -171,13 +166,12 @@ def _run(args):
 
     recreate_database()
     with connect() as conn:
-        caps = detect(conn)
         mach = machine(conn)
     kvcfg = KvConfig(args.clients, args.jobs, args.duration, args.reps, args.keys)
     tcfg = tail.TailConfig(duration=args.tail_duration,
                            drain_timeout=10.0 if args.quick else 20.0)
-    kv_modes = _modes(kvbench.KV_MODES, args.modes, caps)
-    tail_modes = _modes(tail.TAIL_MODES, args.modes, caps)
+    kv_modes = _modes(kvbench.KV_MODES, args.modes)
+    tail_modes = _modes(tail.TAIL_MODES, args.modes)
     workloads = [w for w in args.workloads if w != "tail"]
     do_tail = "tail" in args.workloads
     result = {
@@ -185,30 +179,24 @@ def _run(args):
         "config": {"quick": args.quick, **durability(args), "kv": asdict(kvcfg),
                    "tail": {**asdict(tcfg), "reps": args.tail_reps}},
         "machine": mach,
-        "capabilities": caps.as_dict(),
         "workloads": workloads,
-        "kv_modes": [{k: v for k, v in m.items() if k != "mode"} for m in kv_modes],
+        "kv_modes": [{"name": m.name, "label": m.label} for m in kv_modes],
         "scenarios": list(tail.SCENARIOS) if do_tail else [],
-        "tail_modes": ([{k: v for k, v in m.items() if k != "mode"} for m in tail_modes]
-                       if do_tail else []),
+        "tail_modes": [{"name": m.name, "label": m.label} for m in tail_modes] if do_tail else [],
         "plans": {}, "kv": [], "tail": [], "interrupted": False,
     }
-    for m in kv_modes + (tail_modes if do_tail else []):
-        if m["missing"]:
-            _log(f"mode {m['label']}: n/a (not built yet: {', '.join(m['missing'])})")
-    n_kv = len(workloads) * args.reps * sum(1 for m in kv_modes if not m["missing"])
-    n_tail = (len(tail.SCENARIOS) * args.tail_reps * sum(1 for m in tail_modes if not m["missing"])
-              if do_tail else 0)
-    _log(f"pgkvx {caps.version}; {n_kv} pgbench runs of {args.duration}s, {n_tail} tail runs "
+    n_kv = len(workloads) * args.reps * len(kv_modes)
+    n_tail = len(tail.SCENARIOS) * args.tail_reps * len(tail_modes) if do_tail else 0
+    _log(f"pgkvx {mach['pgkvx_version']}; {n_kv} pgbench runs of {args.duration}s, {n_tail} tail runs "
          f"of {args.tail_duration:g}s; about "
          f"{(n_kv * (args.duration + 3) + n_tail * (args.tail_duration + 5)) / 60:.0f} min")
 
     try:
         if workloads:
             with tempfile.TemporaryDirectory(prefix="pgkvx-bench-") as logdir:
-                run_kv(result, kv_modes, kvcfg, caps, pg_bindir(), logdir)
+                run_kv(result, kv_modes, kvcfg, pg_bindir(), logdir)
         if do_tail:
-            run_tail(result, tail_modes, tcfg, args.tail_reps, caps)
+            run_tail(result, tail_modes, tcfg, args.tail_reps)
     except KeyboardInterrupt:
         result["interrupted"] = True
         _log("interrupted: writing what has finished")

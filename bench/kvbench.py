@@ -30,25 +30,18 @@ class Mode:
     name: str
     label: str
     latched: bool       # kv registered with pgkvx.enable (writes take latches)
-    scan_mode: str      # pgkvx.scan_mode for every session, when the GUC exists
-    needs: tuple        # Capabilities fields this mode cannot run without
+    scan_mode: str      # pgkvx.scan_mode for every session
 
 
 # The plain baseline leaves kv unregistered and scans off: what a Postgres
 # user gets.  pgkvx stays preloaded (that needs a restart to change), but with
 # the table unlatched and scans off none of its code is on the query path.
 KV_MODES = [
-    Mode("plain", "plain PG", False, "off", ()),
-    Mode("latched-off", "latched, off", True, "off", ("enable",)),
-    Mode("fenced", "fenced", True, "fenced", ("enable", "scan_mode")),
-    Mode("optimistic", "optimistic", True, "optimistic", ("enable", "scan_mode")),
+    Mode("plain", "plain PG", False, "off"),
+    Mode("latched-off", "latched, off", True, "off"),
+    Mode("fenced", "fenced", True, "fenced"),
+    Mode("optimistic", "optimistic", True, "optimistic"),
 ]
-
-
-def session_scan_mode(mode, caps):
-    """The scan mode to set, or None while the GUC does not exist (setting an
-    unknown pgkvx.* parameter may be refused)."""
-    return mode.scan_mode if caps.scan_mode else None
 
 
 def prepare_seed(conn, keys, psql):
@@ -108,7 +101,7 @@ def parse_tps(out):
     return float(m.group(1)) if m else None
 
 
-def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):
+def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn):
     """One pgbench run; returns tps, latency percentiles from the
     per-transaction logs, failures, error messages and pgkvx counter deltas.
     Never raises for a failing pgbench: the failure is part of the result."""
@@ -117,10 +110,8 @@ def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):
         os.remove(old)
     cmd = pgbench_cmd(pgbench, workload, cfg.clients, cfg.jobs, cfg.duration,
                       ("-l", "--log-prefix", prefix))
-    env = dict(os.environ)
-    if scan_mode:
-        env["PGOPTIONS"] = f"-c pgkvx.scan_mode={scan_mode}"
-    before = stats_snapshot(conn, caps)
+    env = dict(os.environ, PGOPTIONS=f"-c pgkvx.scan_mode={scan_mode}")
+    before = stats_snapshot(conn)
     errors = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env) as proc:
@@ -147,7 +138,7 @@ def run_pgbench(pgbench, workload, scan_mode, cfg, logdir, conn, caps):
         "failed": int(failed.group(1)) if failed else None,
         "rc": proc.returncode,
         "errors": errors,
-        "stats": stats_delta(before, stats_snapshot(conn, caps)),
+        "stats": stats_delta(before, stats_snapshot(conn)),
     }
 
 

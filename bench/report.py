@@ -21,8 +21,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from common import durability_text  # noqa: E402
 
-NA = "n/a (not built yet: {})"
-
 
 def _median(values):
     values = [v for v in values if v is not None]
@@ -35,16 +33,12 @@ def _runs_by_rep(runs, key, mode):
 
 def _paired_ratio(runs, key, mode, base, field, available):
     """Median over repetitions of run(mode)[field] / run(base)[field]."""
-    if base not in available or mode not in available:
+    if base not in available:
         return None
     mine, theirs = _runs_by_rep(runs, key, mode), _runs_by_rep(runs, key, base)
     ratios = [mine[r][field] / theirs[r][field] for r in mine
               if r in theirs and mine[r][field] and theirs[r][field]]
     return _median(ratios)
-
-
-def _available(modes):
-    return [m["name"] for m in modes if not m["missing"]]
 
 
 def fmt(v, spec="{:.2f}", none="–"):
@@ -67,12 +61,11 @@ def fmt_ratio(v):
 def kv_cells(result):
     """One dict per workload x mode, in report order."""
     runs, modes = result["kv"], result["kv_modes"]
-    available = _available(modes)
+    available = [m["name"] for m in modes]
     cells = []
     for wl in result["workloads"]:
         for m in modes:
-            cell = {"workload": wl, "mode": m["name"], "label": m["label"],
-                    "missing": m["missing"]}
+            cell = {"workload": wl, "mode": m["name"], "label": m["label"]}
             mine = [r for r in runs if r["workload"] == wl and r["mode"] == m["name"]]
             tps = [r["tps"] for r in mine if r.get("tps") is not None]
             cell.update(
@@ -103,8 +96,7 @@ def tail_cells(result):
             mine = [r for r in runs if r["scenario"] == sc and r["mode"] == m["name"]]
             ok = [r for r in mine if "error" not in r]
             cells.append({
-                "scenario": sc, "mode": m["name"], "label": m["label"],
-                "missing": m["missing"], "runs": len(mine),
+                "scenario": sc, "mode": m["name"], "label": m["label"], "runs": len(mine),
                 "commits_per_s": _median(r["commits_per_s"] for r in ok),
                 "delivered_per_s": _median(r["delivered_per_s"] for r in ok),
                 "lag_p50": _median(r["lag_p50_ms"] for r in ok),
@@ -135,19 +127,17 @@ def _stats_text(stats):
 
 
 def markdown(result):
-    cfg, mach, caps = result["config"], result["machine"], result["capabilities"]
+    cfg, mach = result["config"], result["machine"]
     out = [f"# pgkvx benchmark, {result['started']}" + (" (quick)" if cfg["quick"] else ""), ""]
     if result.get("interrupted"):
         out += ["**Interrupted**: the tables hold only the runs that finished.", ""]
-    features = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in caps.items()
-                         if k != "version")
     out += [
         f"- machine: {mach['nproc']} CPUs ({mach['cpu']}), {mach['ram_gib']} GiB RAM, "
         f"kernel {mach['kernel']}",
         f"- {mach['postgres'].split(' on ')[0]}; settings: "
         + ", ".join(f"{k}={v}" for k, v in mach["settings"].items()),
         f"- commits: {durability_text(cfg)}",
-        f"- pgkvx {caps['version']}: {mach['pgkvx_library']}; features: {features}",
+        f"- pgkvx {mach['pgkvx_version']}: {mach['pgkvx_library']}",
         *(["- pgkvx shared memory in use at the start: "
             + ", ".join(f"{k}={v:,}" for k, v in mach["pgkvx_gauges"].items())]
           if mach.get("pgkvx_gauges") else []),
@@ -171,10 +161,6 @@ def markdown(result):
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
         ]
         for c in kv_cells(result):
-            if c["missing"]:
-                out.append(f"| {c['workload']} | {c['label']} | "
-                           f"{NA.format(', '.join(c['missing']))} | | | | | | | |")
-                continue
             spread = (f"{fmt_tps(c['tps_min'])}–{fmt_tps(c['tps_max'])}"
                       if c["tps_min"] is not None else "–")
             out.append(f"| {c['workload']} | {c['label']} | {fmt_tps(c['tps'])} | {spread} | "
@@ -197,10 +183,6 @@ def markdown(result):
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
         ]
         for c in tail_cells(result):
-            if c["missing"]:
-                out.append(f"| {c['scenario']} | {c['label']} | "
-                           f"{NA.format(', '.join(c['missing']))} | | | | | | |")
-                continue
             skipped = "–" if c["skipped"] is None else (
                 f"{c['skipped']:,} of {c['delivered_of']:,} "
                 f"({100.0 * c['skipped'] / max(1, c['delivered_of']):.1f}%)")
@@ -215,9 +197,8 @@ def markdown(result):
                         if c["mode"] in ("fenced", "optimistic") and c["plan"] == "plain"})
     if unscanned:
         out += [f"**Note**: {' and '.join(unscanned)} got plain plans (no `PgkvxLimitScan`): "
-                "the installed pgkvx does not give these queries its LIMIT scan (not built "
-                "yet?), so those rows measure a latched table read by plain scans, not "
-                "pgkvx's scan modes.", ""]
+                "the planner did not give these queries pgkvx's LIMIT scan, so those rows "
+                "measure a latched table read by plain scans, not pgkvx's scan modes.", ""]
     counters = [(f"{c.get('workload', c.get('scenario'))}", c["label"], c["stats"])
                 for c in kv_cells(result) + tail_cells(result) if c["stats"]]
     if counters:
@@ -256,17 +237,13 @@ def _grouped_bars(ax, groups, series, values, annotate=None):
 
 def chart(result, path):
     kv, tail = kv_cells(result), tail_cells(result)
-    kv_modes = [m["label"] for m in result["kv_modes"] if not m["missing"]]
-    tail_modes = [m["label"] for m in result["tail_modes"] if not m["missing"]]
+    kv_modes = [m["label"] for m in result["kv_modes"]]
+    tail_modes = [m["label"] for m in result["tail_modes"]]
     panels = (2 if result["kv"] else 0) + (1 if result["tail"] else 0)
     fig, axes = plt.subplots(max(1, panels), 1, figsize=(12, 4 * max(1, panels)), squeeze=False)
     axes = list(axes[:, 0])
     title = f"pgkvx benchmark {result['started']}" + (" (quick)" if result["config"]["quick"]
                                                       else "")
-    missing = sorted({f"{m['label']} ({', '.join(m['missing'])})"
-                      for m in result["kv_modes"] + result["tail_modes"] if m["missing"]})
-    if missing:
-        title += "\nn/a, not built yet: " + "; ".join(missing)
     fig.suptitle(title, fontsize=10)
     if result["kv"]:
         wls = result["workloads"]

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from common import (connect, detect, percentile, recreate_database, scan_node, stats_delta,
-                    stats_snapshot)
+from common import connect, percentile, recreate_database, scan_node, stats_delta, stats_snapshot
 
 
 @dataclass(frozen=True)
@@ -38,15 +37,13 @@ class TailMode:
     horizon: bool       # consumer filters by the xid horizon instead of id order
     latched: bool       # events registered with pgkvx, keys from pgkvx.next_key
     scan_mode: str
-    needs: tuple
 
 
 TAIL_MODES = [
-    TailMode("plain", "plain PG", False, False, "off", ()),
-    TailMode("horizon", "xid horizon", True, False, "off", ()),
-    TailMode("fenced", "fenced", False, True, "fenced", ("enable", "scan_mode", "next_key")),
-    TailMode("optimistic", "optimistic", False, True, "optimistic",
-             ("enable", "scan_mode", "next_key")),
+    TailMode("plain", "plain PG", False, False, "off"),
+    TailMode("horizon", "xid horizon", True, False, "off"),
+    TailMode("fenced", "fenced", False, True, "fenced"),
+    TailMode("optimistic", "optimistic", False, True, "optimistic"),
 ]
 
 SCENARIOS = {
@@ -81,7 +78,7 @@ HORIZON_QUERY = """SELECT id, payload, xid::text FROM events
     ORDER BY xid, id LIMIT %s"""
 
 
-def setup_events(conn, mode, caps):
+def setup_events(conn, mode):
     """A fresh events table for the mode.  Every mode has the xid column so
     rows are the same size; only the horizon consumer needs its index."""
     conn.execute("DROP TABLE IF EXISTS events")
@@ -92,17 +89,11 @@ def setup_events(conn, mode, caps):
     if mode.horizon:
         conn.execute("CREATE INDEX events_xid_id ON events (xid, id)")
     if mode.latched:
-        if caps.gapless_arg:
-            conn.execute("SELECT pgkvx.enable('events', gapless => true)")
-        else:
-            conn.execute("SELECT pgkvx.enable('events')")
-        # A plain sequence default lets a reader see a later id committed
-        # while an earlier one is drawn but not yet latched; only next_key
-        # closes that window, so make sure it is the default.
-        default = conn.execute("""SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef
-            WHERE adrelid = 'events'::regclass AND adnum = 1""").fetchone()[0]
-        if "next_key" not in default:
-            conn.execute("ALTER TABLE events ALTER id SET DEFAULT pgkvx.next_key('events')")
+        # gapless: the key's DEFAULT becomes pgkvx.next_key.  A plain
+        # sequence default lets a reader see a later id committed while an
+        # earlier one is drawn but not yet latched, so the scans could not
+        # help.
+        conn.execute("SELECT pgkvx.enable('events', gapless => true)")
     conn.execute("VACUUM (ANALYZE) events")
     conn.execute("CHECKPOINT")
 
@@ -206,15 +197,14 @@ def consumer(idx, cfg, mode, scan_mode, ready, go, t0, done, final_count, final_
         out.put(("consumer", idx, {"fatal": _first_line(e)}))
 
 
-def run_tail(mode, scenario, cfg, caps):
+def run_tail(mode, scenario, cfg):
     """One run of the tail workload; returns its measurements.  Raises only
     on setup failure or interruption; worker failures are in the result."""
-    # Setting an unknown pgkvx.* parameter may be refused: only once it exists.
-    scan_mode = mode.scan_mode if caps.scan_mode else None
+    scan_mode = mode.scan_mode
     with connect() as conn:
-        setup_events(conn, mode, caps)
+        setup_events(conn, mode)
         node = scan_node(conn, _explainable(mode, cfg), scan_mode)
-        stats_before = stats_snapshot(conn, caps)
+        stats_before = stats_snapshot(conn)
     # fork, not spawn: spawn would re-import the harness (matplotlib and all)
     # in every worker.  Workers inherit the parent's open libpq sockets but
     # never touch them, and multiprocessing ends a forked worker with
@@ -259,7 +249,7 @@ def run_tail(mode, scenario, cfg, caps):
             final_max.value = max(committed, default=0)
             done.set()
             _collect(out, results, "consumer", cfg.consumers, cfg.drain_timeout + 60)
-            stats = stats_delta(stats_before, stats_snapshot(conn, caps))
+            stats = stats_delta(stats_before, stats_snapshot(conn))
         for p in procs:
             p.join(timeout=10)
     finally:
@@ -364,12 +354,7 @@ def main():
     cfg = TailConfig(**{f: getattr(args, f) for f in vars(TailConfig())})
     mode = next(m for m in TAIL_MODES if m.name == args.mode)
     recreate_database()
-    with connect() as conn:
-        caps = detect(conn)
-    missing = caps.missing(mode.needs)
-    if missing:
-        raise SystemExit(f"mode {mode.name} needs pgkvx features not built yet: {missing}")
-    print(json.dumps(run_tail(mode, args.scenario, cfg, caps), indent=2))
+    print(json.dumps(run_tail(mode, args.scenario, cfg), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
--- kvS70-L1-first: kvS70-L1 as CockroachDB's workload ran it in 2018-2021,
--- when the seed's figures were taken: every span read starts at the table's
+-- kvS70-L1-first: kvS70-L1 with every span read starting at the table's
 -- first key (no WHERE clause), 30% upserts of random keys.  A span over the
 -- whole table, so a latched scan's declared span overlaps every write.
 \set k random(-4000000000000000000, 4000000000000000000)

@@ -3,28 +3,36 @@ every commit that asks for it is confirmed by a synchronous replica through
 the delaying proxy; once stopped the primary no longer names a synchronous
 standby, so no commit can be left waiting for one that is gone."""
 import os
-import subprocess
 import time
 
-from conftest import ROOT, connect
+from conftest import BENCH, ROOT, connect, report, run
 
 REPLICA = os.path.join(ROOT, "scripts", "replica")
 PORT = int(os.environ.get("PGPORT", "55432"))
 REPLICA_DIR = os.environ.get("PGKVX_CLUSTER", f"/tmp/pgkvx-cluster-{PORT}") + "-replica"
 
 
-def replica(*args):
-    return subprocess.run([REPLICA, *args], capture_output=True, text=True, timeout=300)
-
-
 def standby_names(c):
     return c.execute("SHOW synchronous_standby_names").fetchone()[0]
 
 
+def assert_replica_gone():
+    with connect() as c:
+        assert standby_names(c) == ""
+        # The walsender notices the gone replica on its own schedule; this
+        # bounds a hang, it does not time anything.
+        for _ in range(300):
+            if c.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0] == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a walsender outlived the replica")
+    assert not os.path.exists(REPLICA_DIR)
+
+
 def test_replica_confirms_commits_then_goes_away(db):
-    started = replica("start", "1")
     try:
-        assert started.returncode == 0, started.stderr
+        run(REPLICA, "start", "1")
         with connect(db) as c:
             assert standby_names(c) == "pgkvx_replica"
             state = c.execute("SELECT state, sync_state, host(client_addr) FROM pg_stat_replication "
@@ -39,21 +47,26 @@ def test_replica_confirms_commits_then_goes_away(db):
             assert r.execute("SELECT pg_is_in_recovery()").fetchone()[0]
             assert r.execute("SELECT x FROM replica_probe").fetchall() == [(42,)]
     finally:
-        stopped = replica("stop")
-    assert stopped.returncode == 0, stopped.stderr
-    with connect(db) as c:
-        assert standby_names(c) == ""
-        # The walsender notices the gone replica on its own schedule.
-        for _ in range(300):
-            if c.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0] == 0:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("a walsender outlived the replica")
-    assert not os.path.exists(REPLICA_DIR)
+        run(REPLICA, "stop")
+    assert_replica_gone()
 
 
 def test_replica_start_refuses_a_bad_delay():
-    bad = replica("start", "soon")
-    assert bad.returncode != 0
-    assert "delay in milliseconds" in bad.stderr
+    r = run(REPLICA, "start", "soon", expect_rc=1)
+    assert "delay in milliseconds" in r.stderr
+
+
+def test_replica_delay_run_reports_its_commit_time_and_cleans_up(tmp_path):
+    run(os.path.join(BENCH, "run"), "--paired", "--replica-delay", 1, "--pairs", "kv0:plain",
+        "--rounds", 1, "--duration", 1, "--clients", 2, "--keys", 1000, "--out", tmp_path)
+    data, md, _ = report(tmp_path, "-paired-replica1ms")
+    cfg = data["config"]
+    assert cfg["replica_delay_ms"] == 1 and cfg["durable"] and cfg["commit_ms"] > 0, cfg
+    assert data["machine"]["settings"]["synchronous_commit"] == "on"
+    assert "confirmed by a synchronous replica" in md
+    ((r,),) = [p["rounds"] for p in data["pairs"]]
+    assert r["ratio"] > 0 and r["errors"] == [], r
+    assert_replica_gone()
+    # --durable (implied) is undone: the scratch cluster's settings are back.
+    with connect() as c:
+        assert c.execute("SHOW fsync").fetchone()[0] == "off"
