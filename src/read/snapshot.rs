@@ -12,6 +12,7 @@
 //! snapshot is taken.  Reading later only errs on the safe side.
 
 use crate::latch::{ReadSnapshot, Stat, Xid};
+use crate::pg;
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Snapshot};
 use pgrx::prelude::*;
@@ -38,13 +39,16 @@ thread_local! {
 }
 
 static mut PREV_ANALYZE_HOOK: pg_sys::post_parse_analyze_hook_type = None;
+static mut PREV_UTILITY_HOOK: pg_sys::ProcessUtility_hook_type = None;
 
-/// Installs the hook that records `after` for transaction snapshots.
+/// Installs the hooks that record `after` for transaction snapshots.
 pub fn init() {
     // SAFETY: _PG_init, single-threaded.
     unsafe {
         PREV_ANALYZE_HOOK = pg_sys::post_parse_analyze_hook;
         pg_sys::post_parse_analyze_hook = Some(after_analyze);
+        PREV_UTILITY_HOOK = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(after_utility);
     }
 }
 
@@ -74,9 +78,72 @@ unsafe extern "C-unwind" fn after_analyze(
     note_transaction_snapshot();
 }
 
+/// A utility statement (`DO`, `CREATE TEMP TABLE`, `SET TRANSACTION
+/// SNAPSHOT`, …) can take the transaction snapshot after its own analysis
+/// and start no executor: it is seen when the statement returns, not at the
+/// next statement, which may come much later.
+///
+/// Not `#[pg_guard]`: an error inside the utility must reach Postgres as it
+/// was raised, with the CONTEXT lines of the callbacks active then (COPY's
+/// line, PL/pgSQL's statement), not be caught and raised again out here.
+/// Nothing in this frame needs dropping, so a longjmp may pass over it.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn after_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: chaining the previous hook, or the standard function, with
+    // the same arguments; both are plain C calls, not pgrx's guarded
+    // wrappers, so an error longjmps straight past this frame.
+    unsafe {
+        match PREV_UTILITY_HOOK {
+            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
+            None => unguarded::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+    }
+    if pg::in_live_transaction() {
+        note_transaction_snapshot();
+    }
+}
+
+mod unguarded {
+    use pgrx::pg_sys;
+    extern "C-unwind" {
+        /// Postgres's own, declared here without pgrx's error guard (see
+        /// `after_utility`).
+        #[allow(clippy::too_many_arguments)]
+        pub fn standard_ProcessUtility(
+            pstmt: *mut pg_sys::PlannedStmt,
+            query_string: *const std::ffi::c_char,
+            read_only_tree: bool,
+            context: pg_sys::ProcessUtilityContext::Type,
+            params: pg_sys::ParamListInfo,
+            query_env: *mut pg_sys::QueryEnvironment,
+            dest: *mut pg_sys::DestReceiver,
+            qc: *mut pg_sys::QueryCompletion,
+        );
+    }
+}
+
 /// Records `after` for this transaction's fixed snapshot the first time it
-/// is seen taken: after the parse analysis of a simple query, and at every
-/// executor start (an EXECUTE or a Bind takes it with no analysis after).
+/// is seen taken: after the parse analysis of a simple query, at every
+/// executor start (an EXECUTE or a Bind takes it with no analysis after),
+/// and after every utility statement.
 /// Recorded later than exact, `after` only makes more writers count as in
 /// flight (a spurious 40001, never a missed row), so the earliest sighting
 /// is what counts.

@@ -171,7 +171,10 @@ unsafe fn level_orders_by_key(root: *mut PlannerInfo, rti: u32, key: &crate::key
             // The whole key is fixed: a point read, in any order.
             return true;
         };
-        match list_nth::<pg_sys::PathKey>((*root).query_pathkeys, 0) {
+        // The ORDER BY's own pathkeys: query_pathkeys is what the first
+        // step above the scan wants (a window's PARTITION BY, a GROUP BY),
+        // not the order the rows leave in.
+        match list_nth::<pg_sys::PathKey>((*root).sort_pathkeys, 0) {
             Some(pk) => ec_has_column((*pk).pk_eclass, rti, lead.attnum),
             None => false,
         }
@@ -293,23 +296,51 @@ unsafe fn report_unlatched_member(root: *mut PlannerInfo, rti: u32, relid: pg_sy
         if me.is_null() {
             return;
         }
-        let parent = (*me).parent_relid;
+        let top = hierarchy_top(root, rti);
         let latched_sibling = list_iter::<pg_sys::AppendRelInfo>((*root).append_rel_list).any(|ai| {
-            if (*ai).parent_relid != parent || (*ai).child_relid == rti {
+            let child = (*ai).child_relid;
+            if child == rti || hierarchy_top(root, child) != top {
                 return false;
             }
-            let child = (*ai).child_relid;
             let rte = *(*root).simple_rte_array.add(child as usize);
             registry::lookup((*rte).relid)
                 .is_some_and(|l| level_orders_by_key(root, child, &l.key) || ancestor_orders_by_subquery(root))
         });
         if latched_sibling {
-            let parent_rte = *(*root).simple_rte_array.add(parent as usize);
+            let parent_rte = *(*root).simple_rte_array.add(top as usize);
             super::statement::report_unprotected_read(format!(
                 "\"{}\" is read in key order through \"{}\" with latched tables, but is not latched itself: the read can skip its rows",
                 rel_name(relid),
                 rel_name((*parent_rte).relid)
             ));
+        }
+    }
+}
+
+/// The table at the top of the partition or inheritance tree `rti` is a
+/// member of: a leaf of a sub-partition is read with every other leaf of
+/// the tree.  The walk stops below a UNION ALL, whose arms are separate
+/// reads.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn hierarchy_top(root: *mut PlannerInfo, rti: u32) -> u32 {
+    // SAFETY: per contract; append_rel_array and simple_rte_array are
+    // indexed by relid and cover every relid of the query.
+    unsafe {
+        let arr = (*root).append_rel_array;
+        let mut at = rti;
+        loop {
+            let info = *arr.add(at as usize);
+            if info.is_null() {
+                return at;
+            }
+            let parent = (*info).parent_relid;
+            let prte = *(*root).simple_rte_array.add(parent as usize);
+            if (*prte).rtekind != pg_sys::RTEKind::RTE_RELATION {
+                return at;
+            }
+            at = parent;
         }
     }
 }

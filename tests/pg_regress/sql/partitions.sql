@@ -18,6 +18,20 @@ RESET pgkvx.unprotected_reads;
 SELECT pgkvx.enable('pe_2');
 SELECT * FROM pgkvx.check();
 SELECT id FROM pe WHERE id > 50 ORDER BY id LIMIT 1;
+-- Two levels: a leaf of a sub-partition is read with the other leaves.
+CREATE TABLE sp (id bigint NOT NULL, v text, PRIMARY KEY (id)) PARTITION BY RANGE (id);
+CREATE TABLE sp_lo PARTITION OF sp FOR VALUES FROM (0) TO (100);
+CREATE TABLE sp_hi PARTITION OF sp FOR VALUES FROM (100) TO (1000) PARTITION BY RANGE (id);
+CREATE TABLE sp_hi_a PARTITION OF sp_hi FOR VALUES FROM (100) TO (1000);
+SELECT pgkvx.enable('sp_lo');
+SELECT id FROM sp WHERE id > 0 ORDER BY id LIMIT 1;
+SET pgkvx.unprotected_reads = error;
+SELECT id FROM sp WHERE id > 0 ORDER BY id LIMIT 1;
+RESET pgkvx.unprotected_reads;
+-- A UNION ALL of a latched and a plain table is two reads, not one tree.
+CREATE TABLE plain_t (id bigint PRIMARY KEY);
+SELECT id FROM (SELECT id FROM sp_lo UNION ALL SELECT id FROM plain_t) u WHERE id > 0 ORDER BY id LIMIT 1;
+DROP TABLE sp, plain_t;
 -- Inheritance: a latched parent whose child is not latched.
 CREATE TABLE ih (id bigint PRIMARY KEY, v text);
 CREATE TABLE ih_child () INHERITS (ih);
