@@ -2,7 +2,7 @@
 //! heap in physical order — one batch per call of the set-returning function.
 //!
 //! On a latched table the scan honours `pgkvx.scan_mode` like a LIMIT scan
-//! (scan/guard.rs): optimistic when `max_rows` is at most
+//! (read/run.rs): optimistic when `max_rows` is at most
 //! `pgkvx.max_optimistic_rows` — the whole result is read and encoded
 //! first, the span it touched validated, and only then is the first batch
 //! returned — otherwise fenced: the declared span `[lower, upper)` is
@@ -48,7 +48,7 @@ pub struct ScanRequest {
 struct PendingProtocol {
     latched: Rc<Latched>,
     strategy: ReadStrategy,
-    /// D: `[lower, upper)` in key encoding (scan/span.rs, from the same
+    /// D: `[lower, upper)` in key encoding (read/span.rs, from the same
     /// btree scan keys the index scan uses).
     declared: Span,
     /// The statement's snapshot, with `after` read at the first call.
@@ -468,7 +468,7 @@ impl TableStream {
         }
     }
 
-    /// Runs the read protocol of a latched table (scan/guard.rs): when it
+    /// Runs the read protocol of a latched table (read/run.rs): when it
     /// returns, either the whole validated result waits in `ready`
     /// (optimistic), or the index scan is started at a snapshot for which
     /// the declared span is clean (fenced).

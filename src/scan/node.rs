@@ -12,11 +12,10 @@
 //! footprint and decides, before anything runs, the one snapshot every
 //! expression of the statement sees.
 
-use super::plan_data::GuardPlan;
-use super::planner::{StaticMethods, NAME};
-use super::statement::StatementReport;
+use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use crate::guc;
 use crate::keys::KeyDesc;
+use crate::latch::protocol::ReadReport;
 use crate::latch::{RelId, Span};
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::read::span::{self, KeyQual};
@@ -27,6 +26,15 @@ use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::rc::Rc;
+
+/// What the read protocol did for the node's statement, for EXPLAIN (the
+/// statement runs the protocol; its nodes show the outcome).
+#[derive(Default, Debug)]
+pub struct StatementReport {
+    pub mode: String,
+    pub report: ReadReport,
+    pub wait_us: i64,
+}
 
 pub static SCAN_METHODS: StaticMethods<pg_sys::CustomScanMethods> =
     StaticMethods(pg_sys::CustomScanMethods { CustomName: NAME.as_ptr(), CreateCustomScanState: Some(create_state) });

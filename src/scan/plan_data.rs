@@ -1,10 +1,19 @@
-//! What the planner tells the executor about one `PgkvxLimitScan`: one
-//! struct, written to and read from the CustomScan's `custom_private` list
+//! What the planner tells the executor about one `PgkvxLimitScan`: its
+//! name and method tables, and one struct, written to and read from the CustomScan's `custom_private` list
 //! here and nowhere else.  A list of Integer nodes survives `copyObject`,
 //! the plan cache and EXPLAIN.
 
 use crate::pg::{list_iter, make_list};
 use pgrx::pg_sys::{self, List, Oid};
+
+/// The custom scan's name, in plans and EXPLAIN.
+pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
+
+/// Static method tables Postgres keeps pointers to.
+#[repr(transparent)]
+pub struct StaticMethods<T>(pub T);
+// SAFETY: immutable after construction; only read by this process.
+unsafe impl<T> Sync for StaticMethods<T> {}
 
 /// Bumped whenever the layout changes: a plan cached by an older library
 /// is refused rather than misread.

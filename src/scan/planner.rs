@@ -19,20 +19,12 @@
 //! Wrapped relations get no partial paths: the node reads where its scan
 //! runs, which must be this process.
 
-use super::plan_data::{BoundQual, GuardPlan};
+use super::plan_data::{BoundQual, GuardPlan, StaticMethods, NAME};
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
 use pgrx::prelude::*;
 use std::cell::RefCell;
-
-pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
-
-/// Static method tables Postgres keeps pointers to.
-#[repr(transparent)]
-pub struct StaticMethods<T>(pub T);
-// SAFETY: immutable after construction; only read by this process.
-unsafe impl<T> Sync for StaticMethods<T> {}
 
 static PATH_METHODS: StaticMethods<pg_sys::CustomPathMethods> = StaticMethods(pg_sys::CustomPathMethods {
     CustomName: NAME.as_ptr(),

@@ -25,11 +25,11 @@
 //! - off: nothing; the nodes only pass rows on.
 
 use super::buffer::{BufferDest, HeldRows};
-use super::node;
+use super::node::{self, StatementReport};
 use super::plan_data::GuardPlan;
 use crate::errors;
 use crate::guc;
-use crate::latch::protocol::{ReadMode, ReadReport};
+use crate::latch::protocol::ReadMode;
 use crate::latch::{Footprint, Xid};
 use crate::pg::{list_iter, node_tag};
 use crate::read::run::{self, ReadDecision, ReadStrategy, Reader};
@@ -41,14 +41,6 @@ use pgrx::pg_sys::{self, Node, QueryDesc};
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::rc::Rc;
-
-/// What the protocol did for a statement, for its nodes' EXPLAIN.
-#[derive(Default, Debug)]
-pub struct StatementReport {
-    pub mode: String,
-    pub report: ReadReport,
-    pub wait_us: i64,
-}
 
 /// Where a statement's rows come from when it runs.
 enum RowSource {
