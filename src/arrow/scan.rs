@@ -475,7 +475,7 @@ impl TableStream {
     fn validate(&mut self, l: PendingProtocol) {
         let rel = backend::rel_id(l.latched.key.relid);
         let mut reader = OptimisticAttempt { stream: self, latched: &l.latched, declared: l.declared, rel };
-        let result = run::run_protocol(&mut reader, l.base, &vec![(rel, l.declared)], l.strategy, "arrow_scan");
+        let result = run::run_protocol(&mut reader, l.base, &mut || vec![(rel, l.declared)], l.strategy, "arrow_scan");
         let src = self.source.as_mut().expect("source");
         match result.decision {
             ReadDecision::Emit => {

@@ -297,7 +297,7 @@ pub fn run(
                 let mut poll = Poll { db: &mut db, snap, cursor, limit, buffer: Vec::new(), declared, waits: 0 };
                 let params = ReadParams { mode, retries: 2, fixed_snapshot: fixed, declared_first };
                 let mut report = ReadReport::default();
-                let out = protocol::run(&mut poll, &vec![(REL, declared)], &params, &mut report);
+                let out = protocol::run(&mut poll, &mut || vec![(REL, declared)], &params, &mut report);
                 totals.add(&report);
                 match out {
                     ReadOutcome::Emit => std::mem::take(&mut poll.buffer),

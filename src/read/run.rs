@@ -110,7 +110,8 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
 /// spans, copying many costs far more.
 pub const STREAM_ABOVE_ROWS: u64 = 64;
 
-/// Runs the protocol for a read over `declared`, starting from `base`, and
+/// Runs the protocol for a read over what `declared` computes (asked for
+/// only when the protocol needs it), starting from `base`, and
 /// counts what happened in `pgkvx.stats()`.  A conflict that waiting cannot
 /// repair under REPEATABLE READ or SERIALIZABLE raises 40001 naming the
 /// table and span; `what` names the read in its detail ("LIMIT scan",
@@ -118,7 +119,7 @@ pub const STREAM_ABOVE_ROWS: u64 = 64;
 pub fn run_protocol<R: Reader>(
     reader: &mut R,
     base: BaseSnapshot,
-    declared: &Footprint,
+    declared: &mut dyn FnMut() -> Footprint,
     strategy: ReadStrategy,
     what: &str,
 ) -> ProtocolResult {

@@ -415,8 +415,7 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
         let base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
         match strategy.mode {
             ReadMode::Fenced => {
-                let fp = declared();
-                let ran = run::run_protocol(&mut FencedReader, base, &fp, strategy, "LIMIT scan");
+                let ran = run::run_protocol(&mut FencedReader, base, &mut || declared(), strategy, "LIMIT scan");
                 let ReadDecision::Stream { pulled } = ran.decision else { unreachable!("fenced reads never buffer") };
                 let mut b = ran.base;
                 let swapped = !pulled.is_empty() || b.snap != (*qd).snapshot;
@@ -577,14 +576,17 @@ unsafe fn validate(qd: *mut QueryDesc, once: bool) {
         let max_bytes = pg_sys::work_mem as usize * 1024;
         let mut reader =
             OptimisticAttempts { qd, once, eflags, attempts: 0, buffer: BufferDest::new(cx, max_rows, max_bytes) };
-        let declared: Footprint = guard_plans((*qd).plannedstmt)
-            .into_iter()
-            .filter_map(|g| declared_at_start(g, (*qd).params))
-            .flat_map(|(_, fp)| fp)
-            .collect();
+        // Only a read that falls back to fenced needs its declared spans.
+        let mut declared = || -> Footprint {
+            guard_plans((*qd).plannedstmt)
+                .into_iter()
+                .filter_map(|g| declared_at_start(g, (*qd).params))
+                .flat_map(|(_, fp)| fp)
+                .collect()
+        };
         let strategy = ReadStrategy { mode: ReadMode::Optimistic, declared_first: false };
         let run::ProtocolResult { decision, report, wait_us, base } =
-            run::run_protocol(&mut reader, base, &declared, strategy, "LIMIT scan");
+            run::run_protocol(&mut reader, base, &mut declared, strategy, "LIMIT scan");
         let mode = if report.overflowed {
             "optimistic, result too large to hold back: fenced"
         } else if report.fell_back {
