@@ -436,6 +436,37 @@ def test_arrow_query_refuses_anything_but_a_read_only_select(conn, kv, q):
     assert conn.execute("SELECT count(*) FROM kv").fetchone()[0] == 1000
 
 
+@pytest.mark.parametrize("q", [
+    "SELECT * FROM (SELECT k FROM kv FOR UPDATE) s",
+    "WITH x AS (SELECT k FROM kv FOR UPDATE) SELECT * FROM x",
+    "WITH x AS MATERIALIZED (SELECT k FROM kv FOR NO KEY UPDATE) SELECT * FROM x",
+    "SELECT k FROM kv WHERE k IN (SELECT k FROM kv FOR SHARE)",
+    "SELECT k, (SELECT a FROM kv k2 WHERE k2.k = kv.k FOR KEY SHARE) FROM kv",
+    "SELECT * FROM kv_locked_view",
+])
+def test_arrow_query_refuses_row_locks_in_subqueries(db, conn, kv, q):
+    """Issue 16 item 11: a row lock below the top level (subquery, CTE,
+    sublink, a view's FOR UPDATE) once surfaced as PostgreSQL's misleading
+    'SELECT FOR UPDATE is not allowed in a non-volatile function'.  It gets
+    pgkvx's own 0A000, before anything runs: no row stays locked."""
+    conn.execute("CREATE OR REPLACE VIEW kv_locked_view AS SELECT k FROM kv FOR UPDATE")
+    conn.execute("BEGIN")
+    try:
+        with pytest.raises(psycopg.errors.FeatureNotSupported) as e:
+            stream(conn, "SELECT pgkvx.arrow_query(%s)", (q,))
+        assert e.value.sqlstate == "0A000"
+        assert "read-only SELECT" in str(e.value), e.value
+        assert "non-volatile" not in str(e.value), e.value
+        assert "FOR UPDATE/SHARE" in (e.value.diag.message_hint or ""), e.value.diag.message_hint
+        # The aborted transaction still holds whatever it locked: nothing.
+        with connect(db) as other:
+            other.execute("SET lock_timeout = '5s'")
+            assert other.execute("SELECT count(*) FROM (SELECT k FROM kv FOR UPDATE NOWAIT) s").fetchone() == (1000,)
+    finally:
+        conn.execute("ROLLBACK")
+        conn.execute("DROP VIEW IF EXISTS kv_locked_view")
+
+
 def test_arrow_query_syntax_error_is_reported(conn):
     with pytest.raises(psycopg.errors.SyntaxError):
         stream(conn, "SELECT pgkvx.arrow_query('SELEC 1')")

@@ -57,3 +57,80 @@ def test_writers_do_not_wait_for_stopped_workers(db, conn, table_name):
         conn.execute("ALTER SYSTEM RESET pgkvx.range_max_latches")
         conn.execute("SELECT pg_reload_conf()")
         conn.execute(f"DROP TABLE {table_name}")
+
+
+def ranges(c, t):
+    """(number of latch ranges, most live latches in one) of table `t`."""
+    return c.execute("SELECT count(*), coalesce(max(live), 0) FROM pgkvx.ranges WHERE relid = %s::regclass",
+                     (t,)).fetchone()
+
+
+def test_crowded_writer_does_not_wait_for_stopped_or_terminated_workers(db, conn, table_name):
+    """Issue 16 item 8, with the crowding back-pressure reacts to: OTHER open
+    transactions hold far more than 4 x range_max_latches latches in the
+    range a writer latches into.  Back-pressure then waits up to 50 ms per
+    latch for a split; with the workers stopped (SIGSTOP: present but not
+    ticking) or terminated, no split comes, and a 2,000-row insert would
+    take 100 s.  pgkvx.stats() counts no back-pressure wait, so the bound
+    is the statement_timeout below: a third of what waiting would take.
+    Then the terminated workers come back and split the crowded range."""
+    rows = 2000
+    guard = "30s"  # 2,000 latches x 50 ms = 100 s if the writer waited
+    crowd_sessions, crowd_rows = 4, 30  # 120 live latches; each below escalation (2 x 16)
+    conn.execute("ALTER SYSTEM SET pgkvx.range_max_latches = 16")
+    conn.execute("SELECT pg_reload_conf()")
+    warm = f"{table_name}_warm"
+    crowd = []
+    stopped = []
+    try:
+        conn.execute(f"CREATE TABLE {table_name} (k int PRIMARY KEY)")
+        conn.execute("SELECT pgkvx.enable(%s)", (table_name,))
+        conn.execute(f"CREATE TABLE {warm} (k int PRIMARY KEY)")
+        conn.execute("SELECT pgkvx.enable(%s)", (warm,))
+        # The workers run with the new limit: 30 live latches get split.
+        with connect(db, autocommit=False) as w:
+            w.execute(f"INSERT INTO {warm} SELECT g FROM generate_series(1, 30) g")
+            wait_until(lambda: ranges(conn, warm)[0] > 1, "the workers to split a range of 30 latches")
+            w.rollback()
+
+        stopped = workers()
+        assert stopped
+        for p in stopped:
+            os.kill(p, signal.SIGSTOP)
+        for i in range(crowd_sessions):
+            c = connect(db, autocommit=False)
+            crowd.append(c)
+            c.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(%s::int, %s::int) g",
+                      (i * crowd_rows + 1, (i + 1) * crowd_rows))
+        n, live = ranges(conn, table_name)
+        assert (n, live) == (1, crowd_sessions * crowd_rows), "the other transactions do not crowd one range"
+        assert live > 4 * 16
+
+        with connect(db) as w:
+            w.execute(f"SET statement_timeout = '{guard}'")
+            w.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(10001, 10000 + {rows}) g")
+
+        # Terminated (a stopped process takes SIGTERM when continued): a
+        # writer does not wait for them either, and they come back.
+        old = stopped
+        for p in old:
+            os.kill(p, signal.SIGTERM)
+            os.kill(p, signal.SIGCONT)
+        stopped = []
+        with connect(db) as w:
+            w.execute(f"SET statement_timeout = '{guard}'")
+            w.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(20001, 20000 + {rows}) g")
+        wait_until(lambda: len(workers()) == len(old) and not set(workers()) & set(old),
+                   "the maintenance workers to restart", timeout=60)
+        wait_until(lambda: ranges(conn, table_name)[0] > 1,
+                   "the restarted workers to split the crowded range", timeout=60)
+        assert conn.execute(f"SELECT count(*) FROM {table_name} WHERE k > 10000").fetchone() == (2 * rows,)
+    finally:
+        for p in stopped:
+            os.kill(p, signal.SIGCONT)
+        for c in crowd:
+            c.rollback()
+            c.close()
+        conn.execute("ALTER SYSTEM RESET pgkvx.range_max_latches")
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute(f"DROP TABLE IF EXISTS {table_name}, {warm}")
