@@ -306,7 +306,10 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             return Ok(Published { max_load: 0, seq_lo: u64::MAX });
         }
         let b = self.backend(slot);
-        b.role.store(h.role, Relaxed);
+        // A transaction's role is set once, with its first latch.
+        if b.chain.load(Relaxed) == NIL {
+            b.role.store(h.role, Relaxed);
+        }
         let open = !span.is_point();
         // The common case takes the Directory lock once: the table exists.
         // A slot created here can be freed as idle by a worker before the
