@@ -432,7 +432,11 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
                 return Err(AcquireError::TransactionBudget);
             }
         }
-        if limits.per_role > 0 && held.live >= held.role_check_at {
+        // A transaction below ROLE_CHECK_EVERY entries never looks: summing
+        // every backend's count on each short transaction's first latch
+        // would cost more than its write, and the overshoot it allows is
+        // the same ROLE_CHECK_EVERY per session.
+        if limits.per_role > 0 && held.live >= held.role_check_at.max(super::holdings::ROLE_CHECK_EVERY) {
             if self.role_live(h.role) > limits.per_role {
                 self.escalate_all(slot, held, h)?;
                 if self.role_live(h.role) > limits.per_role {
