@@ -9,16 +9,23 @@ import pytest
 from conftest import PG_BINDIR, connect
 
 
+def login_role(db, name, *setup):
+    """A fresh LOGIN role, set up by `setup` (statements with {role}), and
+    everything it owns dropped with it afterwards."""
+    with connect(db) as c:
+        c.execute(f"DROP ROLE IF EXISTS {name}")
+        c.execute(f"CREATE ROLE {name} LOGIN")
+        for stmt in setup:
+            c.execute(stmt.format(role=name))
+    yield name
+    with connect(db) as c:
+        c.execute(f"DROP OWNED BY {name} CASCADE")
+        c.execute(f"DROP ROLE {name}")
+
+
 @pytest.fixture
 def owner(db):
-    with connect(db) as c:
-        c.execute("DROP ROLE IF EXISTS pgkvx_owner")
-        c.execute("CREATE ROLE pgkvx_owner LOGIN")
-        c.execute("GRANT CREATE, USAGE ON SCHEMA public TO pgkvx_owner")
-    yield "pgkvx_owner"
-    with connect(db) as c:
-        c.execute("DROP OWNED BY pgkvx_owner CASCADE")
-        c.execute("DROP ROLE pgkvx_owner")
+    yield from login_role(db, "pgkvx_owner", "GRANT CREATE, USAGE ON SCHEMA public TO {role}")
 
 
 def test_row_security_off_changes_nothing_for_an_owner(db, owner):
@@ -64,14 +71,7 @@ def test_plain_pg_dump_by_an_owner_restores_latching(db, owner):
 
 @pytest.fixture
 def tenant(db):
-    with connect(db) as c:
-        c.execute("DROP ROLE IF EXISTS pgkvx_tenant")
-        c.execute("CREATE ROLE pgkvx_tenant LOGIN")
-        c.execute("ALTER ROLE pgkvx_tenant SET pgkvx.max_latches_per_role = 100")
-    yield "pgkvx_tenant"
-    with connect(db) as c:
-        c.execute("DROP OWNED BY pgkvx_tenant CASCADE")
-        c.execute("DROP ROLE pgkvx_tenant")
+    yield from login_role(db, "pgkvx_tenant", "ALTER ROLE {role} SET pgkvx.max_latches_per_role = 100")
 
 
 def test_one_role_cannot_take_the_latch_table_from_everyone(db, tenant):
