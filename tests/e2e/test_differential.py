@@ -107,6 +107,12 @@ def results(conn, mode, q):
     return conn.execute(q).fetchall()
 
 
+def plan_of(conn, q):
+    """EXPLAIN of `q` as planned under the default optimistic mode."""
+    conn.execute("SET pgkvx.scan_mode = optimistic")
+    return "\n".join(x for (x,) in conn.execute("EXPLAIN (COSTS OFF) " + q))
+
+
 def test_modes_agree_with_a_table_never_latched(conn, tables):
     r = random.Random(20261122)
     used = 0
@@ -116,7 +122,7 @@ def test_modes_agree_with_a_table_never_latched(conn, tables):
         latched = q.format(**LATCHED)
         for mode in ("off", "optimistic", "fenced"):
             assert results(conn, mode, latched) == base, (mode, latched)
-        plan = "\n".join(x for (x,) in conn.execute("EXPLAIN (COSTS OFF) " + latched))
+        plan = plan_of(conn, latched)
         used += "PgkvxLimitScan" in plan
     assert used > 300, f"only {used} of 400 generated queries were protected"
 
@@ -133,8 +139,7 @@ def test_modes_agree_with_a_table_never_latched(conn, tables):
     "SELECT * FROM (SELECT * FROM dk WHERE k > 10 ORDER BY k LIMIT 5) t ORDER BY v",
 ])
 def test_tail_shapes_are_protected(conn, tables, q):
-    conn.execute("SET pgkvx.scan_mode = optimistic")
-    plan = "\n".join(x for (x,) in conn.execute("EXPLAIN (COSTS OFF) " + q))
+    plan = plan_of(conn, q)
     assert "PgkvxLimitScan" in plan, plan
 
 
@@ -146,6 +151,5 @@ def test_tail_shapes_are_protected(conn, tables, q):
     "SELECT DISTINCT v FROM dk ORDER BY v LIMIT 3",
 ])
 def test_reads_that_are_not_tails_stay_plain(conn, tables, q):
-    conn.execute("SET pgkvx.scan_mode = optimistic")
-    plan = "\n".join(x for (x,) in conn.execute("EXPLAIN (COSTS OFF) " + q))
+    plan = plan_of(conn, q)
     assert "PgkvxLimitScan" not in plan, plan
