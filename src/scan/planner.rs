@@ -40,6 +40,12 @@ thread_local! {
     /// run twice: a SELECT without side effects, not a cursor that must be
     /// rewound or scrolled.
     static RESTARTABLE: RefCell<Vec<bool>> = const { RefCell::new(Vec::new()) };
+    /// Per (planner root, top of a partition or inheritance tree): whether
+    /// a latched member of the tree is read in key order.  Asked once per
+    /// unlatched member, it would otherwise walk every member each time.
+    /// Emptied whenever a planning step starts or ends, so no entry outlives
+    /// its root.
+    static TREE_HAS_GUARDED_MEMBER: RefCell<Vec<(usize, u32, bool)>> = const { RefCell::new(Vec::new()) };
 }
 
 pub fn init() {
@@ -58,6 +64,7 @@ struct PlanningFrame;
 impl Drop for PlanningFrame {
     fn drop(&mut self) {
         RESTARTABLE.with(|r| r.borrow_mut().pop());
+        TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().clear());
     }
 }
 
@@ -78,6 +85,7 @@ unsafe extern "C-unwind" fn planner_hook(
             && !pg_sys::contain_volatile_functions(parse as *mut Node)
     };
     RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
+    TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().clear());
     let _frame = PlanningFrame;
     // SAFETY: chaining the previous hook (or the standard planner) with the
     // same arguments.
@@ -289,14 +297,23 @@ unsafe fn report_unlatched_member(root: *mut PlannerInfo, rti: u32, relid: pg_sy
             return;
         }
         let top = hierarchy_top(root, rti);
-        let latched_sibling = list_iter::<pg_sys::AppendRelInfo>((*root).append_rel_list).any(|ai| {
-            let child = (*ai).child_relid;
-            if child == rti || hierarchy_top(root, child) != top {
-                return false;
-            }
-            let rte = *(*root).simple_rte_array.add(child as usize);
-            registry::lookup((*rte).relid)
-                .is_some_and(|l| level_orders_by_key(root, child, &l.key) || ancestor_orders_by_subquery(root))
+        let key = (root as usize, top);
+        let cached = TREE_HAS_GUARDED_MEMBER
+            .with(|c| c.borrow().iter().find(|&&(r, t, _)| (r, t) == key).map(|&(_, _, has)| has));
+        // `rti` itself is not latched, so the answer is the same for every
+        // member of the tree.
+        let latched_sibling = cached.unwrap_or_else(|| {
+            let has = list_iter::<pg_sys::AppendRelInfo>((*root).append_rel_list).any(|ai| {
+                let child = (*ai).child_relid;
+                if hierarchy_top(root, child) != top {
+                    return false;
+                }
+                let rte = *(*root).simple_rte_array.add(child as usize);
+                registry::lookup((*rte).relid)
+                    .is_some_and(|l| level_orders_by_key(root, child, &l.key) || ancestor_orders_by_subquery(root))
+            });
+            TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().push((key.0, key.1, has)));
+            has
         });
         if latched_sibling {
             let parent_rte = *(*root).simple_rte_array.add(top as usize);
