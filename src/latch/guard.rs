@@ -3,20 +3,26 @@
 //! The Directory lock protects the table slots, the ranges' bounds and the
 //! directory's counts.  A range's lock protects its body (tree root, counts,
 //! tombstone list, summary), the tree nodes its root reaches and the data of
-//! the entries in its tree.  Range locks are taken only through a shared
-//! Directory guard, one at a time (the range guard borrows the Directory
-//! guard mutably), so:
-//! - no process ever holds two range locks, and none waits for a range lock
-//!   while holding one: lock-order deadlocks cannot happen;
-//! - the exclusive Directory guard knows no range lock is held anywhere, and
-//!   hands out ranges' contents itself (split and merge move entries between
-//!   two ranges with it).
+//! the entries in its tree.  Range locks are taken three ways:
+//! - through a shared Directory guard, one at a time (the range guard
+//!   borrows the Directory guard mutably), waiting if need be;
+//! - through the exclusive Directory guard, one or two at once (split and
+//!   merge move entries between two ranges), waiting if need be;
+//! - alone, without the Directory lock, only by trying
+//!   ([`LatchTable::try_lock_range_of`]): commit settles its latches this
+//!   way, and whoever holds a range lock so waits for nothing.
+//!
+//! So the only process that can wait for a range lock while holding one is
+//! the exclusive Directory holder, and what it waits for is a settler that
+//! waits for nobody: lock-order deadlocks cannot happen.  An entry changes
+//! range only under the locks of both ranges, which is what lets a settler
+//! that took a range lock alone trust the entry's range field.
 //!
 //! A shared guard gives `&`, an exclusive one also `&mut`, always through
 //! `&mut self`, so two live `&mut` to one place cannot be made.  Turning the
 //! region's `UnsafeCell`s into references happens in this file only.
 //! Free entries belong to whoever popped them from the free list
-//! ([`FreeEntry`]); everything else in the region is atomic.
+//! ([`Owned`]); everything else in the region is atomic.
 
 use super::locks::{Held, LockId, LockSet, Mode};
 use super::region::{DirCounts, EntryData, RangeBody, RangeMeta, Region, RelId, State, TableData};
@@ -24,7 +30,7 @@ use super::span::{KeyBuf, Span};
 use super::table::LatchTable;
 use super::tree::{self, Keys, Node, Nodes, NodesMut, NIL};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 /// What every Directory guard lets its holder read.
 pub(crate) trait Directory<'t> {
@@ -155,9 +161,11 @@ pub(crate) struct DirRead<'t, L: LockSet> {
     _held: Held<'t, L>,
 }
 
-/// The Directory lock, held exclusively: no range lock is held anywhere.
+/// The Directory lock, held exclusively: no range lock is held anywhere
+/// except by settlers, who wait for nothing.
 pub(crate) struct DirWrite<'t, L: LockSet> {
     region: &'t Region<'t>,
+    locks: &'t L,
     _held: Held<'t, L>,
 }
 
@@ -183,7 +191,34 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Takes the Directory lock exclusively.
     pub(crate) fn dir_write(&self) -> DirWrite<'_, L> {
         let held = Held::new(&self.locks, LockId::Directory, Mode::Exclusive);
-        DirWrite { region: &self.region, _held: held }
+        DirWrite { region: &self.region, locks: &self.locks, _held: held }
+    }
+
+    /// The lock of the range entry `e` is in, exclusive, if it is free right
+    /// now; taken without the Directory lock, so the holder must not wait
+    /// for any lock until it drops the guard.  None when the lock is busy
+    /// or `e` is in no range.
+    pub(crate) fn try_lock_range_of(&self, e: u32) -> Option<RangeWrite<'_, L>> {
+        let r = self.region.entries[e as usize].range.load(Acquire);
+        self.try_lock_range_if_in(r, e)
+    }
+
+    /// Range `r`'s lock, as in [`Self::try_lock_range_of`], if `e` is in
+    /// `r` once the lock is held.
+    pub(crate) fn try_lock_range_if_in(&self, r: u32, e: u32) -> Option<RangeWrite<'_, L>> {
+        if r == NIL {
+            return None;
+        }
+        let held = Held::try_new(&self.locks, LockId::Range(r), Mode::Exclusive)?;
+        // Without the Directory lock a split or merge may have moved `e`
+        // (or reused `r`) since the caller read its range; they move
+        // entries only under both ranges' locks, so with `r`'s held the
+        // field is settled.
+        if self.region.entries[e as usize].range.load(Relaxed) != r {
+            return None;
+        }
+        // SAFETY: range r's lock is held exclusively for the guard's life.
+        Some(RangeWrite { range: unsafe { RangeMut::new(&self.region, r) }, _held: held })
     }
 }
 
@@ -205,13 +240,6 @@ impl<L: LockSet> DirRead<'_, L> {
     pub fn range_write(&mut self, r: u32) -> RangeWrite<'_, L> {
         self.range_write_counting(r).0
     }
-
-    /// Range `r`'s lock, exclusive, if nobody holds it right now.
-    pub fn try_range_write(&mut self, r: u32) -> Option<RangeWrite<'_, L>> {
-        let held = Held::try_new(self.locks, LockId::Range(r), Mode::Exclusive)?;
-        // SAFETY: as in range_write_counting.
-        Some(RangeWrite { range: unsafe { RangeMut::new(self.region, r) }, _held: held })
-    }
 }
 
 impl<L: LockSet> DirWrite<'_, L> {
@@ -231,21 +259,30 @@ impl<L: LockSet> DirWrite<'_, L> {
         unsafe { &mut *self.region.hdr.dir.get() }
     }
 
-    /// Everything of range `r`, without its lock: under the exclusive
-    /// Directory lock nobody holds one.
-    pub fn range_mut(&mut self, r: u32) -> RangeMut<'_> {
-        // SAFETY: range locks are taken only under a shared Directory
-        // guard, so none is held now; `&mut self` makes this the only range
-        // handed out.
-        unsafe { RangeMut::new(self.region, r) }
+    /// Range `r`'s lock, exclusive.  Waiting here cannot deadlock: the
+    /// only other holders are settlers, who wait for nothing.
+    pub fn range_write(&mut self, r: u32) -> RangeWrite<'_, L> {
+        let held = Held::new(self.locks, LockId::Range(r), Mode::Exclusive);
+        // SAFETY: range r's lock is held exclusively for the guard's life,
+        // and `&mut self` makes this the only range handed out.
+        RangeWrite { range: unsafe { RangeMut::new(self.region, r) }, _held: held }
     }
 
-    /// Two distinct ranges at once, to move entries between them.
-    pub fn two_ranges_mut(&mut self, a: u32, b: u32) -> (RangeMut<'_>, RangeMut<'_>) {
+    /// Two distinct ranges' locks, to move entries between them.
+    pub fn two_ranges_write(&mut self, a: u32, b: u32) -> (RangeWrite<'_, L>, RangeWrite<'_, L>) {
         assert_ne!(a, b, "two distinct ranges");
-        // SAFETY: as in range_mut; distinct ranges have disjoint bodies,
-        // trees and entries.
-        unsafe { (RangeMut::new(self.region, a), RangeMut::new(self.region, b)) }
+        let (ha, hb) = (
+            Held::new(self.locks, LockId::Range(a), Mode::Exclusive),
+            Held::new(self.locks, LockId::Range(b), Mode::Exclusive),
+        );
+        // SAFETY: both locks are held exclusively for the guards' life;
+        // distinct ranges have disjoint bodies, trees and entries.
+        unsafe {
+            (
+                RangeWrite { range: RangeMut::new(self.region, a), _held: ha },
+                RangeWrite { range: RangeMut::new(self.region, b), _held: hb },
+            )
+        }
     }
 }
 
@@ -412,7 +449,7 @@ pub(crate) struct RangeRef<'g> {
 
 impl<'g> RangeRef<'g> {
     /// # Safety
-    /// Range `r`'s lock (or the exclusive Directory lock) is held for `'g`.
+    /// Range `r`'s lock is held for `'g`.
     unsafe fn new(region: &'g Region<'g>, r: u32) -> Self {
         // SAFETY: per the contract nobody writes the body meanwhile.
         RangeRef { region, r, body: unsafe { &*region.ranges[r as usize].body.get() } }
@@ -428,8 +465,8 @@ pub(crate) struct RangeMut<'g> {
 
 impl<'g> RangeMut<'g> {
     /// # Safety
-    /// Range `r` is held exclusively for `'g` (its lock, or the exclusive
-    /// Directory lock), and no other `RangeMut` of it exists.
+    /// Range `r`'s lock is held exclusively for `'g`, and no other
+    /// `RangeMut` of it exists.
     unsafe fn new(region: &'g Region<'g>, r: u32) -> Self {
         // SAFETY: per the contract this is the only reference to the body.
         RangeMut { region, r, body: unsafe { &mut *region.ranges[r as usize].body.get() } }
@@ -501,8 +538,7 @@ pub(crate) trait RangeAccess {
     fn data(&self, e: u32) -> &EntryData {
         let (region, r, _) = self.parts();
         debug_assert_eq!(region.entries[e as usize].range.load(Relaxed), r, "entry {e} in range {r}");
-        // SAFETY: `e` is in this range, whose lock (or exclusive access) is
-        // held; writers need `&mut` of the same access, excluded by `&self`.
+        // SAFETY: `e` is in this range, whose lock is held; writers need `&mut` of the same access, excluded by `&self`.
         unsafe { &*entry_data(region, e) }
     }
 

@@ -3,10 +3,10 @@
 //! In Postgres these are LWLocks in named tranches (so waits show up in
 //! `pg_stat_activity`); in plain `cargo test` they are parking_lot locks.
 
-/// Which lock.  Order of acquisition is always Directory → Range, and a
-/// process never holds two Range locks except while splitting or merging,
-/// which it does only under the exclusive Directory lock (so two processes
-/// can never wait on each other's Range locks).
+/// Which lock.  A Range lock is waited for only under the Directory lock,
+/// and only the exclusive Directory holder holds two; a Range lock taken
+/// without the Directory lock is only tried, and its holder waits for
+/// nothing (so no two processes can wait on each other).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockId {
     /// Tables and their range boundaries.

@@ -3,8 +3,9 @@
 //! neighbours, and purging tables that are no longer latched.
 //!
 //! Splits and merges run under the exclusive Directory lock, so they never
-//! race with each other and every other process holds at most one range lock
-//! at a time: no lock-order deadlock is possible.
+//! race with each other or with a writer; they take the locks of the ranges
+//! they change, so a commit settling its latches sees an entry either before
+//! or after the move.
 
 use super::guard::{Directory, RangeAccess, RangeMut, RangeRef};
 use super::locks::{LockId, LockSet, Mode};
@@ -90,10 +91,10 @@ impl<L: LockSet> LatchTable<'_, L> {
         if counts.ranges_used + reserve >= self.config().max_ranges {
             return None;
         }
-        let at = split_point(&d.range_mut(r).as_ref(), &meta.lo)?;
+        let at = split_point(&d.range_write(r).as_ref(), &meta.lo)?;
         let r2 = self.new_range(&mut d, meta.table, at, meta.hi)?;
         {
-            let (mut b1, mut b2) = d.two_ranges_mut(r, r2);
+            let (mut b1, mut b2) = d.two_ranges_write(r, r2);
             // Move every entry starting at or after the split point.
             loop {
                 let m = b1.last();
@@ -133,7 +134,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             return false;
         }
         {
-            let (mut bl, mut br) = d.two_ranges_mut(left, right);
+            let (mut bl, mut br) = d.two_ranges_write(left, right);
             loop {
                 let m = br.first();
                 if m == NIL {
@@ -178,12 +179,12 @@ impl<L: LockSet> LatchTable<'_, L> {
             return true;
         };
         let ranges = d.ranges_of(t);
-        if ranges.as_slice().iter().any(|&r| d.range_mut(r).body().live > 0) {
+        if ranges.as_slice().iter().any(|&r| d.range_write(r).body().live > 0) {
             return false;
         }
         let mut left = false;
         for &r in ranges.as_slice() {
-            let mut g = d.range_mut(r);
+            let mut g = d.range_write(r);
             self.reclaim(&mut g, slot, u32::MAX);
             left |= g.body().root != NIL || !g.body().summary.is_empty();
         }
@@ -191,7 +192,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             return true;
         }
         for &r in ranges.as_slice() {
-            *d.range_mut(r).body_mut() = RangeBody::EMPTY;
+            *d.range_write(r).body_mut() = RangeBody::EMPTY;
             self.free_range(&mut d, r);
         }
         let td = d.table_data_mut(t);
@@ -219,7 +220,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             let idle = acquires == td.seen_acquires;
             td.seen_acquires = acquires;
             let empty = ranges.iter().all(|&r| {
-                let b = *d.range_mut(r).body();
+                let b = *d.range_write(r).body();
                 b.live == 0 && b.tombstones == 0 && b.summary.is_empty()
             });
             // A key draw in progress holds the table lock: leave it alone.

@@ -191,7 +191,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         counts.free_range = next_free;
         counts.ranges_used += 1;
         *d.meta_mut(r) = RangeMeta { in_use: true, table: t, lo, hi, next_free: NIL };
-        *d.range_mut(r).body_mut() = RangeBody::EMPTY;
+        *d.range_write(r).body_mut() = RangeBody::EMPTY;
         let slot = &self.region.ranges[r as usize];
         slot.acquires.store(0, Relaxed);
         slot.contended.store(0, Relaxed);
@@ -203,7 +203,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Returns an empty range, already unlinked from its table, to the
     /// free list.
     pub(crate) fn free_range(&self, d: &mut DirWrite<'_, L>, r: u32) {
-        debug_assert!(d.range_mut(r).body().root == NIL, "freeing range {r} with tree nodes");
+        debug_assert!(d.range_write(r).body().root == NIL, "freeing range {r} with tree nodes");
         self.dequeue_freed(r);
         let free = d.counts().free_range;
         let meta = d.meta_mut(r);
@@ -284,11 +284,11 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// the latch went into; ranges over `range_max_latches` are queued for
     /// the maintenance workers.
     pub fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
-        self.publish(slot, rel, span, h, None, &mut Vec::new()).map(|p| p.max_load)
+        self.publish(slot, rel, span, h, None, &mut |_| {}).map(|p| p.max_load)
     }
 
-    /// Enters a latch on `span` in every range it overlaps, appending the
-    /// entries to `out`.  A point latch stands for one write; any other span
+    /// Enters a latch on `span` in every range it overlaps, handing each
+    /// entry to `entered`.  A point latch stands for one write; any other span
     /// stays open to later writes of its holder ([`region::OPEN`]).
     /// `seq_lo` replaces the publication number when the latch stands for
     /// earlier ones (escalation).
@@ -299,7 +299,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         span: &Span,
         h: &Holder,
         seq_lo: Option<u64>,
-        out: &mut Vec<u32>,
+        entered: &mut impl FnMut(u32),
     ) -> Result<Published, AcquireError> {
         assert!(h.xid.is_valid(), "a latch holder must have an xid");
         if span.is_empty() {
@@ -360,7 +360,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             b.chain.store(id, Relaxed);
             b.live.fetch_add(1, Relaxed);
             self.count(slot, Stat::LatchesAcquired, 1);
-            out.push(id);
+            entered(id);
         }
         Ok(Published { max_load, seq_lo: first_seq })
     }
@@ -390,7 +390,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         }
         let mut entries = std::mem::take(&mut held.scratch);
         entries.clear();
-        let result = self.publish(slot, rel, span, h, None, &mut entries);
+        let result = self.publish(slot, rel, span, h, None, &mut |id| entries.push(id));
         let th = held.table(rel);
         let n = entries.len() as u32;
         // A failed publication may have entered some pieces: they are held
@@ -486,7 +486,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         }
         let mut entries = Vec::new();
         // Published first: a reader finds the span or what it replaces.
-        let published = self.publish(slot, rel, &hull, h, Some(seq_lo), &mut entries);
+        let published = self.publish(slot, rel, &hull, h, Some(seq_lo), &mut |id| entries.push(id));
         if published.is_err() {
             self.withdraw(slot, &entries);
             published?;
@@ -533,10 +533,9 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         }
         b.chain.store(keep, Relaxed);
         b.live.fetch_sub(gone.len() as u32, Relaxed);
-        let mut d = self.dir_read();
         for &e in &gone {
             self.entry(e).holder_next.store(NIL, Relaxed);
-            self.release_one(&mut d, slot, e, TxEnd::Aborted);
+            self.release_one(slot, e, TxEnd::Aborted);
         }
     }
 
@@ -559,15 +558,12 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let b = self.backend(slot);
         let mut e = b.chain.swap(NIL, Relaxed);
         let mut n = 0;
-        if e != NIL {
-            let mut d = self.dir_read();
-            while e != NIL {
-                let next = self.entry(e).holder_next.load(Relaxed);
-                self.entry(e).holder_next.store(NIL, Relaxed);
-                self.release_one(&mut d, slot, e, end);
-                n += 1;
-                e = next;
-            }
+        while e != NIL {
+            let next = self.entry(e).holder_next.load(Relaxed);
+            self.entry(e).holder_next.store(NIL, Relaxed);
+            self.release_one(slot, e, end);
+            n += 1;
+            e = next;
         }
         b.live.store(0, Relaxed);
         // Without maintenance workers nobody else drains: keep it bounded.
@@ -593,7 +589,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// still in this CPU's cache, and the next acquire reuses it.  Deferred
     /// in thousands, released entries cycled through ~1 MB of the region
     /// and every tree descent missed the L2 cache.
-    fn release_one(&self, d: &mut super::guard::DirRead<'_, L>, slot: u32, e: u32, end: TxEnd) {
+    fn release_one(&self, slot: u32, e: u32, end: TxEnd) {
         let state = match end {
             TxEnd::Committed => State::Tombstone,
             TxEnd::Aborted => State::Dead,
@@ -604,15 +600,11 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             ent.seq_hi.store(self.region.hdr.seq.load(Relaxed), Relaxed);
         }
         ent.state.store(state as u8, Release);
-        // Under the Directory lock no split or merge moves `e`.
-        let r = ent.range.load(Acquire);
-        // (A chained entry is always in a range; NIL is checked anyway, as
-        // this runs in the commit callback where a panic would be a PANIC.)
-        if r != NIL {
-            if let Some(mut g) = d.try_range_write(r) {
-                self.settle(&mut g, slot, e);
-                return;
-            }
+        // Settling waits for no lock (reclaim's budget keeps it short), as
+        // a range lock taken without the Directory lock requires.
+        if let Some(mut g) = self.try_lock_range_of(e) {
+            self.settle(&mut g, slot, e);
+            return;
         }
         let hdr = self.region.hdr;
         let mut head = hdr.released.load(Acquire);

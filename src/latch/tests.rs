@@ -10,6 +10,7 @@ use super::table::{AcquireError, Holder, LatchTable, TxEnd};
 use super::validate::Conflict;
 use super::xid::Xid;
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 
 pub(crate) fn table(cfg: Config) -> &'static LatchTable<'static, StdLocks> {
     super::locks::heap_table(cfg)
@@ -199,6 +200,53 @@ fn release_settles_at_once_unless_the_range_lock_is_busy() {
         assert_eq!(seen.is_empty(), outcome == TxEnd::Aborted, "{outcome:?}");
         assert_eq!(t.free_entries(), before - 2 + 2 * freed, "{outcome:?}");
     }
+}
+
+#[test]
+fn a_release_that_read_its_range_before_a_split_does_not_settle_there() {
+    let t = small();
+    for k in 1..=20 {
+        t.acquire(1, REL, &pt(k), &holder(60)).unwrap();
+    }
+    t.acquire(0, REL, &pt(100), &holder(50)).unwrap();
+    let e = t.backend(0).chain.load(Ordering::Relaxed);
+    let stale = t.entry(e).range.load(Ordering::Relaxed);
+    let moved_to = t.split(0, stale).expect("split");
+    assert_eq!(t.entry(e).range.load(Ordering::Relaxed), moved_to, "key 100 lies right of the split");
+    // The settler's view from before the split: the lock is free, but the
+    // entry is no longer in that range's tree.
+    assert!(t.try_lock_range_if_in(stale, e).is_none(), "stale range handed out");
+    assert!(t.try_lock_range_if_in(moved_to, e).is_some(), "current range refused");
+    t.release_all(0, TxEnd::Committed);
+    assert_eq!(t.released_pending(), 0, "settled in its current range");
+    assert_eq!(conflicts_of(t, REL, &pt(100), &[50], 70), set(&[50]));
+    assert_eq!(t.check_structure(REL), 21, "every latch in exactly one tree");
+}
+
+#[test]
+fn a_split_waits_for_a_release_settling_in_the_range() {
+    use std::sync::atomic::AtomicBool;
+    let t = small();
+    for k in 1..=20 {
+        t.acquire(1, REL, &pt(k), &holder(60)).unwrap();
+    }
+    t.acquire(0, REL, &pt(100), &holder(50)).unwrap();
+    let e = t.backend(0).chain.load(Ordering::Relaxed);
+    let r = t.entry(e).range.load(Ordering::Relaxed);
+    let settling = t.try_lock_range_of(e).expect("range lock free");
+    static DONE: AtomicBool = AtomicBool::new(false);
+    let splitter = std::thread::spawn(move || {
+        let r2 = t.split(2, r);
+        DONE.store(true, Ordering::SeqCst);
+        r2
+    });
+    // Never a false failure: a split that waits is still waiting however
+    // slow the machine; one that does not wait is done long before.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!DONE.load(Ordering::SeqCst), "split moved entries of a range a settler holds");
+    drop(settling);
+    assert!(splitter.join().unwrap().is_some(), "split after the settler let go");
+    assert_eq!(t.check_structure(REL), 21);
 }
 
 #[test]
@@ -715,6 +763,7 @@ mod stress {
         let mut live = 0;
         t.for_each_latch(&mut |_| live += 1);
         assert_eq!(live, 0, "latches leaked");
+        assert_eq!(t.check_structure(REL), 0, "entries left in the trees");
     }
 }
 
