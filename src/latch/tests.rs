@@ -202,14 +202,21 @@ fn release_settles_at_once_unless_the_range_lock_is_busy() {
     }
 }
 
-#[test]
-fn a_release_that_read_its_range_before_a_split_does_not_settle_there() {
+/// A table whose one range holds twenty latches (keys 1..=20, holder 60,
+/// slot 1) and one more far right of them (key 100, holder 50, slot 0), so
+/// a split moves that one; returns the table and that entry.
+fn twenty_and_one_to_the_right() -> (&'static LatchTable<'static, StdLocks>, u32) {
     let t = small();
     for k in 1..=20 {
         t.acquire(1, REL, &pt(k), &holder(60)).unwrap();
     }
     t.acquire(0, REL, &pt(100), &holder(50)).unwrap();
-    let e = t.backend(0).chain.load(Ordering::Relaxed);
+    (t, t.backend(0).chain.load(Ordering::Relaxed))
+}
+
+#[test]
+fn a_release_that_read_its_range_before_a_split_does_not_settle_there() {
+    let (t, e) = twenty_and_one_to_the_right();
     let stale = t.entry(e).range.load(Ordering::Relaxed);
     let moved_to = t.split(0, stale).expect("split");
     assert_eq!(t.entry(e).range.load(Ordering::Relaxed), moved_to, "key 100 lies right of the split");
@@ -226,12 +233,7 @@ fn a_release_that_read_its_range_before_a_split_does_not_settle_there() {
 #[test]
 fn a_split_waits_for_a_release_settling_in_the_range() {
     use std::sync::atomic::AtomicBool;
-    let t = small();
-    for k in 1..=20 {
-        t.acquire(1, REL, &pt(k), &holder(60)).unwrap();
-    }
-    t.acquire(0, REL, &pt(100), &holder(50)).unwrap();
-    let e = t.backend(0).chain.load(Ordering::Relaxed);
+    let (t, e) = twenty_and_one_to_the_right();
     let r = t.entry(e).range.load(Ordering::Relaxed);
     let settling = t.try_lock_range_of(e).expect("range lock free");
     static DONE: AtomicBool = AtomicBool::new(false);
