@@ -70,8 +70,11 @@ pub(crate) trait Directory<'t> {
         None
     }
 
-    /// The ranges of table `t` that overlap `span`, in key order.
-    fn ranges_over(&self, t: u32, span: &Span) -> RangeList {
+    /// Where the ranges of table `t` that overlap `span` sit in its
+    /// key-ordered range list ([`Self::range_at`] names them).  Positions,
+    /// not a copy: the list cannot change while any Directory guard lives,
+    /// and this is on every acquire's and every validation's path.
+    fn ranges_over(&self, t: u32, span: &Span) -> std::ops::Range<usize> {
         let td = self.table_data(t);
         let n = td.nranges as usize;
         let (ranges, heads) = (&td.ranges[..n], &td.lo_heads[..n]);
@@ -90,14 +93,17 @@ pub(crate) trait Directory<'t> {
                 b = mid;
             }
         }
-        let mut out = RangeList::default();
-        for (i, &r) in ranges.iter().enumerate().skip(a.saturating_sub(1)) {
-            if cmp_lo(i, &span.end).is_ge() {
-                break;
-            }
-            out.push(r);
+        let first = a.saturating_sub(1);
+        let mut end = first;
+        while end < n && cmp_lo(end, &span.end).is_lt() {
+            end += 1;
         }
-        out
+        first..end
+    }
+
+    /// The range at position `i` of table `t`'s key-ordered list.
+    fn range_at(&self, t: u32, i: usize) -> u32 {
+        self.table_data(t).ranges[i]
     }
 
     /// Every range of table `t`, in key order.

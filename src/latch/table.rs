@@ -325,7 +325,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let mut max_load = 0;
         let mut first_seq = u64::MAX;
         let limit = self.range_max_latches();
-        for &r in d.ranges_over(t, span).as_slice() {
+        for i in d.ranges_over(t, span) {
+            let r = d.range_at(t, i);
             let Some(mut e) = self.alloc() else {
                 self.count(slot, Stat::LatchTableFull, 1);
                 return Err(AcquireError::Full);
@@ -545,7 +546,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let mut d = self.dir_read();
         let Some(t) = d.find_table(rel) else { return 0 };
         let mut max = 0;
-        for &r in d.ranges_over(t, span).as_slice() {
+        for i in d.ranges_over(t, span) {
+            let r = d.range_at(t, i);
             let g = d.range_read(r);
             max = max.max(g.body().live + g.body().tombstones);
         }

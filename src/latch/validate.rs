@@ -128,7 +128,8 @@ impl<L: LockSet> LatchTable<'_, L> {
                 return out; // never latched
             };
             for span in spans.iter().filter(|s| !s.is_empty()) {
-                for &r in d.ranges_over(t, span).as_slice() {
+                for i in d.ranges_over(t, span) {
+                    let r = d.range_at(t, i);
                     let g = d.range_read(r);
                     g.for_each_overlap(span, &mut |e| {
                         let state = self.state(e);
