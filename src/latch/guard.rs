@@ -121,8 +121,9 @@ pub(crate) fn hash_slot(rel: RelId, n: usize) -> usize {
     (h % n as u64) as usize
 }
 
-/// Some ranges of one table, copied out so that the Directory guard is free
-/// to lock them one by one.  Nearly every span lies in one range, so a few
+/// Every range of one table, copied out: purge and the idle sweep change the
+/// table's range list while they walk it.  The idle sweep visits every
+/// table on each worker tick and most tables have a range or two, so a few
 /// are kept inline (and need no allocation); more go to the heap.
 pub(crate) struct RangeList {
     len: usize,
@@ -544,7 +545,8 @@ pub(crate) trait RangeAccess {
     fn data(&self, e: u32) -> &EntryData {
         let (region, r, _) = self.parts();
         debug_assert_eq!(region.entries[e as usize].range.load(Relaxed), r, "entry {e} in range {r}");
-        // SAFETY: `e` is in this range, whose lock is held; writers need `&mut` of the same access, excluded by `&self`.
+        // SAFETY: `e` is in this range, whose lock is held; writers need
+        // `&mut` of the same access, excluded by `&self`.
         unsafe { &*entry_data(region, e) }
     }
 
