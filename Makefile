@@ -1,6 +1,7 @@
 # pgkvx — the two commands a newcomer needs are `make demo` and `make test`.
-PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
-export PG_CONFIG
+# Only `make install` writes into the system's PostgreSQL; the demo, the
+# tests and the benchmarks install into a private copy (scripts/pgtree).
+SYSTEM_PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 
 .PHONY: all deps build install demo test unit cluster-start cluster-stop fmt lint bench bench-quick clean
 
@@ -13,9 +14,10 @@ build: deps
 	cargo build --release
 
 install: deps
-	scripts/install
+	PG_CONFIG=$(SYSTEM_PG_CONFIG) scripts/install
 
-demo: install
+demo: deps
+	scripts/install
 	scripts/cluster restart
 	scripts/demo
 
@@ -37,10 +39,12 @@ fmt:
 lint:
 	scripts/test lint
 
-bench: install
+bench: deps
+	scripts/install
 	bench/run
 
-bench-quick: install
+bench-quick: deps
+	scripts/install
 	bench/run --quick
 
 clean:

@@ -2,11 +2,28 @@
 # Every value can be overridden from the environment, so that two checkouts
 # (or two developers) can run side by side with their own cluster and even
 # their own copy of PostgreSQL.
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-PG_BINDIR=$("$PG_CONFIG" --bindir)
-PG_PKGLIBDIR=$("$PG_CONFIG" --pkglibdir)
-PG_PGXS_TEST="$PG_PKGLIBDIR/pgxs/src/test"
 PGKVX_PORT=${PGKVX_PORT:-55432}
+# The system's PostgreSQL: only `make install` (scripts/install with
+# PG_CONFIG set to it) ever writes there.
+PGKVX_SYSTEM_PG_CONFIG=${PGKVX_SYSTEM_PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+# Everything else -- builds, tests, the demo, benchmarks -- installs into
+# and runs from a private copy of it (scripts/pgtree), one per port.
+PGKVX_TREE=${PGKVX_TREE:-/var/tmp/pgkvx-pg15-$PGKVX_PORT}
+_sys_bindir=$("$PGKVX_SYSTEM_PG_CONFIG" --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
+_sys_pkglibdir=$("$PGKVX_SYSTEM_PG_CONFIG" --pkglibdir 2>/dev/null || echo /usr/lib/postgresql/15/lib)
+PGKVX_TREE_PG_CONFIG="$PGKVX_TREE$_sys_bindir/pg_config"
+PG_CONFIG=${PG_CONFIG:-$PGKVX_TREE_PG_CONFIG}
+if [ "$PG_CONFIG" = "$PGKVX_TREE_PG_CONFIG" ]; then
+    # Known before the tree is made (scripts/pgtree makes it).
+    PG_BINDIR="$PGKVX_TREE$_sys_bindir"
+    PG_PKGLIBDIR="$PGKVX_TREE$_sys_pkglibdir"
+else
+    PG_BINDIR=$("$PG_CONFIG" --bindir)
+    PG_PKGLIBDIR=$("$PG_CONFIG" --pkglibdir)
+fi
+PG_PGXS_TEST="$PG_PKGLIBDIR/pgxs/src/test"
+# cargo-pgrx's configuration (which pg_config bindgen reads) for this tree.
+PGRX_HOME=${PGKVX_PGRX_HOME:-$PGKVX_TREE/pgrx}
 PGKVX_CLUSTER=${PGKVX_CLUSTER:-/tmp/pgkvx-cluster-$PGKVX_PORT}
 PGKVX_DATA="$PGKVX_CLUSTER/data"
 PGKVX_SOCK="$PGKVX_CLUSTER/sock"
@@ -20,7 +37,7 @@ PGKVX_EXTRA_CONF=${PGKVX_EXTRA_CONF:-}
 PGKVX_PGRX_DATA=${PGKVX_PGRX_DATA:-/tmp/pgkvx-pgrx-data}
 # The OS user the server runs as: Postgres refuses to run as root.
 PGKVX_OS_USER=${PGKVX_OS_USER:-postgres}
-export PG_CONFIG PGKVX_PORT PGKVX_CLUSTER PGKVX_SOCK PGKVX_VENV
+export PG_CONFIG PGKVX_PORT PGKVX_CLUSTER PGKVX_SOCK PGKVX_VENV PGKVX_TREE PGKVX_SYSTEM_PG_CONFIG PGRX_HOME
 # libpq defaults for every client we start (psql, pg_regress, pytest, pgbench).
 export PGHOST="$PGKVX_SOCK" PGPORT="$PGKVX_PORT" PGUSER=postgres
 
@@ -30,5 +47,13 @@ as_pg() {
         runuser -u "$PGKVX_OS_USER" -- "$@"
     else
         "$@"
+    fi
+}
+
+_pgkvx_scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# Makes (or checks) the private PostgreSQL tree when that is what we use.
+ensure_tree() {
+    if [ "$PG_CONFIG" = "$PGKVX_TREE_PG_CONFIG" ]; then
+        "$_pgkvx_scripts/pgtree"
     fi
 }
