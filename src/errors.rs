@@ -34,3 +34,141 @@ pub fn raise_full(
 pub fn warn_hint(code: PgSqlErrorCode, message: impl Into<String>, hint: impl Into<String>) {
     ErrorReport::new(code, message.into(), "pgkvx").set_hint(hint).report(PgLogLevel::WARNING);
 }
+
+// ---- PostgreSQL's errors pass through us untouched -------------------------
+//
+// pgrx turns an ERROR raised inside a `pg_sys` call into a Rust panic and
+// raises it again at the next `#[pg_guard]`, keeping only its code, message,
+// detail and hint: constraint, table, column and datatype names and CONTEXT
+// are lost, and with RUST_BACKTRACE set each level captures a backtrace.
+// Errors raised by the statements our executor hooks run are the user's,
+// not ours, so on those paths we do what a C hook does instead:
+//
+// - a hook that has nothing to do calls on with a plain C call and keeps
+//   no state, so an error longjmps straight past it (`raw`);
+// - where we do hold state, [`pass`] catches the longjmp with a jump buffer
+//   of its own, leaves the error where Postgres put it (on its error stack,
+//   every field intact), and unwinds our Rust frames with a [`Pending`]
+//   marker so that their destructors run -- borrows, guards, buffers;
+// - the hook's body runs in [`rethrow_pending`], which turns the marker back
+//   into the very same error (`PG_RE_THROW`).
+
+/// The payload of an unwind that carries a PostgreSQL ERROR still pending on
+/// Postgres's error stack.
+struct Pending;
+
+/// Postgres's own functions, declared without pgrx's error guard: an ERROR
+/// inside them longjmps to whatever jump buffer is current -- [`pass`]'s, or
+/// the caller's when there is no Rust state to unwind.
+pub mod raw {
+    use pgrx::pg_sys;
+    extern "C-unwind" {
+        pub fn pg_re_throw() -> !;
+        pub fn standard_ExecutorStart(qd: *mut pg_sys::QueryDesc, eflags: i32);
+        pub fn standard_ExecutorRun(
+            qd: *mut pg_sys::QueryDesc,
+            dir: pg_sys::ScanDirection::Type,
+            count: u64,
+            execute_once: bool,
+        );
+        pub fn standard_ExecutorFinish(qd: *mut pg_sys::QueryDesc);
+        pub fn standard_ExecutorEnd(qd: *mut pg_sys::QueryDesc);
+        pub fn standard_planner(
+            parse: *mut pg_sys::Query,
+            query_string: *const std::ffi::c_char,
+            cursor_options: i32,
+            params: pg_sys::ParamListInfo,
+        ) -> *mut pg_sys::PlannedStmt;
+        pub fn ExecInitNode(
+            plan: *mut pg_sys::Plan,
+            estate: *mut pg_sys::EState,
+            eflags: i32,
+        ) -> *mut pg_sys::PlanState;
+        pub fn ExecEndNode(node: *mut pg_sys::PlanState);
+        pub fn ExecReScan(node: *mut pg_sys::PlanState);
+        pub fn ExecMarkPos(node: *mut pg_sys::PlanState);
+        pub fn ExecRestrPos(node: *mut pg_sys::PlanState);
+        pub fn ExecStoreMinimalTuple(
+            tuple: pg_sys::MinimalTuple,
+            slot: *mut pg_sys::TupleTableSlot,
+            should_free: bool,
+        ) -> *mut pg_sys::TupleTableSlot;
+    }
+
+    /// `ExecEvalExprSwitchContext` (an inline function in C) as a plain C
+    /// call of the expression's own evaluation function.
+    ///
+    /// # Safety
+    /// `state` was built by ExecInitExpr; `econtext` is live.
+    pub unsafe fn eval_expr(
+        state: *mut pg_sys::ExprState,
+        econtext: *mut pg_sys::ExprContext,
+        isnull: &mut bool,
+    ) -> pg_sys::Datum {
+        // SAFETY: per contract; what the C inline function does.
+        unsafe {
+            let old = pg_sys::CurrentMemoryContext;
+            pg_sys::CurrentMemoryContext = (*econtext).ecxt_per_tuple_memory;
+            let eval = (*state).evalfunc.unwrap_unchecked();
+            let v = eval(state, econtext, isnull);
+            pg_sys::CurrentMemoryContext = old;
+            v
+        }
+    }
+}
+
+/// Runs `f`, which calls into Postgres through plain C calls only ([`raw`]
+/// functions, hook and receiver pointers).  Should Postgres raise an ERROR
+/// in it, the error stays pending as raised and our frames unwind to the
+/// enclosing [`rethrow_pending`].
+///
+/// `f` must not panic: it runs inside a C frame (sigsetjmp) that Rust
+/// unwinding cannot cross.
+///
+/// # Safety
+/// Called inside [`rethrow_pending`]; whatever `f` calls follows the usual
+/// Postgres contracts.
+pub unsafe fn pass<R>(f: impl FnOnce() -> R) -> R {
+    use pgrx::pg_sys;
+    // SAFETY: the same save/restore of Postgres's error-handling globals a
+    // PG_TRY block does; single-threaded backend.
+    unsafe {
+        let prev_stack = pg_sys::PG_exception_stack;
+        let prev_context = pg_sys::error_context_stack;
+        let memory = pg_sys::CurrentMemoryContext;
+        let mut out = std::mem::MaybeUninit::<R>::uninit();
+        let jumped = cee_scape::call_with_sigsetjmp(false, |jb| {
+            pg_sys::PG_exception_stack = jb as *const _ as *mut pg_sys::sigjmp_buf;
+            out.write(f());
+            0
+        });
+        pg_sys::PG_exception_stack = prev_stack;
+        pg_sys::error_context_stack = prev_context;
+        if jumped == 0 {
+            return out.assume_init();
+        }
+        // errfinish leaves us in ErrorContext; destructors allocate where
+        // the caller did.
+        pg_sys::CurrentMemoryContext = memory;
+    }
+    std::panic::resume_unwind(Box::new(Pending))
+}
+
+/// Runs a hook's body; an ERROR that [`pass`] let through is raised again
+/// exactly as Postgres raised it, once every Rust frame inside has unwound.
+///
+/// # Safety
+/// Called from a hook (or callback) that Postgres calls directly, with no
+/// Rust state of its own left to drop after `f` returns.
+pub unsafe fn rethrow_pending<R>(f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) if payload.is::<Pending>() => {
+            drop(payload);
+            // SAFETY: the error is still on Postgres's error stack; the
+            // jump buffer current now is the one of our caller's frame.
+            unsafe { raw::pg_re_throw() }
+        }
+        Err(payload) => std::panic::resume_unwind(payload),
+    }
+}

@@ -108,26 +108,50 @@ impl HeldRows {
     }
 
     /// Hands up to `count` rows (0: all) to `dest` as one executor run
-    /// would: startup, rows, shutdown.  Returns how many.
+    /// in direction `dir` would: startup, rows (none when the direction is
+    /// no movement), shutdown.  Returns how many.  An ERROR in the receiver
+    /// leaves this run unfinished and passes on as raised.
     ///
     /// # Safety
-    /// `dest` is a live receiver; `desc` describes the rows.
-    pub unsafe fn send(&mut self, dest: *mut pg_sys::DestReceiver, desc: pg_sys::TupleDesc, count: u64) -> u64 {
-        let mut n = 0u64;
+    /// `dest` is a live receiver; `desc` describes the rows; called inside
+    /// [`crate::errors::rethrow_pending`].
+    pub unsafe fn send(
+        &mut self,
+        dest: *mut pg_sys::DestReceiver,
+        desc: pg_sys::TupleDesc,
+        dir: pg_sys::ScanDirection::Type,
+        count: u64,
+    ) -> u64 {
+        let moving = dir != pg_sys::ScanDirection::NoMovementScanDirection;
+        let (rows, slot) = (&self.rows, self.slot);
+        let mut next = self.next;
         // SAFETY: per contract; the rows live in the buffer context until
-        // the statement ends.
-        unsafe {
-            ((*dest).rStartup.expect("rStartup"))(dest, pg_sys::CmdType::CMD_SELECT as i32, desc);
-            while (count == 0 || n < count) && self.next < self.rows.len() {
-                pg_sys::ExecStoreMinimalTuple(self.rows[self.next], self.slot, false);
-                self.next += 1;
-                n += 1;
-                if !((*dest).receiveSlot.expect("receiveSlot"))(self.slot, dest) {
-                    break;
+        // the statement ends, and the receiver's callbacks are plain C
+        // calls (nothing in this closure can panic).
+        let n = unsafe {
+            crate::errors::pass(|| {
+                let mut n = 0u64;
+                if let Some(startup) = (*dest).rStartup {
+                    startup(dest, pg_sys::CmdType::CMD_SELECT as i32, desc);
                 }
-            }
-            ((*dest).rShutdown.expect("rShutdown"))(dest);
-        }
+                while moving && (count == 0 || n < count) {
+                    let Some(&row) = rows.get(next) else { break };
+                    crate::errors::raw::ExecStoreMinimalTuple(row, slot, false);
+                    next += 1;
+                    n += 1;
+                    if let Some(receive) = (*dest).receiveSlot {
+                        if !receive(slot, dest) {
+                            break;
+                        }
+                    }
+                }
+                if let Some(shutdown) = (*dest).rShutdown {
+                    shutdown(dest);
+                }
+                n
+            })
+        };
+        self.next = next;
         n
     }
 }

@@ -13,6 +13,7 @@
 //! expression of the statement sees.
 
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
+use crate::errors::raw;
 use crate::guc;
 use crate::keys::KeyDesc;
 use crate::latch::protocol::ReadReport;
@@ -258,6 +259,13 @@ unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> ScanPosit
 
 #[pg_guard]
 unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
+    // SAFETY: see errors.rs for the boundary.
+    unsafe { crate::errors::rethrow_pending(|| begin_node(node, estate, eflags)) }
+}
+
+/// # Safety
+/// The arguments of BeginCustomScan.
+unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
     // SAFETY (whole body): executor-initialisation protocol; the plan is our
     // CustomScan, built by the planner with one child and our private list.
     unsafe {
@@ -270,8 +278,10 @@ unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *m
                 "this plan was made by another version of pgkvx; run the statement again to re-plan it",
             )
         });
-        let child_plan = list_nth::<pg_sys::Plan>((*cs).custom_plans, 0).expect("one child plan");
-        let child = pg_sys::ExecInitNode(child_plan, estate, eflags);
+        let Some(child_plan) = list_nth::<pg_sys::Plan>((*cs).custom_plans, 0) else {
+            crate::errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "a PgkvxLimitScan plan has no child plan")
+        };
+        let child = crate::errors::pass(|| raw::ExecInitNode(child_plan, estate, eflags));
         (*node).custom_ps = make_list([child]);
         // We hand up the child's own slots, so our result slots are of its
         // kind.  Left as the virtual slots of a CustomScan, a parent would
@@ -335,12 +345,13 @@ unsafe extern "C-unwind" fn exec(node: *mut pg_sys::CustomScanState) -> *mut pg_
     }
 }
 
-/// The cold path of [`exec`], behind its own error guard so that nothing
-/// unwinds through `exec`.
-#[pg_guard]
-unsafe extern "C-unwind" fn rescan_child(child: *mut pg_sys::PlanState) {
+/// The cold path of [`exec`].  A plain C call like `exec` itself: an
+/// ERROR in the child's rescan (its run-time keys are user expressions)
+/// passes on as raised.
+#[inline(never)]
+unsafe fn rescan_child(child: *mut pg_sys::PlanState) {
     // SAFETY: a child plan state whose parameters changed.
-    unsafe { pg_sys::ExecReScan(child) };
+    unsafe { raw::ExecReScan(child) };
 }
 
 // ---- end -------------------------------------------------------------------
@@ -349,7 +360,7 @@ unsafe extern "C-unwind" fn rescan_child(child: *mut pg_sys::PlanState) {
 unsafe extern "C-unwind" fn end(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node; the child was initialised in begin().  The Rust
     // runtime itself is dropped with the executor's memory context.
-    unsafe { pg_sys::ExecEndNode((*(*(node as *mut NodeState)).rt).child) };
+    unsafe { raw::ExecEndNode((*(*(node as *mut NodeState)).rt).child) };
 }
 
 // ---- rescan ----------------------------------------------------------------
@@ -359,17 +370,19 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node.  The execution that ends here is recorded before
     // its scan moves back to the start.
     unsafe {
-        let rt = &mut *(*(node as *mut NodeState)).rt;
-        rt.fold(node);
-        let child = rt.child;
-        let changed = (*node).ss.ps.chgParam;
-        if !changed.is_null() {
-            pg_sys::UpdateChangedParamSet(child, changed);
-        }
-        // With changed parameters the child rescans itself when next run.
-        if (*child).chgParam.is_null() {
-            pg_sys::ExecReScan(child);
-        }
+        crate::errors::rethrow_pending(|| {
+            let rt = &mut *(*(node as *mut NodeState)).rt;
+            rt.fold(node);
+            let child = rt.child;
+            let changed = (*node).ss.ps.chgParam;
+            if !changed.is_null() {
+                pg_sys::UpdateChangedParamSet(child, changed);
+            }
+            // With changed parameters the child rescans itself when next run.
+            if (*child).chgParam.is_null() {
+                crate::errors::pass(|| raw::ExecReScan(child));
+            }
+        })
     }
 }
 
@@ -378,7 +391,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
 #[pg_guard]
 unsafe extern "C-unwind" fn mark_pos(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node; offered only over a child that supports marking.
-    unsafe { pg_sys::ExecMarkPos((*(*(node as *mut NodeState)).rt).child) };
+    unsafe { raw::ExecMarkPos((*(*(node as *mut NodeState)).rt).child) };
 }
 
 #[pg_guard]
@@ -386,10 +399,13 @@ unsafe extern "C-unwind" fn restr_pos(node: *mut pg_sys::CustomScanState) {
     // SAFETY: as above.  How far the scan got is recorded before it moves
     // back; it goes on from the mark, so it has still started.
     unsafe {
-        let rt = &mut *(*(node as *mut NodeState)).rt;
-        rt.fold(node);
-        rt.started = true;
-        pg_sys::ExecRestrPos(rt.child);
+        crate::errors::rethrow_pending(|| {
+            let rt = &mut *(*(node as *mut NodeState)).rt;
+            rt.fold(node);
+            rt.started = true;
+            let child = rt.child;
+            crate::errors::pass(|| raw::ExecRestrPos(child));
+        })
     }
 }
 
@@ -416,7 +432,7 @@ impl NodeRuntime {
                 .zip(&self.bounds)
                 .map(|(b, &e)| {
                     let mut isnull = false;
-                    let value = pg_sys::ExecEvalExprSwitchContext(e, econtext, &mut isnull);
+                    let value = crate::errors::pass(|| raw::eval_expr(e, econtext, &mut isnull));
                     KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull }
                 })
                 .collect()
@@ -548,6 +564,13 @@ unsafe extern "C-unwind" fn explain(
     _ancestors: *mut List,
     es: *mut pg_sys::ExplainState,
 ) {
+    // SAFETY: see errors.rs for the boundary.
+    unsafe { crate::errors::rethrow_pending(|| explain_node(node, es)) }
+}
+
+/// # Safety
+/// The arguments of ExplainCustomScan.
+unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::ExplainState) {
     // SAFETY (whole body): our node and the caller's ExplainState.
     unsafe {
         let rt = &mut *(*(node as *mut NodeState)).rt;
@@ -568,8 +591,17 @@ unsafe extern "C-unwind" fn explain(
             return;
         };
         prop_text(es, c"Table", &key.relname);
-        let declared = rt.declared(node);
-        prop_text(es, c"Declared Span", &key.format_span(&declared));
+        // Plain EXPLAIN runs nothing of the user's: bounds that call
+        // functions other than immutable ones are known only at run time.
+        let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+        let bounds_run_functions =
+            || list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| pg_sys::contain_mutable_functions(e));
+        if analyze || !bounds_run_functions() {
+            let declared = rt.declared(node);
+            prop_text(es, c"Declared Span", &key.format_span(&declared));
+        } else {
+            prop_text(es, c"Declared Span", "computed when the statement runs");
+        }
         let Some(st) = st.filter(|_| analyze) else { return };
         let st = st.borrow();
         if st.mode == "off" {

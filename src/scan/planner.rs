@@ -84,16 +84,20 @@ unsafe extern "C-unwind" fn planner_hook(
             && cursor_options & (pg_sys::CURSOR_OPT_SCROLL | pg_sys::CURSOR_OPT_HOLD) as i32 == 0
             && !pg_sys::contain_volatile_functions(parse as *mut Node)
     };
-    RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
-    TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().clear());
-    let _frame = PlanningFrame;
     // SAFETY: chaining the previous hook (or the standard planner) with the
-    // same arguments.
+    // same arguments, as plain C calls: an ERROR in planning (constant
+    // folding runs user functions) passes on as raised, once the planning
+    // frame is popped (errors.rs).
     unsafe {
-        match PREV_PLANNER_HOOK {
-            Some(prev) => prev(parse, query_string, cursor_options, params),
-            None => pg_sys::standard_planner(parse, query_string, cursor_options, params),
-        }
+        crate::errors::rethrow_pending(|| {
+            RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
+            TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().clear());
+            let _frame = PlanningFrame;
+            crate::errors::pass(|| match PREV_PLANNER_HOOK {
+                Some(prev) => prev(parse, query_string, cursor_options, params),
+                None => crate::errors::raw::standard_planner(parse, query_string, cursor_options, params),
+            })
+        })
     }
 }
 

@@ -27,7 +27,7 @@
 use super::buffer::{BufferDest, HeldRows};
 use super::node::{self, StatementReport};
 use super::plan_data::GuardPlan;
-use crate::errors;
+use crate::errors::{self, raw};
 use crate::guc;
 use crate::latch::protocol::ReadMode;
 use crate::latch::{Footprint, Xid};
@@ -69,7 +69,38 @@ struct GuardedStatement {
 }
 
 thread_local! {
-    static STATEMENTS: RefCell<Vec<GuardedStatement>> = const { RefCell::new(Vec::new()) };
+    /// The guarded statements whose executors are live, innermost last.
+    /// Each is a leaked Box, owned by this list: the list is borrowed only
+    /// to find, add or remove one, never while Postgres runs, so an ERROR
+    /// anywhere leaves it usable.
+    static STATEMENTS: RefCell<Vec<*mut GuardedStatement>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The guarded statement of `qd`.  The pointer stays valid until the
+/// statement is taken (ExecutorEnd) or forgotten (its executor's memory
+/// goes), neither of which can happen while one of its own hooks runs.
+fn statement(qd: *mut QueryDesc) -> Option<*mut GuardedStatement> {
+    STATEMENTS.with(|s| {
+        // SAFETY: every pointer in the list is a live leaked Box.
+        s.try_borrow().ok()?.iter().rev().copied().find(|&st| unsafe { (*st).qd } == qd)
+    })
+}
+
+fn add_statement(st: GuardedStatement) -> *mut GuardedStatement {
+    let p = Box::into_raw(Box::new(st));
+    STATEMENTS.with(|s| s.borrow_mut().push(p));
+    p
+}
+
+/// Removes `qd`'s statement from the list and hands back its ownership.
+fn take_statement(qd: *mut QueryDesc) -> Option<Box<GuardedStatement>> {
+    STATEMENTS.with(|s| {
+        let mut s = s.try_borrow_mut().ok()?;
+        // SAFETY: every pointer in the list is a live leaked Box.
+        let i = s.iter().position(|&st| unsafe { (*st).qd } == qd)?;
+        // SAFETY: removed from the list, so this is the only owner.
+        Some(unsafe { Box::from_raw(s.remove(i)) })
+    })
 }
 
 static mut PREV_START: pg_sys::ExecutorStart_hook_type = None;
@@ -197,7 +228,7 @@ unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) 
         (*econtext).ecxt_param_list_info = params;
         let state = pg_sys::ExecInitExpr(expr, std::ptr::null_mut());
         let mut isnull = false;
-        let v = pg_sys::ExecEvalExprSwitchContext(state, econtext, &mut isnull);
+        let v = errors::pass(|| raw::eval_expr(state, econtext, &mut isnull));
         // By-reference values live in the caller's context: the per-query
         // context of the standalone ExprContext goes with FreeExprContext.
         let v = if isnull { v } else { copy_datum(v, pg_sys::exprType(expr as *mut Node)) };
@@ -288,36 +319,23 @@ unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamListI
 
 // ---- the hooks ---------------------------------------------------------------
 
-fn find_statement<R>(qd: *mut QueryDesc, f: impl FnOnce(&mut GuardedStatement) -> R) -> Option<R> {
-    STATEMENTS.with(|s| s.borrow_mut().iter_mut().find(|st| st.qd == qd).map(f))
-}
-
-fn take_statement(qd: *mut QueryDesc) -> Option<GuardedStatement> {
-    STATEMENTS.with(|s| {
-        let mut s = s.borrow_mut();
-        let i = s.iter().position(|st| st.qd == qd)?;
-        Some(s.swap_remove(i))
-    })
-}
-
 /// Forgets a statement whose executor memory goes away (after an ERROR,
-/// when ExecutorEnd never runs).
+/// when ExecutorEnd never runs).  Its snapshot went with the resource
+/// owner; only our memory is left to free.
 #[pg_guard]
 unsafe extern "C-unwind" fn forget_statement(arg: *mut std::ffi::c_void) {
-    STATEMENTS.with(|s| {
-        if let Ok(mut s) = s.try_borrow_mut() {
-            s.retain(|st| st.qd as *mut std::ffi::c_void != arg);
-        }
-    });
+    drop(take_statement(arg as *mut QueryDesc));
 }
 
-/// Runs the previous ExecutorStart hook, or the standard one.
+// The previous hooks, or the standard functions, as plain C calls: an
+// ERROR in them longjmps to the caller's jump buffer (see errors.rs).
+
 unsafe fn prev_start(qd: *mut QueryDesc, eflags: i32) {
     // SAFETY: chaining with the same arguments.
     unsafe {
         match PREV_START {
             Some(f) => f(qd, eflags),
-            None => pg_sys::standard_ExecutorStart(qd, eflags),
+            None => raw::standard_ExecutorStart(qd, eflags),
         }
     }
 }
@@ -327,7 +345,27 @@ unsafe fn prev_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: 
     unsafe {
         match PREV_RUN {
             Some(f) => f(qd, dir, count, once),
-            None => pg_sys::standard_ExecutorRun(qd, dir, count, once),
+            None => raw::standard_ExecutorRun(qd, dir, count, once),
+        }
+    }
+}
+
+unsafe fn prev_finish(qd: *mut QueryDesc) {
+    // SAFETY: chaining with the same arguments.
+    unsafe {
+        match PREV_FINISH {
+            Some(f) => f(qd),
+            None => raw::standard_ExecutorFinish(qd),
+        }
+    }
+}
+
+unsafe fn prev_end(qd: *mut QueryDesc) {
+    // SAFETY: chaining with the same arguments.
+    unsafe {
+        match PREV_END {
+            Some(f) => f(qd),
+            None => raw::standard_ExecutorEnd(qd),
         }
     }
 }
@@ -377,8 +415,16 @@ pub fn report_unprotected_read(msg: String) {
     }
 }
 
+/// ExecutorStart.  Statements with no guarded scan pass straight on.
 #[pg_guard]
 unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
+    // SAFETY: the executor's QueryDesc; see errors.rs for the boundary.
+    unsafe { errors::rethrow_pending(|| start_statement(qd, eflags)) }
+}
+
+/// # Safety
+/// `qd` is the QueryDesc ExecutorStart was called with.
+unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
     // SAFETY (whole body): the executor's QueryDesc, before and after the
     // standard start.
     unsafe {
@@ -388,7 +434,7 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
         let guards =
             if explain_only || crate::shmem::table_if_attached().is_none() { Vec::new() } else { guard_plans(stmt) };
         if guards.is_empty() {
-            prev_start(qd, eflags);
+            errors::pass(|| prev_start(qd, eflags));
             return;
         }
         let params = (*qd).params;
@@ -400,7 +446,7 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
         let want = if restartable { rows_wanted(stmt, params) } else { None };
         let Some(mut strategy) = run::choose_mode(want) else {
             // off: plain Postgres.
-            prev_start(qd, eflags);
+            errors::pass(|| prev_start(qd, eflags));
             attach(qd, RowSource::Plan, "off", None, false, eflags);
             return;
         };
@@ -426,7 +472,7 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
                     (*qd).snapshot = new;
                 }
                 b.release();
-                prev_start(qd, eflags);
+                errors::pass(|| prev_start(qd, eflags));
                 let st = attach(qd, RowSource::Plan, "fenced", None, swapped, eflags);
                 st.borrow_mut().report = ran.report;
                 st.borrow_mut().wait_us = ran.wait_us;
@@ -440,13 +486,13 @@ unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
                     clean
                 } =>
             {
-                prev_start(qd, eflags);
+                errors::pass(|| prev_start(qd, eflags));
                 let st = attach(qd, RowSource::Plan, "optimistic, declared spans clean: streamed", None, false, eflags);
                 st.borrow_mut().report.validations = 1;
                 st.borrow_mut().report.streamed = true;
             }
             ReadMode::Optimistic => {
-                prev_start(qd, eflags);
+                errors::pass(|| prev_start(qd, eflags));
                 attach(qd, RowSource::Pending, "optimistic", Some(base), false, eflags);
             }
         }
@@ -480,8 +526,15 @@ unsafe fn attach(
         (*cb).next = std::ptr::null_mut();
         pg_sys::MemoryContextRegisterResetCallback((*(*qd).estate).es_query_cxt, cb);
     }
-    let st = GuardedStatement { qd, source, report: report.clone(), base, swapped, second_finished: false, eflags };
-    STATEMENTS.with(|s| s.borrow_mut().push(st));
+    add_statement(GuardedStatement {
+        qd,
+        source,
+        report: report.clone(),
+        base,
+        swapped,
+        second_finished: false,
+        eflags,
+    });
     report
 }
 
@@ -493,10 +546,11 @@ impl Reader for FencedReader {
     }
 }
 
-/// Runs `qd` with `snap` as the active snapshot.
+/// Runs `f` (which calls Postgres only through [`errors::pass`]) with
+/// `snap` as the active snapshot.
 unsafe fn with_active<R>(snap: pg_sys::Snapshot, f: impl FnOnce() -> R) -> R {
     // SAFETY: pushing a registered snapshot and popping it again; an ERROR
-    // in between resets the active snapshot stack at abort.
+    // in between resets the active snapshot stack at (sub)transaction abort.
     unsafe {
         pg_sys::PushActiveSnapshot(snap);
         let r = f();
@@ -505,48 +559,71 @@ unsafe fn with_active<R>(snap: pg_sys::Snapshot, f: impl FnOnce() -> R) -> R {
     }
 }
 
-#[pg_guard]
+/// ExecutorRun.  Not `#[pg_guard]`: recursion (a function that calls
+/// itself through SQL) passes through this frame at every level, so for
+/// statements that are not ours it is as small as a C hook's and calls on
+/// with a plain C call; it keeps no state, so an ERROR longjmps past it.
 unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
-    enum RunStep {
-        Plain(bool),
-        Pending,
-        Serve,
-        Second(*mut QueryDesc),
-    }
-    let step = find_statement(qd, |st| match &st.source {
-        RowSource::Plan => RunStep::Plain(st.swapped),
-        RowSource::Pending => RunStep::Pending,
-        RowSource::Held(_) => RunStep::Serve,
-        RowSource::Second(q2) => RunStep::Second(*q2),
-    });
-    // SAFETY (whole body): the executor's QueryDesc, started by us.
+    // SAFETY: the executor's arguments, passed on unchanged.
     unsafe {
+        if statement(qd).is_none() {
+            prev_run(qd, dir, count, once)
+        } else {
+            guarded_run(qd, dir, count, once)
+        }
+    }
+}
+
+#[pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn guarded_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
+    // SAFETY: a started statement of ours; see errors.rs for the boundary.
+    unsafe { errors::rethrow_pending(|| run_statement(qd, dir, count, once)) }
+}
+
+/// # Safety
+/// `qd` is a started statement.
+unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
+    // SAFETY (whole body): the executor's QueryDesc, started by us; `st`
+    // stays valid while its hooks run.
+    unsafe {
+        let Some(st) = statement(qd) else {
+            return errors::pass(|| prev_run(qd, dir, count, once));
+        };
+        enum Step {
+            Plain { swapped: bool },
+            Pending,
+            Held,
+            Second(*mut QueryDesc),
+        }
+        let step = match &(*st).source {
+            RowSource::Plan => Step::Plain { swapped: (*st).swapped },
+            RowSource::Pending => Step::Pending,
+            RowSource::Held(_) => Step::Held,
+            RowSource::Second(q2) => Step::Second(*q2),
+        };
         match step {
-            None | Some(RunStep::Plain(false)) => prev_run(qd, dir, count, once),
-            Some(RunStep::Plain(true)) => {
-                with_active((*(*qd).estate).es_snapshot, || prev_run(qd, dir, count, once));
+            Step::Plain { swapped: false } => errors::pass(|| prev_run(qd, dir, count, once)),
+            Step::Plain { swapped: true } => {
+                with_active((*(*qd).estate).es_snapshot, || errors::pass(|| prev_run(qd, dir, count, once)));
             }
-            Some(RunStep::Pending) => {
-                validate(qd, once);
-                executor_run(qd, dir, count, once);
+            Step::Pending => {
+                validate(qd, st, once);
+                run_statement(qd, dir, count, once);
             }
-            Some(RunStep::Serve) => {
-                let dest = (*qd).dest;
-                let desc = (*qd).tupDesc;
-                let n = if dir == pg_sys::ScanDirection::NoMovementScanDirection {
-                    0
-                } else {
-                    find_statement(qd, |st| match &mut st.source {
-                        RowSource::Held(h) => h.send(dest, desc, count),
-                        _ => 0,
-                    })
-                    .unwrap_or(0)
-                };
+            Step::Held => {
+                let RowSource::Held(held) = &mut (*st).source else { return };
+                // As standard_ExecutorRun: the receiver starts and shuts
+                // down on every run, also one with no movement or at the
+                // end (PL/pgSQL's and SPI's receivers count on it).
+                let n = held.send((*qd).dest, (*qd).tupDesc, dir, count);
                 (*(*qd).estate).es_processed = n;
             }
-            Some(RunStep::Second(q2)) => {
+            Step::Second(q2) => {
                 (*q2).dest = (*qd).dest;
-                with_active((*(*q2).estate).es_snapshot, || pg_sys::standard_ExecutorRun(q2, dir, count, once));
+                with_active((*(*q2).estate).es_snapshot, || {
+                    errors::pass(|| raw::standard_ExecutorRun(q2, dir, count, once))
+                });
                 (*(*qd).estate).es_processed = (*(*q2).estate).es_processed;
             }
         }
@@ -557,13 +634,15 @@ unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDi
 /// fallback.  Leaves the statement's source set to what its rows come from.
 ///
 /// # Safety
-/// `qd` is a started, optimistic, not yet run statement of ours.
-unsafe fn validate(qd: *mut QueryDesc, once: bool) {
-    let (base, eflags) =
-        find_statement(qd, |st| (st.base.take().expect("an optimistic statement has its base"), st.eflags))
-            .expect("ours");
+/// `qd` is a started, optimistic, not yet run statement of ours, `st` its
+/// entry.
+unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, once: bool) {
     // SAFETY: per contract.
     unsafe {
+        let Some(base) = (*st).base.take() else {
+            errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "an optimistic statement lost its snapshot")
+        };
+        let eflags = (*st).eflags;
         let estate = (*qd).estate;
         let cx = pg_sys::AllocSetContextCreateInternal(
             (*estate).es_query_cxt,
@@ -611,13 +690,11 @@ unsafe fn validate(qd: *mut QueryDesc, once: bool) {
             }
         };
         base.release();
-        find_statement(qd, |st| {
-            st.source = source;
-            let mut r = st.report.borrow_mut();
-            r.mode = mode.to_string();
-            r.report = report;
-            r.wait_us = wait_us;
-        });
+        (*st).source = source;
+        let mut r = (*st).report.borrow_mut();
+        r.mode = mode.to_string();
+        r.report = report;
+        r.wait_us = wait_us;
     }
 }
 
@@ -646,8 +723,8 @@ unsafe fn start_second_executor(
             (*qd).queryEnv,
             (*qd).instrument_options,
         );
-        pg_sys::standard_ExecutorStart(q2, eflags);
         pg_sys::MemoryContextSwitchTo(old);
+        errors::pass(|| raw::standard_ExecutorStart(q2, eflags));
         q2
     }
 }
@@ -656,10 +733,12 @@ unsafe fn start_second_executor(
 unsafe fn end_second_executor(q2: *mut QueryDesc, finished: bool) {
     // SAFETY: a second executor we started and have not ended.
     unsafe {
-        if !finished {
-            pg_sys::standard_ExecutorFinish(q2);
-        }
-        pg_sys::standard_ExecutorEnd(q2);
+        errors::pass(|| {
+            if !finished {
+                raw::standard_ExecutorFinish(q2);
+            }
+            raw::standard_ExecutorEnd(q2);
+        });
         pg_sys::FreeQueryDesc(q2);
     }
 }
@@ -693,6 +772,16 @@ unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
     fp
 }
 
+/// Puts a QueryDesc's receiver back however the run it was swapped for
+/// ends.
+struct RestoreDest(*mut QueryDesc, *mut pg_sys::DestReceiver);
+impl Drop for RestoreDest {
+    fn drop(&mut self) {
+        // SAFETY: the QueryDesc outlives the run this guard spans.
+        unsafe { (*self.0).dest = self.1 };
+    }
+}
+
 impl Reader for OptimisticAttempts {
     fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint> {
         self.buffer.clear();
@@ -700,15 +789,16 @@ impl Reader for OptimisticAttempts {
         // SAFETY: our statement's QueryDesc; the buffer outlives each run.
         let fp = unsafe {
             if self.attempts == 0 && pulled.is_empty() && base.snap == (*self.qd).snapshot {
-                let saved = (*self.qd).dest;
-                (*self.qd).dest = dest;
-                prev_run(self.qd, pg_sys::ScanDirection::ForwardScanDirection, 0, self.once);
-                (*self.qd).dest = saved;
-                footprint(self.qd)
+                let qd = self.qd;
+                let _restore = RestoreDest(qd, (*qd).dest);
+                (*qd).dest = dest;
+                let once = self.once;
+                errors::pass(|| prev_run(qd, pg_sys::ScanDirection::ForwardScanDirection, 0, once));
+                footprint(qd)
             } else {
                 let q2 = start_second_executor(self.qd, base.spliced(pulled), dest, self.eflags);
                 with_active((*(*q2).estate).es_snapshot, || {
-                    pg_sys::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true)
+                    errors::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
                 });
                 let fp = footprint(q2);
                 end_second_executor(q2, false);
@@ -720,44 +810,63 @@ impl Reader for OptimisticAttempts {
     }
 }
 
-#[pg_guard]
+/// ExecutorFinish; like [`executor_run`], as small as a C hook for
+/// statements that are not ours.
 unsafe extern "C-unwind" fn executor_finish(qd: *mut QueryDesc) {
-    let second = find_statement(qd, |st| match st.source {
-        RowSource::Second(q2) if !st.second_finished => {
-            st.second_finished = true;
-            Some(q2)
-        }
-        _ => None,
-    })
-    .flatten();
-    // SAFETY: finishing a second executor we started, then chaining.
+    // SAFETY: the executor's argument, passed on unchanged.
     unsafe {
-        if let Some(q2) = second {
-            pg_sys::standard_ExecutorFinish(q2);
-        }
-        match PREV_FINISH {
-            Some(f) => f(qd),
-            None => pg_sys::standard_ExecutorFinish(qd),
+        match statement(qd) {
+            Some(st) if matches!((*st).source, RowSource::Second(_)) && !(*st).second_finished => guarded_finish(qd),
+            _ => prev_finish(qd),
         }
     }
 }
 
 #[pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn guarded_finish(qd: *mut QueryDesc) {
+    // SAFETY: finishing a second executor we started, then chaining.
+    unsafe {
+        errors::rethrow_pending(|| {
+            if let Some(st) = statement(qd) {
+                if let RowSource::Second(q2) = (*st).source {
+                    (*st).second_finished = true;
+                    errors::pass(|| raw::standard_ExecutorFinish(q2));
+                }
+            }
+            errors::pass(|| prev_finish(qd));
+        })
+    }
+}
+
+/// ExecutorEnd; like [`executor_run`], as small as a C hook for statements
+/// that are not ours.
 unsafe extern "C-unwind" fn executor_end(qd: *mut QueryDesc) {
-    let st = take_statement(qd);
+    // SAFETY: the executor's argument, passed on unchanged.
+    unsafe {
+        if statement(qd).is_some() {
+            guarded_end(qd)
+        } else {
+            prev_end(qd)
+        }
+    }
+}
+
+#[pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn guarded_end(qd: *mut QueryDesc) {
     // SAFETY: ending what we started, then chaining.
     unsafe {
-        if let Some(mut st) = st {
-            if let RowSource::Second(q2) = st.source {
-                end_second_executor(q2, st.second_finished);
+        errors::rethrow_pending(|| {
+            if let Some(mut st) = take_statement(qd) {
+                if let RowSource::Second(q2) = st.source {
+                    end_second_executor(q2, st.second_finished);
+                }
+                if let Some(mut b) = st.base.take() {
+                    b.release();
+                }
             }
-            if let Some(mut b) = st.base.take() {
-                b.release();
-            }
-        }
-        match PREV_END {
-            Some(f) => f(qd),
-            None => pg_sys::standard_ExecutorEnd(qd),
-        }
+            errors::pass(|| prev_end(qd));
+        })
     }
 }
