@@ -53,13 +53,77 @@ pub fn key_sequence(key: &KeyDesc) -> Option<Oid> {
     })
 }
 
+/// A unique index of `relid` that can be a gapless tail key: one integer
+/// column fed by a sequence, not partial, no expression, valid.  Named as
+/// `pgkvx.enable` takes it.
+fn tail_key_index(relid: Oid) -> Option<String> {
+    with_pinned_settings(|| {
+        Spi::get_one_with_args::<Oid>(
+            "SELECT i.indexrelid
+               FROM pg_catalog.pg_index i
+               JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+              WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
+                AND i.indexprs IS NULL AND i.indpred IS NULL
+                AND a.atttypid IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
+                                   'pg_catalog.int8'::pg_catalog.regtype)
+                AND pg_catalog.pg_get_serial_sequence(i.indrelid::pg_catalog.regclass::pg_catalog.text,
+                                                      a.attname::pg_catalog.text) IS NOT NULL
+              ORDER BY i.indexrelid LIMIT 1",
+            &[relid.into()],
+        )
+    })
+    .ok()
+    .flatten()
+    // Named as the caller's search_path finds it.
+    .map(crate::pg::regclass_text)
+}
+
+/// The columns of `relid`'s primary key, in key order.
+fn primary_key_columns(relid: Oid) -> Vec<String> {
+    with_pinned_settings(|| {
+        Spi::get_one_with_args::<Vec<String>>(
+            "SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.n)
+               FROM pg_catalog.pg_index i,
+                    pg_catalog.unnest(i.indkey::pg_catalog.int2[]) WITH ORDINALITY AS k(attnum, n),
+                    pg_catalog.pg_attribute a
+              WHERE i.indrelid = $1 AND i.indisprimary AND a.attrelid = i.indrelid AND a.attnum = k.attnum",
+            &[relid.into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_default()
+}
+
+/// Refuses a gapless table whose key is not one integer column, naming the
+/// unique index that could be its key (or how to make one).
+fn refuse_gapless_key(relid: Oid, relname: &str, columns: &[String]) -> ! {
+    let table = quote_literal(&crate::pg::regclass_text(relid));
+    let hint = match tail_key_index(relid) {
+        Some(index) => format!(
+            "Name a unique index on the tail column as the key: SELECT pgkvx.enable({table}, {}, gapless => true);",
+            quote_literal(&index)
+        ),
+        None => format!(
+            "Create a unique index on the tail column (an integer column fed by a sequence) and name it as the key: SELECT pgkvx.enable({table}, '<index>', gapless => true);"
+        ),
+    };
+    errors::raise_full(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        format!("gapless keys need a single integer key column; \"{relname}\" has another key"),
+        Some(format!(
+            "The key of \"{relname}\" is ({}).",
+            columns.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
+        )),
+        Some(hint),
+    )
+}
+
 /// Checks `key` can be drawn gaplessly and returns its sequence.
 pub fn gapless_sequence(key: &KeyDesc) -> Oid {
     if key.cols.len() != 1 || key.cols[0].kind != KeyKind::Int {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("gapless keys need a single integer key column; \"{}\" has another key", key.relname),
-        );
+        let columns: Vec<String> = key.cols.iter().map(|c| c.name.clone()).collect();
+        refuse_gapless_key(key.relid, &key.relname, &columns);
     }
     let Some(seq) = key_sequence(key) else {
         errors::raise_hint(
@@ -90,6 +154,14 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
             format!("pgkvx cannot latch temporary table \"{}\"", rel_name(rel)),
             "Only its own session can write a temporary table, so no write can commit behind a reader: it needs no latching.",
         );
+    }
+    if gapless && index.is_none() {
+        // A composite primary key cannot be a tail key, whatever its types
+        // (which the key resolution below would complain of first).
+        let pk = primary_key_columns(rel);
+        if pk.len() > 1 {
+            refuse_gapless_key(rel, &rel_name(rel), &pk);
+        }
     }
     let key = KeyDesc::resolve(rel, index);
     let name = qualified_name(rel);

@@ -81,9 +81,48 @@ unsafe fn take_drawn_key(latched: &Latched, tup: pg_sys::HeapTuple, tupdesc: pg_
     )
 }
 
+/// How a trigger function of ours must be fired.  Fired any other way it
+/// would do the wrong thing quietly: a statement trigger's function returns
+/// NULL, which a row trigger takes as "skip this row".
+#[derive(Clone, Copy)]
+enum Firing {
+    /// BEFORE INSERT, UPDATE or DELETE, FOR EACH ROW.
+    RowBefore,
+    /// BEFORE TRUNCATE (always FOR EACH STATEMENT).
+    TruncateBefore,
+}
+
+impl Firing {
+    fn matches(self, event: u32) -> bool {
+        let before = event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
+        let row = event & pg_sys::TRIGGER_EVENT_ROW != 0;
+        let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        match self {
+            Firing::RowBefore => {
+                before
+                    && row
+                    && matches!(
+                        op,
+                        pg_sys::TRIGGER_EVENT_INSERT | pg_sys::TRIGGER_EVENT_UPDATE | pg_sys::TRIGGER_EVENT_DELETE
+                    )
+            }
+            Firing::TruncateBefore => before && !row && op == pg_sys::TRIGGER_EVENT_TRUNCATE,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Firing::RowBefore => "BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW",
+            Firing::TruncateBefore => "BEFORE TRUNCATE ... FOR EACH STATEMENT",
+        }
+    }
+}
+
+/// The trigger data of a call of `what`, which must be fired as `firing`.
+///
 /// # Safety
-/// Called by the function manager as a trigger.
-unsafe fn trigger_data(fcinfo: pg_sys::FunctionCallInfo, what: &str) -> &'static pg_sys::TriggerData {
+/// Called by the function manager.
+unsafe fn trigger_data(fcinfo: pg_sys::FunctionCallInfo, what: &str, firing: Firing) -> &'static pg_sys::TriggerData {
     // SAFETY: fcinfo is valid; context is checked to be TriggerData.
     unsafe {
         let ctx = (*fcinfo).context;
@@ -93,7 +132,15 @@ unsafe fn trigger_data(fcinfo: pg_sys::FunctionCallInfo, what: &str) -> &'static
                 format!("{what} must be called as a trigger"),
             );
         }
-        &*(ctx as *const pg_sys::TriggerData)
+        let td = &*(ctx as *const pg_sys::TriggerData);
+        if !firing.matches(td.tg_event) {
+            crate::errors::raise_hint(
+                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+                format!("{what} must be fired {}", firing.describe()),
+                "pgkvx.enable() installs pgkvx's triggers; do not attach its trigger functions by hand.",
+            );
+        }
+        td
     }
 }
 
@@ -113,14 +160,8 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_row(fcinfo: pg_sys::FunctionCallInfo
     // SAFETY: the trigger protocol: fields of TriggerData are valid for the
     // duration of the call; tuples belong to the relation being changed.
     unsafe {
-        let td = trigger_data(fcinfo, "pgkvx.latch_row()");
+        let td = trigger_data(fcinfo, "pgkvx.latch_row()", Firing::RowBefore);
         let event = td.tg_event;
-        if event & pg_sys::TRIGGER_EVENT_BEFORE == 0 || event & pg_sys::TRIGGER_EVENT_ROW == 0 {
-            crate::errors::raise(
-                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-                "pgkvx.latch_row() must fire BEFORE ... FOR EACH ROW",
-            );
-        }
         let rel = td.tg_relation;
         let relid = (*rel).rd_id;
         let latched = registry::require(relid);
@@ -164,7 +205,7 @@ pub extern "C" fn pg_finfo_pgkvx_latch_truncate() -> &'static pg_sys::Pg_finfo_r
 pub unsafe extern "C-unwind" fn pgkvx_latch_truncate(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
     // SAFETY: as above.
     unsafe {
-        let td = trigger_data(fcinfo, "pgkvx.latch_truncate()");
+        let td = trigger_data(fcinfo, "pgkvx.latch_truncate()", Firing::TruncateBefore);
         let relid = (*td.tg_relation).rd_id;
         let latched = registry::require(relid);
         backend::latch(relid, latched.owner, &Span::ALL);

@@ -1,0 +1,114 @@
+-- What pgkvx must not break or do behind the user's back: whole PL/pgSQL
+-- loops over held reads, errors with their CONTEXT, EXPLAIN that runs
+-- nothing, trigger functions fired as they were not made to be, and an
+-- enable() refusal that names the fix.
+SET client_min_messages = notice;
+CREATE TABLE dep_ev (id bigserial PRIMARY KEY, p text NOT NULL);
+SELECT pgkvx.enable('dep_ev', gapless => true);
+INSERT INTO dep_ev (p) SELECT 'e' || g FROM generate_series(1, 120) g;
+
+-- PL/pgSQL fetches 10 rows, then 50 at a time: a held result that ends
+-- inside a batch leaves the portal at its end, and the next fetch runs the
+-- executor with no movement.  Every limit must give every row.
+CREATE FUNCTION dep_loop(lim int) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE r record; n bigint := 0; s bigint := 0;
+BEGIN
+  FOR r IN SELECT id FROM dep_ev WHERE id > 0 ORDER BY id LIMIT lim LOOP
+    n := n + 1; s := s + r.id;
+  END LOOP;
+  RETURN n * 100000 + s;
+END $$;
+CREATE FUNCTION dep_loop_execute(lim int) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE r record; n bigint := 0;
+BEGIN
+  FOR r IN EXECUTE 'SELECT id FROM dep_ev WHERE id > $1 ORDER BY id LIMIT $2' USING 0, lim LOOP
+    n := n + 1;
+  END LOOP;
+  RETURN n;
+END $$;
+-- FETCH on past NOT FOUND, as consumers with explicit cursors do.
+CREATE FUNCTION dep_fetch_past_end(lim int) RETURNS int LANGUAGE plpgsql AS $$
+DECLARE c refcursor; r record; n int := 0; extra int := 0;
+BEGIN
+  OPEN c FOR SELECT id FROM dep_ev WHERE id > 0 ORDER BY id LIMIT lim;
+  LOOP
+    FETCH c INTO r;
+    EXIT WHEN NOT FOUND;
+    n := n + 1;
+  END LOOP;
+  FOR i IN 1..3 LOOP
+    FETCH c INTO r;
+    IF FOUND THEN extra := extra + 1; END IF;
+  END LOOP;
+  CLOSE c;
+  RETURN n * 10 + extra;
+END $$;
+SELECT l, dep_loop(l) = (SELECT count(*) * 100000 + coalesce(sum(id), 0) FROM
+                           (SELECT id FROM dep_ev WHERE id > 0 ORDER BY id LIMIT l) t) AS whole,
+          dep_loop_execute(l), dep_fetch_past_end(l)
+  FROM unnest(ARRAY[0, 1, 5, 9, 10, 11, 25, 49, 50, 51, 60, 61, 119, 120, 200]) l;
+SET pgkvx.scan_mode = fenced;
+SELECT l, dep_loop_execute(l), dep_fetch_past_end(l) FROM unnest(ARRAY[1, 11, 60]) l;
+RESET pgkvx.scan_mode;
+-- SQL cursors fetched past the end
+BEGIN;
+DECLARE dc CURSOR FOR SELECT id FROM dep_ev WHERE id > 100 ORDER BY id LIMIT 3;
+FETCH 2 FROM dc;
+FETCH 2 FROM dc;
+FETCH 2 FROM dc;
+FETCH 0 FROM dc;
+COMMIT;
+
+-- An error raised inside a held read reaches the client as raised,
+-- CONTEXT included, and the session goes on.
+CREATE FUNCTION dep_boom(i bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+  IF i = 3 THEN RAISE EXCEPTION 'boom at %', i USING DETAIL = 'row three', HINT = 'it always fails there'; END IF;
+  RETURN i;
+END $$;
+SELECT id, dep_boom(id) FROM dep_ev WHERE id > 0 ORDER BY id LIMIT 5;
+SET pgkvx.scan_mode = fenced;
+SELECT id, dep_boom(id) FROM dep_ev WHERE id > 0 ORDER BY id LIMIT 5;
+RESET pgkvx.scan_mode;
+SELECT id FROM dep_ev WHERE id > 0 ORDER BY id LIMIT 2;
+CREATE TABLE dep_u (a int PRIMARY KEY);
+INSERT INTO dep_u VALUES (1);
+CREATE FUNCTION dep_dup() RETURNS void LANGUAGE plpgsql AS $$ BEGIN INSERT INTO dep_u VALUES (1); END $$;
+SELECT dep_dup();
+
+-- Plain EXPLAIN evaluates nothing beyond what PostgreSQL's planner does
+-- (it estimates selectivity with the stable function's value: one NOTICE,
+-- as for the plain table): a bound that calls a stable function is shown
+-- as known only at run time.
+CREATE FUNCTION dep_noisy() RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+BEGIN RAISE NOTICE 'dep_noisy ran'; RETURN 5; END $$;
+EXPLAIN (COSTS OFF) SELECT * FROM dep_ev WHERE id > dep_noisy() ORDER BY id LIMIT 1;
+EXPLAIN (COSTS OFF) SELECT * FROM dep_ev WHERE id > 5 ORDER BY id LIMIT 1;
+CREATE TABLE dep_plain (id bigint PRIMARY KEY);
+EXPLAIN (COSTS OFF) SELECT * FROM dep_plain WHERE id > dep_noisy() ORDER BY id LIMIT 1;
+
+-- pgkvx's trigger functions refuse to fire in a role they were not made
+-- for: the TRUNCATE latch as a row trigger would return NULL and drop
+-- every row.
+CREATE TABLE dep_kv (k int PRIMARY KEY, v int);
+SELECT pgkvx.enable('dep_kv');
+CREATE TRIGGER dep_wrong BEFORE INSERT ON dep_kv FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_truncate();
+INSERT INTO dep_kv VALUES (1, 1);
+DROP TRIGGER dep_wrong ON dep_kv;
+CREATE TRIGGER dep_wrong AFTER INSERT ON dep_kv FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_row();
+INSERT INTO dep_kv VALUES (2, 2);
+DROP TRIGGER dep_wrong ON dep_kv;
+CREATE TRIGGER dep_wrong BEFORE INSERT ON dep_kv FOR EACH STATEMENT EXECUTE FUNCTION pgkvx.latch_row();
+INSERT INTO dep_kv VALUES (3, 3);
+DROP TRIGGER dep_wrong ON dep_kv;
+INSERT INTO dep_kv VALUES (4, 4);
+SELECT k, v FROM dep_kv ORDER BY k;
+
+-- A tail table whose primary key cannot be the tail key: the refusal
+-- names the unique index that can.
+CREATE TABLE dep_outbox (txid xid8 NOT NULL DEFAULT pg_current_xact_id(), id bigserial, body text,
+                         PRIMARY KEY (txid, id), UNIQUE (id));
+SELECT pgkvx.enable('dep_outbox', gapless => true);
+SELECT pgkvx.enable('dep_outbox', 'dep_outbox_id_key', gapless => true);
+CREATE TABLE dep_nokey (a int, b bigserial, PRIMARY KEY (a, b));
+SELECT pgkvx.enable('dep_nokey', gapless => true);
