@@ -15,6 +15,10 @@ Each loop is run for a table of LIMITs around those batch sizes, in both
 protected modes, and compared row for row with the same read under
 `pgkvx.scan_mode = off`.
 """
+import os
+import socket
+import struct
+
 import psycopg
 import pytest
 
@@ -298,6 +302,95 @@ def sql_prepare_execute(db, mode, n):
         return runs
 
 
+class Wire:
+    """Just enough of the frontend/backend protocol to do what libpq
+    cannot: Execute a portal for at most N rows at a time (as JDBC's
+    fetchSize and Npgsql do), then Execute it again past its end."""
+
+    def __init__(self, db):
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.settimeout(60)  # a hang guard
+        self.s.connect(f"{os.environ.get('PGHOST', '/tmp')}/.s.PGSQL.{os.environ.get('PGPORT', '55432')}")
+        body = struct.pack("!I", 196608) + b"user\0postgres\0database\0" + db.encode() + b"\0\0"
+        self.s.sendall(struct.pack("!I", len(body) + 4) + body)
+        self.until(b"Z")
+
+    def send(self, typ, payload=b""):
+        self.s.sendall(typ + struct.pack("!I", len(payload) + 4) + payload)
+
+    def recv_exact(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.s.recv(n - len(buf))
+            assert chunk, "the server closed the connection"
+            buf += chunk
+        return buf
+
+    def recv(self):
+        typ, n = struct.unpack("!cI", self.recv_exact(5))
+        return typ, self.recv_exact(n - 4)
+
+    def until(self, *stops):
+        """Messages up to one of `stops`; an ErrorResponse fails the test."""
+        got = []
+        while True:
+            typ, body = self.recv()
+            if typ == b"E":
+                fields = dict((f[:1], f[1:].decode()) for f in body.split(b"\0") if f)
+                raise AssertionError(f"ErrorResponse {fields.get(b'C')}: {fields.get(b'M')}")
+            got.append((typ, body))
+            if typ in stops:
+                return got
+
+    def query(self, sql):
+        self.send(b"Q", sql.encode() + b"\0")
+        self.until(b"Z")
+
+    def close(self):
+        self.send(b"X")
+        self.s.close()
+
+
+def wire_execute(max_rows):
+    def run(db, mode, n):
+        w = Wire(db)
+        try:
+            w.query(f"SET pgkvx.scan_mode = {mode}")
+            w.query("BEGIN")
+            params = [str(AFTER).encode(), str(int(n)).encode()]
+            bind = b"tail_portal\0\0" + struct.pack("!hh", 0, len(params))
+            for p in params:
+                bind += struct.pack("!I", len(p)) + p
+            bind += struct.pack("!h", 0)
+            w.send(b"P", b"\0" + TAIL.encode() + b"\0" + struct.pack("!h", 0))
+            w.send(b"B", bind)
+            w.send(b"H")
+            w.until(b"2")
+            ids, tags = [], []
+            while True:
+                w.send(b"E", b"tail_portal\0" + struct.pack("!I", max_rows))
+                w.send(b"H")
+                msgs = w.until(b"s", b"C")
+                for typ, body in msgs:
+                    if typ == b"D":
+                        (ncols,) = struct.unpack("!h", body[:2])
+                        (ln,) = struct.unpack("!i", body[2:6])
+                        ids.append(int(body[6:6 + ln]))
+                if msgs[-1][0] == b"C":
+                    tags.append(msgs[-1][1].rstrip(b"\0").decode())
+                    break
+            # Once more, past the end: no rows, no error.
+            w.send(b"E", b"tail_portal\0" + struct.pack("!I", max_rows))
+            w.send(b"S")
+            msgs = w.until(b"Z")
+            assert not [m for m in msgs if m[0] == b"D"], "Execute past the end returned rows"
+            w.query("COMMIT")
+            return [ids]
+        finally:
+            w.close()
+    return run
+
+
 LOOPS = {
     "plpgsql_for": sql_function("loop_for"),
     "plpgsql_for_execute": sql_function("loop_for_execute"),
@@ -320,6 +413,9 @@ LOOPS = {
     "psycopg_prepared": prepared(generic=False),
     "psycopg_prepared_generic_plan": prepared(generic=True),
     "sql_prepare_execute": sql_prepare_execute,
+    "protocol_execute_max_rows_1": wire_execute(1),
+    "protocol_execute_max_rows_10": wire_execute(10),
+    "protocol_execute_max_rows_50": wire_execute(50),
 }
 
 
