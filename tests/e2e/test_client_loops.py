@@ -535,6 +535,12 @@ def test_error_while_rows_are_handed_on_leaves_the_session_usable(err_tables, pl
         pid = c.info.backend_pid
         with pytest.raises(psycopg.Error, match=message):
             provoke(c)
+
+        def no_latch_of_the_session():
+            return watcher.execute("SELECT count(*) FROM pgkvx.latches WHERE holder_pid = %s",
+                                   (pid,)).fetchone()[0] == 0
+        # A read latches nothing, even one that failed.
+        wait_until(no_latch_of_the_session, f"the latches of session {pid} to go")
         # The same session goes on: a plain statement, a tail read, a write
         # to the latched table.
         assert c.execute("SELECT 1").fetchone() == (1,)
@@ -548,9 +554,7 @@ def test_error_while_rows_are_handed_on_leaves_the_session_usable(err_tables, pl
             assert c.execute("SELECT count(*) FROM pgkvx.latches WHERE holder_pid = pg_backend_pid()").fetchone()[0] > 0
             c.execute("DELETE FROM enc_t WHERE id = %s", (key,))
         # ...and leaves no latch behind.
-        wait_until(lambda: watcher.execute("SELECT count(*) FROM pgkvx.latches WHERE holder_pid = %s",
-                                           (pid,)).fetchone()[0] == 0,
-                   f"the latches of session {pid} to go")
+        wait_until(no_latch_of_the_session, f"the latches of session {pid} to go")
         # Once more, for a session that survived one error but not two.
         with pytest.raises(psycopg.Error, match=message):
             provoke(c)
