@@ -118,3 +118,30 @@ def standby():
         yield {"host": f"{d}/sock", "port": port}
     finally:
         stop()
+
+
+def side_cluster(name, port, preload, **env):
+    """A scratch cluster of the same private PostgreSQL tree beside the
+    main one (scripts/cluster with another port and directory): returns
+    (run scripts/cluster with its environment, its connection keywords)."""
+    tree = os.environ.get("PGKVX_TREE", f"/var/tmp/pgkvx-pg15-{PORT}")
+    cenv = dict(os.environ, PGKVX_PORT=str(port), PGKVX_CLUSTER=f"{SCRATCH}-{name}", PGKVX_PRELOAD=preload,
+                PGKVX_TREE=tree, **env)
+    cenv.setdefault("PG_CONFIG", f"{tree}/usr/lib/postgresql/15/bin/pg_config")
+    return (lambda *args, check=True: cluster(*args, check=check, env=cenv),
+            {"host": f"{SCRATCH}-{name}/sock", "port": port, "data": f"{SCRATCH}-{name}/data",
+             "log": f"{SCRATCH}-{name}/server.log"})
+
+
+@pytest.fixture(scope="module")
+def plain_cluster():
+    """The same PostgreSQL without pgkvx preloaded, on another port: what
+    plain PostgreSQL does, for parity tests.  Yields its connection
+    keywords (host, port); stopped and removed afterwards."""
+    run, where = side_cluster("plain", PORT + 5, "")
+    run("destroy", check=False)
+    run("start")
+    try:
+        yield {"host": where["host"], "port": where["port"]}
+    finally:
+        run("destroy", check=False)
