@@ -69,12 +69,9 @@ class ServerWatch:
             f.seek(self.log_at)
             return f.read()
 
-    def check(self):
+    def check(self, during=""):
         """Fails the test if the server crashed since the watch began, once
-        it accepts connections again."""
-        crashed = [line for line in self._new_log().splitlines()
-                   if "terminated by signal" in line or "terminating any other active server" in line]
-
+        it accepts connections again (`during` says what was running)."""
         def back():
             try:
                 with connect(self.db) as c:
@@ -84,14 +81,18 @@ class ServerWatch:
                 return False
 
         wait_until(back, "the server to accept connections again", timeout=180)
+        # Read once the server is back: the postmaster logs a crash when it
+        # reaps the backend, possibly after the client saw it go.
+        crashed = [line for line in self._new_log().splitlines()
+                   if "terminated by signal" in line or "terminating any other active server" in line]
         postmaster, checkpointer = self._postmaster(), self._checkpointer()
         before = (self.postmaster, self.checkpointer)
         # Report a crash once (the fixture checks again at teardown).
         self.postmaster, self.checkpointer = postmaster, checkpointer
         self.log_at = os.path.getsize(self.LOG)
-        assert not crashed, "a backend crashed:\n" + "\n".join(crashed)
-        assert postmaster == before[0], "the postmaster restarted"
-        assert checkpointer == before[1], "the server went through a crash-restart"
+        assert not crashed, f"a backend crashed{during}:\n" + "\n".join(crashed)
+        assert postmaster == before[0], f"the postmaster restarted{during}"
+        assert checkpointer == before[1], f"the server went through a crash-restart{during}"
 
 
 def lost_connection(conn, e):
@@ -223,7 +224,7 @@ def test_procedure_commits_inside_arrow_loop(procs, watch, fn):
                 c.execute("CALL commit_loop(%s, %s)", (run, STREAMS[fn]))
             except psycopg.Error as e:
                 if lost_connection(c, e):
-                    watch.check()
+                    watch.check(f" in CALL commit_loop after {k} portals")
                     raise
                 # Refused up front: it must say so clearly, and nothing of
                 # the loop may have committed.
