@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchOptions};
 use arrow_ipc::writer::StreamWriter;
-use arrow_schema::{Schema, SchemaRef};
+use arrow_schema::{DataType, Schema, SchemaRef};
 use pgrx::{pg_sys, PgSqlErrorCode};
 
 use super::pg::RowContext;
@@ -23,17 +23,34 @@ pub struct BatchWriter {
     writer: StreamWriter<Vec<u8>>,
     rows: usize,
     batch_rows: usize,
-    /// Row count at which to look at the byte size again: summing every
-    /// column's size after every row would cost more than appending the row.
-    next_size_check: usize,
+    /// Bytes every row adds to the fixed-width columns together: their size
+    /// is known from the row count, so the byte cap can be checked after
+    /// every row without asking each of them.
+    fixed_row_bytes: usize,
+    /// The other columns (variable width), whose sizes are summed after
+    /// every row.
+    sized: Vec<usize>,
     row_cx: RowContext,
+}
+
+/// Bytes per row of a column whose every value has the same size (the
+/// values buffer; validity bits are not counted, as `Encoder::bytes`
+/// does not count them).
+fn fixed_width(t: &DataType) -> Option<usize> {
+    match t {
+        DataType::FixedSizeBinary(n) => usize::try_from(*n).ok(),
+        t => t.primitive_width(),
+    }
 }
 
 impl BatchWriter {
     pub fn new(columns: Vec<OutputColumn>, batch_rows: usize) -> Self {
         let schema = Arc::new(Schema::new(columns.iter().map(|c| c.field.clone()).collect::<Vec<_>>()));
         let writer = StreamWriter::try_new(Vec::new(), &schema).unwrap_or_else(|e| ipc_error(e));
-        BatchWriter { schema, columns, writer, rows: 0, batch_rows, next_size_check: 1, row_cx: RowContext::new() }
+        let widths: Vec<Option<usize>> = columns.iter().map(|c| fixed_width(c.field.data_type())).collect();
+        let fixed_row_bytes = widths.iter().flatten().sum();
+        let sized = widths.iter().enumerate().filter(|(_, w)| w.is_none()).map(|(i, _)| i).collect();
+        BatchWriter { schema, columns, writer, rows: 0, batch_rows, fixed_row_bytes, sized, row_cx: RowContext::new() }
     }
 
     /// Drops whatever was written so far and starts the stream again (the
@@ -45,7 +62,6 @@ impl BatchWriter {
         }
         self.writer = StreamWriter::try_new(Vec::new(), &self.schema).unwrap_or_else(|e| ipc_error(e));
         self.rows = 0;
-        self.next_size_check = 1;
     }
 
     /// Appends one row.  `attrs[i]` is the 0-based position in `values` and
@@ -80,23 +96,20 @@ impl BatchWriter {
         self.columns.iter().map(|c| c.encoder.bytes()).sum()
     }
 
-    pub fn full(&mut self) -> bool {
+    /// Whether the batch is full: `batch_rows` rows, or buffers at or past
+    /// the byte cap.  Checked after every row, so a batch passes the cap by
+    /// one row at most, however wide that row and however narrow the rows
+    /// before it.
+    #[inline]
+    pub fn full(&self) -> bool {
         if self.rows >= self.batch_rows {
             return true;
         }
-        if self.rows < self.next_size_check {
-            return false;
+        let mut bytes = self.rows * self.fixed_row_bytes;
+        for &i in &self.sized {
+            bytes += self.columns[i].encoder.bytes();
         }
-        let bytes = self.bytes();
-        if bytes >= BATCH_BYTE_CAP {
-            return true;
-        }
-        // Look again after half the rows that would fill the cap at the
-        // average row size so far, and at least every 64 rows, so a run of
-        // rows much wider than the ones before overshoots by 64 rows at most.
-        let per_row = (bytes / self.rows.max(1)).max(1);
-        self.next_size_check = self.rows + ((BATCH_BYTE_CAP - bytes) / per_row / 2).clamp(1, 64);
-        false
+        bytes >= BATCH_BYTE_CAP
     }
 
     /// Encodes the rows collected so far (if any) as one record batch, and
@@ -114,7 +127,6 @@ impl BatchWriter {
                 .unwrap_or_else(|e| ipc_error(e));
             self.writer.write(&batch).unwrap_or_else(|e| ipc_error(e));
             self.rows = 0;
-            self.next_size_check = 1;
         }
         if last {
             self.writer.finish().unwrap_or_else(|e| ipc_error(e));

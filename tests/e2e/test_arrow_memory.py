@@ -145,3 +145,41 @@ def test_optimistic_arrow_scan_max_rows_wide_rows_does_not_buffer_result(wide):
     assert after["scans_optimistic"] - before["scans_optimistic"] >= 1, (before, after)
     assert want * WIDE_BYTES // 1024 > BATCH_BOUND_KB * 3 // 2
     assert growth_kb < BATCH_BOUND_KB, growth_kb
+
+
+# The byte cap is checked after every row: a batch passes 64 MB by one row at
+# most, however narrow the rows before the wide ones were.  (It was checked
+# every 64 rows after a narrow first row: 4 MB rows then made a 256 MB batch,
+# 16 MB rows a 1 GB one.)  Asserted on the batches of the decoded stream.
+CAP_ROW = 4 * 1024 * 1024
+CAP_WIDE_ROWS = 40
+# A narrow first row, then CAP_WIDE_ROWS rows of 4 MB each.
+CAP_QUERY = (f"SELECT g AS k, CASE WHEN g = 1 THEN 'x' ELSE repeat(chr(97 + g % 26), {CAP_ROW}) END AS v"
+             f" FROM generate_series(1, {CAP_WIDE_ROWS + 1}) g")
+
+
+@pytest.fixture(scope="module")
+def capped(db):
+    with connect(db) as c:
+        c.execute("CREATE TABLE capped (k int8 PRIMARY KEY, v text NOT NULL)")
+        c.execute(f"INSERT INTO capped {CAP_QUERY}")
+    return db
+
+
+@pytest.mark.parametrize("fn", ["query", "scan"])
+def test_batch_byte_cap_checked_every_row(capped, fn):
+    sql = ("SELECT pgkvx.arrow_query(%s)" if fn == "query" else "SELECT pgkvx.arrow_scan('capped')")
+    with connect(capped) as c:
+        cur = c.cursor(binary=True)
+        buf = b"".join(bytes(r[0]) for r in cur.execute(sql, (CAP_QUERY,) if fn == "query" else None))
+    batches = list(ipc.open_stream(io.BytesIO(buf)))
+    sizes = [[len(v) for v in b.column(1).to_pylist()] for b in batches]
+    print(f"\n{fn}: rows per batch {[len(s) for s in sizes]}")
+    assert sum(len(s) for s in sizes) == CAP_WIDE_ROWS + 1
+    assert [v for s in sizes for v in s] == [1] + [CAP_ROW] * CAP_WIDE_ROWS
+    for s in sizes:
+        # Under the cap until its last row.
+        assert sum(s[:-1]) < CAP_KB * 1024, [len(s) for s in sizes]
+    for s in sizes[:-1]:
+        # ...and not closed long before it (a batch ends by the cap here).
+        assert sum(s) >= CAP_KB * 1024 - CAP_ROW, [len(s) for s in sizes]
