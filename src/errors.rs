@@ -157,6 +157,9 @@ pub unsafe fn pass<R>(f: impl FnOnce() -> R) -> R {
 /// Runs a hook's body; an ERROR that [`pass`] let through is raised again
 /// exactly as Postgres raised it, once every Rust frame inside has unwound.
 ///
+/// Catches every unwind, so a hook may run it without `#[pg_guard]`: a Rust
+/// panic becomes an ERROR as under pgrx's guard.
+///
 /// # Safety
 /// Called from a hook (or callback) that Postgres calls directly, with no
 /// Rust state of its own left to drop after `f` returns.
@@ -169,6 +172,21 @@ pub unsafe fn rethrow_pending<R>(f: impl FnOnce() -> R) -> R {
             // jump buffer current now is the one of our caller's frame.
             unsafe { raw::pg_re_throw() }
         }
-        Err(payload) => std::panic::resume_unwind(payload),
+        Err(payload) => raise_panic(payload),
     }
+}
+
+/// Raises a Rust panic (a bug of ours) as pgrx does, as an ERROR, from a
+/// guard of its own: hooks on hot paths run without `#[pg_guard]` and
+/// catch everything in [`rethrow_pending`].
+fn raise_panic(payload: Box<dyn std::any::Any + Send>) -> ! {
+    #[pgrx::pg_guard]
+    unsafe extern "C-unwind" fn reraise(payload: *mut std::ffi::c_void) {
+        // SAFETY: the box leaked below, taken back once.
+        let payload = unsafe { Box::from_raw(payload as *mut Box<dyn std::any::Any + Send>) };
+        std::panic::resume_unwind(*payload)
+    }
+    // SAFETY: reraise never returns: its guard turns the panic into an ERROR.
+    unsafe { reraise(Box::into_raw(Box::new(payload)) as *mut std::ffi::c_void) };
+    unreachable!("an ERROR returned")
 }

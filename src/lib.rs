@@ -41,6 +41,13 @@ pub extern "C-unwind" fn _PG_init() {
             "Add pgkvx to shared_preload_libraries in postgresql.conf and restart the server.",
         );
     }
+    // A Rust backtrace helps with our own bugs, not with PostgreSQL's errors
+    // that cross a pgrx guard on their way to the client: with
+    // RUST_BACKTRACE in the server's environment pgrx would capture one at
+    // every guard an error crosses and put it in DETAIL.  The postmaster
+    // drops it before any backend is forked.
+    std::env::remove_var("RUST_BACKTRACE");
+    std::env::remove_var("RUST_LIB_BACKTRACE");
     guc::init();
     shmem::init();
     shmem::backend::init();

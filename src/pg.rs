@@ -149,6 +149,19 @@ pub unsafe fn list_nth<T>(list: *mut pg_sys::List, n: usize) -> Option<*mut T> {
     unsafe { list_iter(list) }.nth(n)
 }
 
+/// How many elements a `List` has (NIL has none).
+///
+/// # Safety
+/// `list` is NIL or a valid `List`.
+pub unsafe fn list_len(list: *mut pg_sys::List) -> usize {
+    // SAFETY: per the contract.
+    if list.is_null() {
+        0
+    } else {
+        unsafe { (*list).length as usize }
+    }
+}
+
 /// The oids of an `OidList` (NIL has none), in order.
 ///
 /// # Safety

@@ -46,8 +46,15 @@ pub struct ReadParams {
     pub mode: ReadMode,
     /// Conflicting optimistic attempts before falling back to fenced.
     pub retries: u32,
-    /// REPEATABLE READ or SERIALIZABLE: the snapshot is fixed.
+    /// REPEATABLE READ or SERIALIZABLE, once a statement has read at the
+    /// transaction's snapshot: it cannot change.
     pub fixed_snapshot: bool,
+    /// A fresh snapshot may replace the base (READ COMMITTED).  The first
+    /// reading statement of a REPEATABLE READ transaction may pull holders
+    /// into its snapshot (the transaction then keeps the result) but not
+    /// take a fresh one: a conflict that needs one is a serialization
+    /// failure.
+    pub may_refresh: bool,
     /// Optimistic: check D once before the first read and stream when it is
     /// clean.  Worth one wider check when buffering the result costs more
     /// (many rows).
@@ -192,18 +199,16 @@ pub fn run<E: Env>(
                     ReadMode::Fenced => ReadOutcome::Stream { pulled },
                 };
             }
-            let c = conflicts.first().copied();
-            return ReadOutcome::SerializationFailure {
-                xid: c.map_or(Xid::INVALID, |c| c.xid),
-                rel: c.map_or(RelId::EMPTY, |c| c.rel),
-                span: c.map_or(Span::EMPTY, |c| c.span),
-            };
+            return serialization_failure(&conflicts);
         }
         let mut next = pulled.clone();
         for x in &conflicts {
             if let Err(at) = next.binary_search_by_key(&x.xid.0, |p| p.0) {
                 next.insert(at, x.xid);
             }
+        }
+        if (c.must_refresh || !env.can_pull(&next)) && !p.may_refresh {
+            return serialization_failure(&conflicts);
         }
         if c.must_refresh || !env.can_pull(&next) {
             env.refresh_snapshot();
@@ -223,6 +228,16 @@ pub fn run<E: Env>(
     }
 }
 
+/// A conflict waiting cannot repair: named by the first of `conflicts`.
+fn serialization_failure(conflicts: &[Conflict]) -> ReadOutcome {
+    let c = conflicts.first().copied();
+    ReadOutcome::SerializationFailure {
+        xid: c.map_or(Xid::INVALID, |c| c.xid),
+        rel: c.map_or(RelId::EMPTY, |c| c.rel),
+        span: c.map_or(Span::EMPTY, |c| c.span),
+    }
+}
+
 fn dedup(c: &mut Vec<Conflict>) {
     c.sort_by_key(|c| (c.xid.0, !c.live));
     c.dedup_by_key(|c| c.xid);
@@ -237,6 +252,9 @@ mod tests {
     struct Scripted {
         conflicted: u32,
         checks: u32,
+        /// Folding holders in stays cheap enough.
+        pullable: bool,
+        refreshed: u32,
     }
 
     impl Env for Scripted {
@@ -253,14 +271,17 @@ mod tests {
         }
         fn wait(&mut self, _: Xid) {}
         fn can_pull(&mut self, _: &[Xid]) -> bool {
-            true
+            self.pullable
         }
-        fn refresh_snapshot(&mut self) {}
+        fn refresh_snapshot(&mut self) {
+            self.refreshed += 1;
+        }
     }
 
     #[test]
     fn the_declared_footprint_is_computed_only_when_needed_and_once() {
-        let params = |mode| ReadParams { mode, retries: 1, fixed_snapshot: false, declared_first: false };
+        let params =
+            |mode| ReadParams { mode, retries: 1, fixed_snapshot: false, may_refresh: true, declared_first: false };
         // (mode, conflicting checks, times the declared footprint is asked for)
         let cases = [
             ("optimistic, clean at once", ReadMode::Optimistic, 0, 0),
@@ -270,7 +291,7 @@ mod tests {
             ("fenced, after a pull-in", ReadMode::Fenced, 1, 1),
         ];
         for (name, mode, conflicted, asked) in cases {
-            let mut env = Scripted { conflicted, checks: 0 };
+            let mut env = Scripted { conflicted, checks: 0, pullable: true, refreshed: 0 };
             let mut calls = 0;
             let mut declared = || {
                 calls += 1;
@@ -279,6 +300,32 @@ mod tests {
             let mut report = ReadReport::default();
             run(&mut env, &mut declared, &params(mode), &mut report);
             assert_eq!(calls, asked, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_that_may_not_be_refreshed_pulls_in_or_fails() {
+        // (case, fixed, may refresh, pulling in stays cheap, expected outcome is a failure, refreshes)
+        let cases = [
+            ("READ COMMITTED pulls in", false, true, true, false, 0),
+            ("READ COMMITTED refreshes when pulling in is too costly", false, true, false, false, 2),
+            ("first REPEATABLE READ read pulls in", false, false, true, false, 0),
+            ("first REPEATABLE READ read cannot refresh", false, false, false, true, 0),
+            ("later REPEATABLE READ read fails on a committed holder", true, false, true, true, 0),
+        ];
+        for mode in [ReadMode::Optimistic, ReadMode::Fenced] {
+            for (name, fixed, may_refresh, pullable, fails, refreshes) in cases {
+                let mut env = Scripted { conflicted: 2, checks: 0, pullable, refreshed: 0 };
+                let params = ReadParams { mode, retries: 1, fixed_snapshot: fixed, may_refresh, declared_first: false };
+                let out =
+                    run(&mut env, &mut || vec![(RelId::new(1, 1), Span::ALL)], &params, &mut ReadReport::default());
+                assert_eq!(
+                    matches!(out, ReadOutcome::SerializationFailure { .. }),
+                    fails,
+                    "{name} ({mode:?}): {out:?}"
+                );
+                assert_eq!(env.refreshed, refreshes, "{name} ({mode:?})");
+            }
         }
     }
 }

@@ -295,7 +295,8 @@ pub fn run(
             Consumer::Plain => db.read(cursor, limit, &snap, &[]),
             Consumer::Protocol(mode, fixed, declared_first) => {
                 let mut poll = Poll { db: &mut db, snap, cursor, limit, buffer: Vec::new(), declared, waits: 0 };
-                let params = ReadParams { mode, retries: 2, fixed_snapshot: fixed, declared_first };
+                let params =
+                    ReadParams { mode, retries: 2, fixed_snapshot: fixed, may_refresh: !fixed, declared_first };
                 let mut report = ReadReport::default();
                 let out = protocol::run(&mut poll, &mut || vec![(REL, declared)], &params, &mut report);
                 totals.add(&report);

@@ -13,7 +13,6 @@ use crate::guc::{self, ScanMode};
 use crate::latch::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
 use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
 use crate::pg::rel_name;
-use crate::registry;
 use crate::shmem::{backend, table};
 use pgrx::PgSqlErrorCode;
 
@@ -41,7 +40,7 @@ pub fn choose_mode(want: Option<u64>) -> Option<ReadStrategy> {
     let read_mode = if mode == ScanMode::Optimistic && small { ReadMode::Optimistic } else { ReadMode::Fenced };
     backend::count(if read_mode == ReadMode::Optimistic { Stat::ScansOptimistic } else { Stat::ScansFenced }, 1);
     let declared_first = read_mode == ReadMode::Optimistic && want.is_none_or(|w| w > STREAM_ABOVE_ROWS);
-    Some(ReadStrategy { mode: read_mode, declared_first })
+    Some(ReadStrategy { mode: read_mode, declared_first, first_fixed_read: false })
 }
 
 /// How a read of latched tables runs: the mode, and for optimistic reads
@@ -50,6 +49,10 @@ pub fn choose_mode(want: Option<u64>) -> Option<ReadStrategy> {
 pub struct ReadStrategy {
     pub mode: ReadMode,
     pub declared_first: bool,
+    /// The first statement of a REPEATABLE READ transaction to read at its
+    /// snapshot (see [`snapshot::mark_fixed_read`]): it may pull holders in,
+    /// and the transaction then reads at the result.
+    pub first_fixed_read: bool,
 }
 
 /// What the read does once the protocol has decided.
@@ -127,7 +130,8 @@ pub fn run_protocol<R: Reader>(
         mode: strategy.mode,
         declared_first: strategy.declared_first,
         retries: guc::OPTIMISTIC_RETRIES.get() as u32,
-        fixed_snapshot: snapshot::fixed_snapshot(),
+        fixed_snapshot: snapshot::fixed_snapshot() && !strategy.first_fixed_read,
+        may_refresh: !snapshot::fixed_snapshot(),
     };
     let mut report = ReadReport::default();
     let mut env = ReadEnv { reader, base, wait_us: 0 };
@@ -143,20 +147,19 @@ pub fn run_protocol<R: Reader>(
 }
 
 /// Raises 40001 for a write by `xid` in `span` of `rel` that a fixed
-/// snapshot cannot see.
-pub fn serialization_failure(xid: Xid, rel: RelId, span: &Span, what: &str) -> ! {
+/// snapshot cannot see.  The message is PostgreSQL's own for a serialization
+/// failure under REPEATABLE READ, so that clients' retry logic recognises
+/// it; the detail names the table but no key (keys are table data).
+pub fn serialization_failure(xid: Xid, rel: RelId, _span: &Span, what: &str) -> ! {
     backend::count(Stat::SerializationFailures, 1);
     let relid = pgrx::pg_sys::Oid::from(rel.rel());
-    let (name, where_) = match registry::lookup(relid) {
-        Some(l) => (l.key.relname.clone(), l.key.format_span(span)),
-        None => (rel_name(relid), format!("{span:?}")),
-    };
     errors::raise_full(
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-        format!("could not serialize access due to a concurrent write to \"{name}\" in {where_}"),
+        "could not serialize access due to concurrent update",
         Some(format!(
-            "Transaction {} was in flight at this transaction's snapshot and wrote inside the span this {what} read; a fixed snapshot (REPEATABLE READ or SERIALIZABLE) cannot see it.",
-            xid.0
+            "Transaction {} was in flight at this transaction's snapshot and wrote to \"{}\" inside the span this {what} read; a snapshot that earlier statements of the transaction already read at cannot see it.",
+            xid.0,
+            rel_name(relid)
         )),
         Some("The transaction might succeed if retried."),
     )

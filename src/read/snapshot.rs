@@ -22,9 +22,16 @@ use std::cell::Cell;
 /// The most xids a pull-in may add to a snapshot's in-progress list.
 /// Postgres searches that list linearly for every recent tuple it checks,
 /// and a snapshot taken long ago on a busy system would need one entry per
-/// xid assigned since: past this many, the read takes a fresh snapshot
-/// instead (READ COMMITTED only; a fixed snapshot never pulls anyone in).
-pub const MAX_SPLICED_XIDS: u32 = 1024;
+/// top-level xid assigned since: past this many, the read takes a fresh
+/// snapshot instead (READ COMMITTED only; a fixed snapshot never pulls
+/// anyone in).  Subtransaction xids need no entry (the spliced snapshot
+/// resolves them to their top-level xid), so a batch with a savepoint per
+/// row costs one.
+pub const MAX_SPLICED_XIDS: u32 = 8192;
+
+/// Past this many xids assigned since the snapshot, the pull-in does not
+/// even look for the top-level ones among them.
+const MAX_SPLICED_RANGE: u32 = 1 << 20;
 
 /// The next xid to be assigned.
 pub fn next_xid() -> Xid {
@@ -118,6 +125,8 @@ unsafe extern "C-unwind" fn after_utility(
     }
     if pg::in_live_transaction() {
         note_transaction_snapshot();
+        // COPY, an imported snapshot, ...: the snapshot is now read at.
+        mark_fixed_read();
     }
 }
 
@@ -154,6 +163,59 @@ pub fn note_transaction_snapshot() {
         if XACT_AFTER.with(|c| c.get()).is_none_or(|(l, _)| l != lxid) {
             XACT_AFTER.with(|c| c.set(Some((lxid, next_xid()))));
         }
+    }
+}
+
+thread_local! {
+    /// The local transaction whose fixed snapshot a statement has read at.
+    static FIXED_READ: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Notes that a statement starts reading at this transaction's fixed
+/// snapshot (REPEATABLE READ or SERIALIZABLE, snapshot taken) and says
+/// whether it is the first to: only the first may still move the snapshot
+/// ([`adopt_for_transaction`]), since nothing has been read at it yet.
+/// Every executor start and every utility statement counts, ours or not.
+pub fn mark_fixed_read() -> bool {
+    // SAFETY: plain read of a backend global.
+    if !fixed_snapshot() || !unsafe { pg_sys::FirstSnapshotSet } {
+        return false;
+    }
+    let lxid = local_xact();
+    FIXED_READ.with(|c| c.replace(Some(lxid))) != Some(lxid)
+}
+
+/// Makes `template` (a spliced copy of the transaction snapshot) the
+/// snapshot every later statement of this REPEATABLE READ transaction reads
+/// at.  Only for the first reading statement: nothing has been read at the
+/// old snapshot, so moving it is as if it had been taken after the wait.
+/// False when the transaction cannot adopt it (SERIALIZABLE, whose
+/// predicate locks are tied to the snapshot it registered, or more
+/// in-progress xids than PostgreSQL's transaction snapshot has room for);
+/// the caller then raises the serialization failure as before.
+///
+/// # Safety
+/// `template` is a valid MVCC snapshot with the transaction snapshot's xmin.
+pub unsafe fn adopt_for_transaction(template: Snapshot) -> bool {
+    // SAFETY: per contract.  In REPEATABLE READ, GetTransactionSnapshot
+    // returns the static snapshot the transaction took, whose xip array has
+    // room for GetMaxSnapshotXidCount() xids; we edit it in place.
+    unsafe {
+        if pg_sys::XactIsoLevel != pg_sys::XACT_REPEATABLE_READ as i32 {
+            return false;
+        }
+        let cur = pg_sys::GetTransactionSnapshot();
+        if (*template).xmin != (*cur).xmin || (*template).xcnt > pg_sys::GetMaxSnapshotXidCount() as u32 {
+            return false;
+        }
+        std::ptr::copy_nonoverlapping((*template).xip, (*cur).xip, (*template).xcnt as usize);
+        (*cur).xcnt = (*template).xcnt;
+        (*cur).xmax = (*template).xmax;
+        (*cur).subxcnt = 0;
+        (*cur).suboverflowed = true;
+        // Never offered for reuse by the next GetSnapshotData.
+        (*cur).snapXactCompletionCount = 0;
+        true
     }
 }
 
@@ -248,7 +310,29 @@ impl BaseSnapshot {
 
     /// Whether folding `pulled` in stays within [`MAX_SPLICED_XIDS`].
     pub fn can_pull(&self, pulled: &[Xid]) -> bool {
-        pulled.is_empty() || self.spliced_xmax(pulled).0.wrapping_sub(self.xmax().0) <= MAX_SPLICED_XIDS
+        pulled.is_empty() || self.hidden_after(pulled).is_some_and(|h| h.len() <= MAX_SPLICED_XIDS as usize)
+    }
+
+    /// The top-level xids from the base's xmax up to the spliced xmax that
+    /// are not pulled in: they must stay in progress for the result.  None
+    /// when too many xids were assigned to look.
+    fn hidden_after(&self, pulled: &[Xid]) -> Option<Vec<u32>> {
+        let base_xmax = self.xmax();
+        let new_xmax = self.spliced_xmax(pulled);
+        if new_xmax.0.wrapping_sub(base_xmax.0) > MAX_SPLICED_RANGE {
+            return None;
+        }
+        let assigned = next_xid();
+        let is_pulled = |x: Xid| pulled.binary_search_by_key(&x.0, |p| p.0).is_ok();
+        let mut out = Vec::new();
+        let mut x = base_xmax;
+        while x.precedes(new_xmax) {
+            if x.is_valid() && !is_pulled(x) && (!x.precedes(assigned) || top_level(x)) {
+                out.push(x.0);
+            }
+            x = Xid(x.0.wrapping_add(1));
+        }
+        Some(out)
     }
 
     /// [`BaseSnapshot::spliced`], allocated in `cx`: the snapshot lives as long as
@@ -274,21 +358,26 @@ impl BaseSnapshot {
         if pulled.is_empty() {
             return self.snap;
         }
-        let base_xmax = self.xmax();
         let new_xmax = self.spliced_xmax(pulled);
         let is_pulled = |x: Xid| pulled.binary_search_by_key(&x.0, |p| p.0).is_ok();
         // In progress for the result: the base's in-progress xids that were
-        // not pulled, plus every xid the base did not know (at or above its
-        // xmax) up to the new xmax, except those pulled in.  Subtransaction
-        // xids in that list are harmless: with suboverflowed set, Postgres
-        // maps a subxid to its top-level xid before searching the list.
+        // not pulled, plus every top-level xid the base did not know (at or
+        // above its xmax) up to the new xmax, except those pulled in.  With
+        // suboverflowed set, Postgres maps a subxid to its top-level xid
+        // before searching the list, so subxids need no entry.
         let mut xip: Vec<u32> = self.xip.iter().filter(|&&x| !is_pulled(x)).map(|x| x.0).collect();
-        let mut x = base_xmax;
-        while x.precedes(new_xmax) {
-            if x.is_valid() && !is_pulled(x) {
-                xip.push(x.0);
+        match self.hidden_after(pulled) {
+            Some(h) => xip.extend(h),
+            // Callers checked can_pull; without it, every xid in the range.
+            None => {
+                let mut x = self.xmax();
+                while x.precedes(new_xmax) {
+                    if x.is_valid() && !is_pulled(x) {
+                        xip.push(x.0);
+                    }
+                    x = Xid(x.0.wrapping_add(1));
+                }
             }
-            x = Xid(x.0.wrapping_add(1));
         }
         // SAFETY: we build a private copy of a valid MVCC snapshot: same
         // xmin (so our proc's xmin still protects everything it can see),
@@ -315,6 +404,15 @@ impl BaseSnapshot {
             s
         }
     }
+}
+
+/// Whether an assigned xid is a top-level transaction's (not a
+/// subtransaction's).
+fn top_level(x: Xid) -> bool {
+    let t = pg_sys::TransactionId::from(x.0);
+    // SAFETY: pg_subtrans covers every assigned xid at or after our xmin,
+    // which the base snapshot holds back.
+    unsafe { pg_sys::SubTransGetTopmostTransaction(t) == t }
 }
 
 /// Whether `xid` has committed (for coalesced tombstones, which remember

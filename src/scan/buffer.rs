@@ -7,10 +7,15 @@ use pgrx::prelude::*;
 
 /// The receiver the executor hands each row to while an optimistic attempt
 /// runs.  `base` must come first: Postgres sees only a `DestReceiver *`.
+///
+/// It lives in Postgres memory and owns nothing Rust must free (its rows
+/// are a `List` in its own context), so an ERROR during a run may longjmp
+/// past its owner's frames: the executor's memory takes it all.
 #[repr(C)]
 pub struct BufferDest {
     base: pg_sys::DestReceiver,
-    rows: Vec<MinimalTuple>,
+    /// The copied rows, a List of MinimalTuples in `cx`.
+    rows: *mut pg_sys::List,
     cx: pg_sys::MemoryContext,
     max_rows: usize,
     max_bytes: usize,
@@ -24,15 +29,15 @@ unsafe extern "C-unwind" fn receive_slot(slot: *mut pg_sys::TupleTableSlot, dest
     // field); the copy goes into the buffer's own context.
     unsafe {
         let d = &mut *(dest as *mut BufferDest);
-        if d.rows.len() >= d.max_rows || d.bytes > d.max_bytes {
+        if crate::pg::list_len(d.rows) >= d.max_rows || d.bytes > d.max_bytes {
             d.overflowed = true;
             return false; // stops the executor
         }
         let old = pg_sys::MemoryContextSwitchTo(d.cx);
         let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
+        d.rows = pg_sys::lappend(d.rows, mt as *mut std::ffi::c_void);
         pg_sys::MemoryContextSwitchTo(old);
         d.bytes += (*mt).t_len as usize;
-        d.rows.push(mt);
         true
     }
 }
@@ -44,9 +49,10 @@ unsafe extern "C-unwind" fn startup(_dest: *mut pg_sys::DestReceiver, _op: i32, 
 unsafe extern "C-unwind" fn noop(_dest: *mut pg_sys::DestReceiver) {}
 
 impl BufferDest {
-    /// An empty buffer whose rows live in `cx` (reset by [`Self::clear`]).
-    pub fn new(cx: pg_sys::MemoryContext, max_rows: usize, max_bytes: usize) -> Box<BufferDest> {
-        Box::new(BufferDest {
+    /// An empty buffer in the current memory context whose rows live in
+    /// `cx` (a context of their own, reset by [`Self::clear`]).
+    pub fn new(cx: pg_sys::MemoryContext, max_rows: usize, max_bytes: usize) -> *mut BufferDest {
+        let b = BufferDest {
             base: pg_sys::DestReceiver {
                 receiveSlot: Some(receive_slot),
                 rStartup: Some(startup),
@@ -54,13 +60,20 @@ impl BufferDest {
                 rDestroy: Some(noop),
                 mydest: pg_sys::CommandDest::DestNone,
             },
-            rows: Vec::new(),
+            rows: std::ptr::null_mut(),
             cx,
             max_rows,
             max_bytes,
             bytes: 0,
             overflowed: false,
-        })
+        };
+        // SAFETY: palloc'd room of the struct's size, written once; the
+        // struct has no destructor to skip.
+        unsafe {
+            let p = pg_sys::palloc(std::mem::size_of::<BufferDest>()) as *mut BufferDest;
+            p.write(b);
+            p
+        }
     }
 
     pub fn as_dest(&mut self) -> *mut pg_sys::DestReceiver {
@@ -74,16 +87,19 @@ impl BufferDest {
 
     /// Forgets the rows (and frees their memory) for the next attempt.
     pub fn clear(&mut self) {
-        self.rows.clear();
+        self.rows = std::ptr::null_mut();
         self.bytes = 0;
         self.overflowed = false;
         // SAFETY: the context is ours and nothing references its rows now.
         unsafe { pg_sys::MemoryContextReset(self.cx) };
     }
 
-    /// The rows, to be handed on.
+    /// The rows, to be handed on (they stay in the buffer's context).
     pub fn take(&mut self) -> Vec<MinimalTuple> {
-        std::mem::take(&mut self.rows)
+        // SAFETY: a List of MinimalTuples built by receive_slot.
+        let rows = unsafe { crate::pg::list_iter::<pg_sys::MinimalTupleData>(self.rows).collect() };
+        self.rows = std::ptr::null_mut();
+        rows
     }
 }
 

@@ -66,6 +66,9 @@ struct GuardedStatement {
     /// The second executor has run ExecutorFinish.
     second_finished: bool,
     eflags: i32,
+    /// The first statement to read at a REPEATABLE READ transaction's
+    /// snapshot (optimistic: still to validate).
+    first_fixed_read: bool,
 }
 
 thread_local! {
@@ -430,6 +433,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
     unsafe {
         snapshot::note_transaction_snapshot();
         let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0;
+        let first_fixed_read = !explain_only && snapshot::mark_fixed_read();
         let stmt = (*qd).plannedstmt;
         let guards =
             if explain_only || crate::shmem::table_if_attached().is_none() { Vec::new() } else { guard_plans(stmt) };
@@ -447,14 +451,15 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         let Some(mut strategy) = run::choose_mode(want) else {
             // off: plain Postgres.
             errors::pass(|| prev_start(qd, eflags));
-            attach(qd, RowSource::Plan, "off", None, false, eflags);
+            attach(qd, RowSource::Plan, "off", None, false, eflags, false);
             return;
         };
         refuse_on_standby();
         report_unprotected(&guards);
         if !restartable {
-            strategy = ReadStrategy { mode: ReadMode::Fenced, declared_first: false };
+            strategy = ReadStrategy { mode: ReadMode::Fenced, declared_first: false, first_fixed_read: false };
         }
+        strategy.first_fixed_read = first_fixed_read;
         let declared = || -> Footprint {
             guards.iter().filter_map(|&g| declared_at_start(g, params)).flat_map(|(_, fp)| fp).collect()
         };
@@ -467,13 +472,16 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 let swapped = !pulled.is_empty() || b.snap != (*qd).snapshot;
                 if swapped {
                     let template = b.spliced(&pulled);
+                    if first_fixed_read {
+                        adopt_for_transaction(template, &pulled, &guards);
+                    }
                     let new = pg_sys::RegisterSnapshot(template);
                     pg_sys::UnregisterSnapshot((*qd).snapshot);
                     (*qd).snapshot = new;
                 }
                 b.release();
                 errors::pass(|| prev_start(qd, eflags));
-                let st = attach(qd, RowSource::Plan, "fenced", None, swapped, eflags);
+                let st = attach(qd, RowSource::Plan, "fenced", None, swapped, eflags, false);
                 st.borrow_mut().report = ran.report;
                 st.borrow_mut().wait_us = ran.wait_us;
             }
@@ -487,13 +495,21 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 } =>
             {
                 errors::pass(|| prev_start(qd, eflags));
-                let st = attach(qd, RowSource::Plan, "optimistic, declared spans clean: streamed", None, false, eflags);
+                let st = attach(
+                    qd,
+                    RowSource::Plan,
+                    "optimistic, declared spans clean: streamed",
+                    None,
+                    false,
+                    eflags,
+                    false,
+                );
                 st.borrow_mut().report.validations = 1;
                 st.borrow_mut().report.streamed = true;
             }
             ReadMode::Optimistic => {
                 errors::pass(|| prev_start(qd, eflags));
-                attach(qd, RowSource::Pending, "optimistic", Some(base), false, eflags);
+                attach(qd, RowSource::Pending, "optimistic", Some(base), false, eflags, first_fixed_read);
             }
         }
     }
@@ -510,6 +526,7 @@ unsafe fn attach(
     base: Option<BaseSnapshot>,
     swapped: bool,
     eflags: i32,
+    first_fixed_read: bool,
 ) -> Rc<RefCell<StatementReport>> {
     let report = Rc::new(RefCell::new(StatementReport { mode: mode.to_string(), ..Default::default() }));
     // SAFETY: per contract.
@@ -534,8 +551,41 @@ unsafe fn attach(
         swapped,
         second_finished: false,
         eflags,
+        first_fixed_read,
     });
     report
+}
+
+/// The guarded scans of a started statement's plan.
+///
+/// # Safety
+/// `qd` has been started.
+unsafe fn guards_of(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScan> {
+    // SAFETY: per contract.
+    unsafe { guard_plans((*qd).plannedstmt) }
+}
+
+/// The first statement to read at a REPEATABLE READ transaction's snapshot
+/// waited for writers in flight at it: the transaction reads at `template`
+/// (the snapshot with them folded in) from now on, this statement
+/// included.  Where it cannot, the serialization failure stands.
+///
+/// # Safety
+/// `template` is a spliced copy of the transaction snapshot; `guards` the
+/// statement's guarded scans.
+unsafe fn adopt_for_transaction(template: pg_sys::Snapshot, pulled: &[Xid], guards: &[*mut pg_sys::CustomScan]) {
+    // SAFETY: per contract.
+    unsafe {
+        if snapshot::adopt_for_transaction(template) {
+            return;
+        }
+        let rel = guards
+            .first()
+            .and_then(|&g| GuardPlan::from_list((*g).custom_private))
+            .map_or(crate::latch::RelId::EMPTY, |p| backend::rel_id(p.relid));
+        let xid = pulled.first().copied().unwrap_or(Xid::INVALID);
+        run::serialization_failure(xid, rel, &crate::latch::Span::EMPTY, "LIMIT scan")
+    }
 }
 
 /// A reader for fenced runs, which never buffer.
@@ -574,13 +624,17 @@ unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDi
     }
 }
 
-#[pg_guard]
+/// No `#[pg_guard]` either: [`errors::rethrow_pending`] catches every
+/// unwind, and one guard frame less per level of recursion counts.
 #[inline(never)]
-unsafe extern "C-unwind" fn guarded_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
+unsafe fn guarded_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
     // SAFETY: a started statement of ours; see errors.rs for the boundary.
     unsafe { errors::rethrow_pending(|| run_statement(qd, dir, count, once)) }
 }
 
+/// Kept small: recursion through a guarded read passes through it at every
+/// level, so the rare, heavier steps live in functions of their own.
+///
 /// # Safety
 /// `qd` is a started statement.
 unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
@@ -603,22 +657,22 @@ unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, co
             RowSource::Second(q2) => Step::Second(*q2),
         };
         match step {
-            Step::Plain { swapped: false } => errors::pass(|| prev_run(qd, dir, count, once)),
+            // No Rust state is live here: a plain call, with no jump
+            // buffer of ours on the stack of every recursion level.
+            Step::Plain { swapped: false } => prev_run(qd, dir, count, once),
             Step::Plain { swapped: true } => {
-                with_active((*(*qd).estate).es_snapshot, || errors::pass(|| prev_run(qd, dir, count, once)));
+                with_active((*(*qd).estate).es_snapshot, || prev_run(qd, dir, count, once));
             }
             Step::Pending => {
-                validate(qd, st, once);
+                // The first attempt runs here rather than inside the
+                // protocol: functions the statement calls may recurse
+                // through another guarded read, and the protocol's frames
+                // would cost the stack at every level.
+                let first = first_attempt(qd, once);
+                validate(qd, st, first);
                 run_statement(qd, dir, count, once);
             }
-            Step::Held => {
-                let RowSource::Held(held) = &mut (*st).source else { return };
-                // As standard_ExecutorRun: the receiver starts and shuts
-                // down on every run, also one with no movement or at the
-                // end (PL/pgSQL's and SPI's receivers count on it).
-                let n = held.send((*qd).dest, (*qd).tupDesc, dir, count);
-                (*(*qd).estate).es_processed = n;
-            }
+            Step::Held => send_held(qd, st, dir, count),
             Step::Second(q2) => {
                 (*q2).dest = (*qd).dest;
                 with_active((*(*q2).estate).es_snapshot, || {
@@ -630,22 +684,45 @@ unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, co
     }
 }
 
-/// The first run of an optimistic statement: attempts, validation, retries,
-/// fallback.  Leaves the statement's source set to what its rows come from.
+/// An optimistic statement's first run: its rows in a buffer, and the
+/// footprint its guarded scans touched (None: the result outgrew the
+/// buffer).
+struct FirstAttempt {
+    buffer: *mut BufferDest,
+    footprint: Option<Footprint>,
+}
+
+/// Runs an optimistic statement's own executor into a new buffer, at the
+/// statement's snapshot.  The run is on the stack of every level of
+/// recursion through a guarded read, so the frames around it make no
+/// guarded pgrx call (each inlines a jump buffer): the buffer is made, and
+/// the footprint read, in functions of their own.
 ///
 /// # Safety
-/// `qd` is a started, optimistic, not yet run statement of ours, `st` its
-/// entry.
-unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, once: bool) {
+/// `qd` is a started, optimistic, not yet run statement of ours.
+#[inline(never)]
+unsafe fn first_attempt(qd: *mut QueryDesc, once: bool) -> FirstAttempt {
     // SAFETY: per contract.
     unsafe {
-        let Some(base) = (*st).base.take() else {
-            errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "an optimistic statement lost its snapshot")
-        };
-        let eflags = (*st).eflags;
-        let estate = (*qd).estate;
+        let buffer = new_buffer(qd);
+        run_into(qd, (*buffer).as_dest(), once);
+        let footprint = (!(*buffer).overflowed()).then(|| footprint(qd));
+        FirstAttempt { buffer, footprint }
+    }
+}
+
+/// An empty buffer for `qd`'s rows, in its executor's memory; its rows go
+/// in a context of their own.
+///
+/// # Safety
+/// `qd` has been started.
+#[inline(never)]
+unsafe fn new_buffer(qd: *mut QueryDesc) -> *mut BufferDest {
+    // SAFETY: per contract; contexts of the executor's memory go with it.
+    unsafe {
+        let query_cxt = (*(*qd).estate).es_query_cxt;
         let cx = pg_sys::AllocSetContextCreateInternal(
-            (*estate).es_query_cxt,
+            query_cxt,
             c"pgkvx held rows".as_ptr(),
             pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
             pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
@@ -653,8 +730,71 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, once: bool) {
         );
         let max_rows = guc::MAX_OPTIMISTIC_ROWS.get() as usize;
         let max_bytes = pg_sys::work_mem as usize * 1024;
-        let mut reader =
-            OptimisticAttempts { qd, once, eflags, attempts: 0, buffer: BufferDest::new(cx, max_rows, max_bytes) };
+        let old = pg_sys::MemoryContextSwitchTo(query_cxt);
+        let buffer = BufferDest::new(cx, max_rows, max_bytes);
+        pg_sys::MemoryContextSwitchTo(old);
+        buffer
+    }
+}
+
+/// Runs `qd`'s own executor to the end into `dest`.  A plain call: nothing
+/// of ours on the stack needs dropping (the buffer lives in the executor's
+/// memory), so an ERROR longjmps past with no jump buffer of ours on the
+/// stack of every recursion level; the receiver left in place then is
+/// never used again.
+///
+/// # Safety
+/// `qd` is started and not yet run; `dest` a live receiver.
+#[inline(never)]
+unsafe fn run_into(qd: *mut QueryDesc, dest: *mut pg_sys::DestReceiver, once: bool) {
+    // SAFETY: per contract.
+    unsafe {
+        let saved = (*qd).dest;
+        (*qd).dest = dest;
+        prev_run(qd, pg_sys::ScanDirection::ForwardScanDirection, 0, once);
+        (*qd).dest = saved;
+    }
+}
+
+/// Hands on held rows.  As standard_ExecutorRun, the receiver starts and
+/// shuts down on every run, also one with no movement or at the end
+/// (PL/pgSQL's and SPI's receivers count on it).
+///
+/// # Safety
+/// `st` is `qd`'s entry, holding rows.
+#[inline(never)]
+unsafe fn send_held(qd: *mut QueryDesc, st: *mut GuardedStatement, dir: pg_sys::ScanDirection::Type, count: u64) {
+    // SAFETY: per contract.
+    unsafe {
+        let RowSource::Held(held) = &mut (*st).source else { return };
+        let n = held.send((*qd).dest, (*qd).tupDesc, dir, count);
+        (*(*qd).estate).es_processed = n;
+    }
+}
+
+/// The first run of an optimistic statement: attempts, validation, retries,
+/// fallback.  Leaves the statement's source set to what its rows come from.
+///
+/// # Safety
+/// `qd` is a started, optimistic, not yet run statement of ours, `st` its
+/// entry.
+#[inline(never)]
+unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAttempt) {
+    // SAFETY: per contract.
+    unsafe {
+        let Some(base) = (*st).base.take() else {
+            errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "an optimistic statement lost its snapshot")
+        };
+        let eflags = (*st).eflags;
+        let estate = (*qd).estate;
+        let mut reader = OptimisticAttempts {
+            qd,
+            eflags,
+            attempts: 0,
+            buffer: first.buffer,
+            first: Some(first.footprint),
+            last_pulled: Vec::new(),
+        };
         // Only a read that falls back to fenced needs its declared spans.
         let mut declared = || -> Footprint {
             guard_plans((*qd).plannedstmt)
@@ -663,7 +803,8 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, once: bool) {
                 .flat_map(|(_, fp)| fp)
                 .collect()
         };
-        let strategy = ReadStrategy { mode: ReadMode::Optimistic, declared_first: false };
+        let first_fixed_read = (*st).first_fixed_read;
+        let strategy = ReadStrategy { mode: ReadMode::Optimistic, declared_first: false, first_fixed_read };
         let run::ProtocolResult { decision, report, wait_us, base } =
             run::run_protocol(&mut reader, base, &mut declared, strategy, "LIMIT scan");
         let mode = if report.overflowed {
@@ -676,7 +817,10 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, once: bool) {
         let mut base = base;
         let source = match decision {
             ReadDecision::Emit => {
-                let rows = reader.buffer.take();
+                if first_fixed_read && !reader.last_pulled.is_empty() {
+                    adopt_for_transaction(base.spliced(&reader.last_pulled), &reader.last_pulled, &guards_of(qd));
+                }
+                let rows = (*reader.buffer).take();
                 let old = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
                 let held = HeldRows::new(rows, (*qd).tupDesc);
                 pg_sys::MemoryContextSwitchTo(old);
@@ -686,7 +830,11 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, once: bool) {
             // assigned since the protocol checked the bound: a fresh
             // snapshot here would bring writers nobody checked.
             ReadDecision::Stream { pulled } => {
-                RowSource::Second(start_second_executor(qd, base.spliced(&pulled), (*qd).dest, eflags))
+                let template = base.spliced(&pulled);
+                if first_fixed_read && !pulled.is_empty() {
+                    adopt_for_transaction(template, &pulled, &guards_of(qd));
+                }
+                RowSource::Second(start_second_executor(qd, template, (*qd).dest, eflags))
             }
         };
         base.release();
@@ -747,16 +895,21 @@ unsafe fn end_second_executor(q2: *mut QueryDesc, finished: bool) {
 /// later ones a second executor at the snapshot the protocol asks for.
 struct OptimisticAttempts {
     qd: *mut QueryDesc,
-    once: bool,
     eflags: i32,
     attempts: u32,
-    buffer: Box<BufferDest>,
+    /// In the executor's memory.
+    buffer: *mut BufferDest,
+    /// The first attempt's footprint, run before the protocol started.
+    first: Option<Option<Footprint>>,
+    /// The holders folded into the snapshot of the latest attempt.
+    last_pulled: Vec<Xid>,
 }
 
 /// The footprint of the guarded scans of a started executor that has run.
 ///
 /// # Safety
 /// `qd` has been started (and run).
+#[inline(never)]
 unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
     let mut fp = Footprint::new();
     // SAFETY: per contract.
@@ -772,41 +925,30 @@ unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
     fp
 }
 
-/// Puts a QueryDesc's receiver back however the run it was swapped for
-/// ends.
-struct RestoreDest(*mut QueryDesc, *mut pg_sys::DestReceiver);
-impl Drop for RestoreDest {
-    fn drop(&mut self) {
-        // SAFETY: the QueryDesc outlives the run this guard spans.
-        unsafe { (*self.0).dest = self.1 };
-    }
-}
-
 impl Reader for OptimisticAttempts {
     fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint> {
-        self.buffer.clear();
-        let dest = self.buffer.as_dest();
+        // The protocol's first read of an optimistic statement is the one
+        // already run, at the statement's own snapshot.
+        if let Some(first) = self.first.take() {
+            self.attempts += 1;
+            return first;
+        }
         // SAFETY: our statement's QueryDesc; the buffer outlives each run.
         let fp = unsafe {
-            if self.attempts == 0 && pulled.is_empty() && base.snap == (*self.qd).snapshot {
-                let qd = self.qd;
-                let _restore = RestoreDest(qd, (*qd).dest);
-                (*qd).dest = dest;
-                let once = self.once;
-                errors::pass(|| prev_run(qd, pg_sys::ScanDirection::ForwardScanDirection, 0, once));
-                footprint(qd)
-            } else {
-                let q2 = start_second_executor(self.qd, base.spliced(pulled), dest, self.eflags);
-                with_active((*(*q2).estate).es_snapshot, || {
-                    errors::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
-                });
-                let fp = footprint(q2);
-                end_second_executor(q2, false);
-                fp
-            }
+            (*self.buffer).clear();
+            let dest = (*self.buffer).as_dest();
+            let q2 = start_second_executor(self.qd, base.spliced(pulled), dest, self.eflags);
+            with_active((*(*q2).estate).es_snapshot, || {
+                errors::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
+            });
+            let fp = footprint(q2);
+            end_second_executor(q2, false);
+            fp
         };
         self.attempts += 1;
-        (!self.buffer.overflowed()).then_some(fp)
+        self.last_pulled = pulled.to_vec();
+        // SAFETY: as above.
+        (!unsafe { (*self.buffer).overflowed() }).then_some(fp)
     }
 }
 
