@@ -189,16 +189,22 @@ fn read_rows(only: Option<Oid>) -> Vec<(Oid, Registration)> {
 
 fn load(relid: Oid) -> Option<Rc<Latched>> {
     let rel = OpenRel::try_open(relid, pg_sys::AccessShareLock)?;
-    let trigger = rel.trigger_enabled(ROW_TRIGGER)?;
+    // Registered but with its latch trigger dropped or renamed: still a
+    // latched table (its reads are guarded and say they cannot be
+    // protected), not a plain one read silently.
+    let trigger = rel.trigger_enabled(ROW_TRIGGER);
     let owner = rel.form().relowner;
     let reg = registration(relid)?;
     let index = resolve_key_index(&rel, relid, &reg);
     let key = KeyDesc::resolve(relid, index);
     let mut exposure = match trigger {
-        b'A' => None,
-        b'D' => Some(format!("its latch trigger {ROW_TRIGGER} is disabled: writes are not latched")),
-        b'R' => Some(format!("its latch trigger {ROW_TRIGGER} fires only in replica mode")),
-        _ => Some(format!("its latch trigger {ROW_TRIGGER} does not fire under session_replication_role = replica")),
+        Some(b'A') => None,
+        None => Some(format!("its latch trigger {ROW_TRIGGER} is missing: writes are not latched")),
+        Some(b'D') => Some(format!("its latch trigger {ROW_TRIGGER} is disabled: writes are not latched")),
+        Some(b'R') => Some(format!("its latch trigger {ROW_TRIGGER} fires only in replica mode")),
+        Some(_) => {
+            Some(format!("its latch trigger {ROW_TRIGGER} does not fire under session_replication_role = replica"))
+        }
     };
     if exposure.is_none() && is_subscription_target(relid) {
         exposure = Some(

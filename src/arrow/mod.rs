@@ -42,6 +42,9 @@ fn numeric_mode() -> NumericMode {
 /// under which the scan honours `pgkvx.scan_mode`), else the primary key.
 fn key_for(rel: &OpenRel) -> (Option<Rc<Latched>>, Option<pg_sys::Oid>) {
     let latched = registry::lookup(rel.oid());
+    if let Some(l) = &latched {
+        crate::read::admit::warn_if_exposed(l);
+    }
     let index = latched.as_ref().map(|l| l.key.index).or_else(|| rel.primary_key_index());
     (latched, index)
 }

@@ -31,7 +31,7 @@ pub trait Reader {
 /// when its result is small enough to buffer, otherwise fenced; None for
 /// `off` (plain Postgres).  Counts the read in `pgkvx.stats()`.
 pub fn choose_mode(want: Option<u64>) -> Option<ReadStrategy> {
-    let mode = guc::SCAN_MODE.get();
+    let mode = super::admit::effective_mode();
     if mode == ScanMode::Off {
         backend::count(Stat::ScansOff, 1);
         return None;

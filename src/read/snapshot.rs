@@ -189,32 +189,36 @@ pub fn mark_fixed_read() -> bool {
 /// snapshot every later statement of this REPEATABLE READ transaction reads
 /// at.  Only for the first reading statement: nothing has been read at the
 /// old snapshot, so moving it is as if it had been taken after the wait.
-/// False when the transaction cannot adopt it (SERIALIZABLE, whose
-/// predicate locks are tied to the snapshot it registered, or more
-/// in-progress xids than PostgreSQL's transaction snapshot has room for);
-/// the caller then raises the serialization failure as before.
+/// False for SERIALIZABLE, whose predicate locks are tied to the snapshot
+/// it registered; the caller then raises the serialization failure.
 ///
 /// # Safety
 /// `template` is a valid MVCC snapshot with the transaction snapshot's xmin.
 pub unsafe fn adopt_for_transaction(template: Snapshot) -> bool {
     // SAFETY: per contract.  In REPEATABLE READ, GetTransactionSnapshot
-    // returns the static snapshot the transaction took, whose xip array has
-    // room for GetMaxSnapshotXidCount() xids; we edit it in place.
+    // returns the transaction's own copy of its first snapshot
+    // (FirstXactSnapshot: registered, in TopTransactionContext, never freed
+    // before that context goes).  Its xip array is sized for its own xids,
+    // so the new list goes into an array of its own in the same context;
+    // every later statement copies the snapshot from there.
     unsafe {
         if pg_sys::XactIsoLevel != pg_sys::XACT_REPEATABLE_READ as i32 {
             return false;
         }
         let cur = pg_sys::GetTransactionSnapshot();
-        if (*template).xmin != (*cur).xmin || (*template).xcnt > pg_sys::GetMaxSnapshotXidCount() as u32 {
+        if (*template).xmin != (*cur).xmin {
             return false;
         }
-        std::ptr::copy_nonoverlapping((*template).xip, (*cur).xip, (*template).xcnt as usize);
+        let n = (*template).xcnt as usize;
+        let xip = pg_sys::MemoryContextAlloc(pg_sys::TopTransactionContext, 4 * n.max(1)) as *mut pg_sys::TransactionId;
+        if n > 0 {
+            std::ptr::copy_nonoverlapping((*template).xip, xip, n);
+        }
+        (*cur).xip = xip;
         (*cur).xcnt = (*template).xcnt;
         (*cur).xmax = (*template).xmax;
         (*cur).subxcnt = 0;
         (*cur).suboverflowed = true;
-        // Never offered for reuse by the next GetSnapshotData.
-        (*cur).snapXactCompletionCount = 0;
         true
     }
 }
@@ -544,7 +548,10 @@ mod tests {
         assert!(base.can_pull(&[]), "nothing to pull is always within bounds");
         // The spliced xmax is one past the newest pulled xid, at least.
         assert!(base.can_pull(&[Xid(xmax + MAX_SPLICED_XIDS - 1)]));
-        assert!(!base.can_pull(&[Xid(xmax + MAX_SPLICED_XIDS)]));
+        // Every xid from the snapshot's xmax up to the pulled one stays in
+        // progress but the pulled one itself: MAX_SPLICED_XIDS of them fit.
+        assert!(base.can_pull(&[Xid(xmax + MAX_SPLICED_XIDS)]));
+        assert!(!base.can_pull(&[Xid(xmax + MAX_SPLICED_XIDS + 1)]));
         assert!(!base.can_pull(&[Xid(m - 30), Xid(xmax + 2 * MAX_SPLICED_XIDS)]));
     }
 

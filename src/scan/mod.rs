@@ -1,7 +1,8 @@
 //! `PgkvxLimitScan`: LIMIT reads in key order over latched tables, kept
 //! from skipping rows that commit late.
 //!
-//! `planner` decides which scans get the node and wraps their paths;
+//! `planner` decides which scans get the node and wraps their paths
+//! (`restartable` says whether a statement may run twice);
 //! `plan_data` is what the plan carries to the executor; `node` is the
 //! executor node (begin/exec/end/rescan, EXPLAIN), which follows how far
 //! its scan got; `statement` runs the read protocol (`read/`) once per
@@ -12,6 +13,7 @@ pub mod buffer;
 pub mod node;
 pub mod plan_data;
 pub mod planner;
+pub mod restartable;
 pub mod statement;
 
 /// Installs the planner and executor hooks and registers the node; called

@@ -14,7 +14,6 @@
 
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use crate::errors::raw;
-use crate::guc;
 use crate::keys::KeyDesc;
 use crate::latch::protocol::ReadReport;
 use crate::latch::{RelId, Span};
@@ -580,10 +579,7 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
             (Some(st), true) => st.borrow().mode.to_string(),
             // What the statement would read in: one that cannot run twice
             // (row locks, side effects) never reads optimistically.
-            _ => match guc::SCAN_MODE.get() {
-                guc::ScanMode::Optimistic if !rt.plan.restartable => "fenced".to_string(),
-                m => m.name().to_string(),
-            },
+            _ => crate::read::admit::planned_mode(rt.plan.restartable).to_string(),
         };
         prop_text(es, c"Mode", &mode);
         let Some(key) = rt.latched.as_ref().map(|l| l.key.clone()) else {

@@ -76,14 +76,7 @@ unsafe extern "C-unwind" fn planner_hook(
     params: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
     // SAFETY: the planner's own arguments, read before planning changes them.
-    let restartable = unsafe {
-        let q = &*parse;
-        q.commandType == pg_sys::CmdType::CMD_SELECT
-            && !q.hasModifyingCTE
-            && q.rowMarks.is_null()
-            && cursor_options & (pg_sys::CURSOR_OPT_SCROLL | pg_sys::CURSOR_OPT_HOLD) as i32 == 0
-            && !pg_sys::contain_volatile_functions(parse as *mut Node)
-    };
+    let restartable = unsafe { super::restartable::statement(parse, cursor_options) };
     // SAFETY: chaining the previous hook (or the standard planner) with the
     // same arguments, as plain C calls: an ERROR in planning (constant
     // folding runs user functions) passes on as raised, once the planning
@@ -321,7 +314,7 @@ unsafe fn report_unlatched_member(root: *mut PlannerInfo, rti: u32, relid: pg_sy
         });
         if latched_sibling {
             let parent_rte = *(*root).simple_rte_array.add(top as usize);
-            super::statement::report_unprotected_read(format!(
+            crate::read::admit::report_unprotected_read(format!(
                 "\"{}\" is read in key order through \"{}\" with latched tables, but is not latched itself: the read can skip its rows",
                 rel_name(relid),
                 rel_name((*parent_rte).relid)

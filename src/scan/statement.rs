@@ -32,6 +32,7 @@ use crate::guc;
 use crate::latch::protocol::ReadMode;
 use crate::latch::{Footprint, Xid};
 use crate::pg::{list_iter, node_tag};
+use crate::read::admit;
 use crate::read::run::{self, ReadDecision, ReadStrategy, Reader};
 use crate::read::snapshot::{self, BaseSnapshot};
 use crate::read::span::{self, KeyQual};
@@ -392,29 +393,15 @@ fn refuse_on_standby() {
 /// # Safety
 /// `guards` are plan nodes of ours.
 unsafe fn report_unprotected(guards: &[*mut pg_sys::CustomScan]) {
-    let setting = guc::UNPROTECTED_READS.get();
-    if setting == guc::Unprotected::Allow {
+    if guc::UNPROTECTED_READS.get() == guc::Unprotected::Allow {
         return;
     }
     for &g in guards {
         // SAFETY: per contract.
         let Some(plan) = (unsafe { GuardPlan::from_list((*g).custom_private) }) else { continue };
-        let Some(latched) = registry::lookup(plan.relid) else { continue };
-        let Some(why) = latched.exposure.as_deref() else { continue };
-        report_unprotected_read(format!("a read of \"{}\" in key order can skip rows: {why}", latched.key.relname));
-    }
-}
-
-/// Tells the user, as `pgkvx.unprotected_reads` says, that a read in key
-/// order cannot be protected.
-pub fn report_unprotected_read(msg: String) {
-    let hint = "See pgkvx.check(); SET pgkvx.unprotected_reads = allow to read without this message.";
-    match guc::UNPROTECTED_READS.get() {
-        guc::Unprotected::Allow => {}
-        guc::Unprotected::Error => {
-            errors::raise_hint(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, msg, hint)
+        if let Some(latched) = registry::lookup(plan.relid) {
+            admit::warn_if_exposed(&latched);
         }
-        guc::Unprotected::Warning => errors::warn_hint(PgSqlErrorCode::ERRCODE_WARNING, msg, hint),
     }
 }
 

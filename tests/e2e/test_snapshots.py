@@ -13,8 +13,9 @@ def test_an_old_cursor_snapshot_is_refreshed_not_spliced(db, table_name):
         busy.execute(f"INSERT INTO {table_name} (v) VALUES ('early')")    # id 2, committed
         r.execute(f"DECLARE c CURSOR FOR SELECT id FROM {table_name} WHERE id > 0 ORDER BY id LIMIT 10")
         before = stats(busy)["fresh_snapshots"]
-        # Thousands of transactions since the cursor's snapshot.
-        busy.execute("DO $$ BEGIN FOR i IN 1..3000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$")
+        # More top-level transactions since the cursor's snapshot than a
+        # pull-in lists (MAX_SPLICED_XIDS, 8192).
+        busy.execute("DO $$ BEGIN FOR i IN 1..9000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$")
         w.commit()
         assert r.execute("FETCH ALL FROM c").fetchall() == [(1,), (2,)]
         r.commit()

@@ -112,3 +112,34 @@ SELECT pgkvx.enable('dep_outbox', gapless => true);
 SELECT pgkvx.enable('dep_outbox', 'dep_outbox_id_key', gapless => true);
 CREATE TABLE dep_nokey (a int, b bigserial, PRIMARY KEY (a, b));
 SELECT pgkvx.enable('dep_nokey', gapless => true);
+
+-- A gapless table whose latch trigger was dropped is still guarded, and
+-- every reader says the read cannot be protected: LIMIT reads, EXPLAIN,
+-- arrow_scan and check() agree.
+SET client_min_messages = warning;
+CREATE TABLE dep_exposed (id bigserial PRIMARY KEY, p text);
+SELECT pgkvx.enable('dep_exposed', gapless => true);
+INSERT INTO dep_exposed (p) VALUES ('a'), ('b');
+DROP TRIGGER zz_pgkvx_latch ON dep_exposed;
+SELECT id FROM dep_exposed WHERE id > 0 ORDER BY id LIMIT 1;
+EXPLAIN (COSTS OFF) SELECT id FROM dep_exposed WHERE id > 0 ORDER BY id LIMIT 1;
+SELECT count(*) AS batches FROM pgkvx.arrow_scan('dep_exposed', ARRAY['id']);
+SELECT relid, problem FROM pgkvx.check() WHERE relid = 'dep_exposed'::regclass;
+SELECT pgkvx.disable('dep_exposed');
+
+-- A read that may repeat a side effect never reads optimistically (an
+-- optimistic read that conflicts runs its statement again): volatile
+-- functions PostgreSQL's own walker does not see -- in a domain's CHECK,
+-- in an aggregate's transition function -- make it fenced.
+SET client_min_messages = warning;
+CREATE SEQUENCE dep_side;
+CREATE FUNCTION dep_bump() RETURNS bigint LANGUAGE sql VOLATILE AS $$ SELECT nextval('dep_side') $$;
+CREATE DOMAIN dep_counted AS bigint CHECK (dep_bump() > 0);
+CREATE FUNCTION dep_bump_sum(bigint, bigint) RETURNS bigint LANGUAGE sql VOLATILE
+    AS $$ SELECT coalesce($1, 0) + $2 + 0 * nextval('dep_side') $$;
+CREATE AGGREGATE dep_counted_sum(bigint) (sfunc = dep_bump_sum, stype = bigint);
+CREATE TABLE dep_side_ev (id bigint PRIMARY KEY);
+SELECT pgkvx.enable('dep_side_ev');
+EXPLAIN (COSTS OFF) SELECT id::dep_counted FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT dep_counted_sum(id) FROM (SELECT id FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3) s;
+EXPLAIN (COSTS OFF) SELECT sum(id) FROM (SELECT id FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3) s;

@@ -1,0 +1,105 @@
+//! Whether a statement may run twice: an optimistic read that meets a
+//! conflict runs its statement again at another snapshot, so it must have
+//! no effect a second run would repeat.  Decided conservatively, once per
+//! planned statement: anything that may write or call a volatile function,
+//! anywhere in the statement, makes it read fenced.
+//!
+//! PostgreSQL's `contain_volatile_functions` trusts each node's own
+//! function, so it misses two places a volatile function runs:
+//! - a coercion to a domain runs the domain's CHECK constraints, which may
+//!   call anything (any domain with constraints counts here);
+//! - an aggregate is looked at through its own pg_proc row, which says
+//!   nothing of its transition, final, combine or (de)serial functions.
+
+use crate::pg::node_tag;
+use pgrx::pg_sys::{self, Node};
+use pgrx::prelude::*;
+
+unsafe extern "C-unwind" {
+    // nodes/nodeFuncs.h; not in pgrx's bindings.  Called only through the
+    // FFI boundary guard.
+    fn query_tree_walker(
+        query: *mut pg_sys::Query,
+        walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> bool>,
+        context: *mut std::ffi::c_void,
+        flags: i32,
+    ) -> bool;
+    fn expression_tree_walker(
+        node: *mut Node,
+        walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> bool>,
+        context: *mut std::ffi::c_void,
+    ) -> bool;
+}
+
+/// Whether the statement `parse`, planned with `cursor_options`, may run
+/// twice.
+///
+/// # Safety
+/// `parse` is the Query being planned.
+pub unsafe fn statement(parse: *mut pg_sys::Query, cursor_options: i32) -> bool {
+    // SAFETY: per contract; the walkers only read the tree.
+    unsafe {
+        let q = &*parse;
+        q.commandType == pg_sys::CmdType::CMD_SELECT
+            && !q.hasModifyingCTE
+            && q.rowMarks.is_null()
+            && cursor_options & (pg_sys::CURSOR_OPT_SCROLL | pg_sys::CURSOR_OPT_HOLD) as i32 == 0
+            && !pg_sys::contain_volatile_functions(parse as *mut Node)
+            && !hidden_volatile(parse as *mut Node, std::ptr::null_mut())
+    }
+}
+
+/// Whether a volatile function PostgreSQL's walker does not see may run
+/// under `node`.
+#[pg_guard]
+unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: nodes of a valid tree, cast after their tag is checked.
+    unsafe {
+        match node_tag(node) {
+            pg_sys::NodeTag::T_Query => {
+                return pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                    query_tree_walker(node as *mut pg_sys::Query, Some(hidden_volatile), cx, 0)
+                });
+            }
+            pg_sys::NodeTag::T_CoerceToDomain
+                if pg_sys::DomainHasConstraints((*(node as *mut pg_sys::CoerceToDomain)).resulttype) =>
+            {
+                return true;
+            }
+            pg_sys::NodeTag::T_Aggref if aggregate_is_volatile((*(node as *mut pg_sys::Aggref)).aggfnoid) => {
+                return true;
+            }
+            _ => {}
+        }
+        pg_sys::ffi::pg_guard_ffi_boundary(|| expression_tree_walker(node, Some(hidden_volatile), cx))
+    }
+}
+
+/// pg_aggregate's support functions, by attribute number (PostgreSQL 15):
+/// aggtransfn, aggfinalfn, aggcombinefn, aggserialfn, aggdeserialfn,
+/// aggmtransfn, aggminvtransfn, aggmfinalfn.
+const AGGREGATE_FUNCTIONS: std::ops::RangeInclusive<i16> = 4..=11;
+
+/// Whether any support function of aggregate `aggfnoid` is volatile (an
+/// aggregate unknown to the catalog counts as volatile).
+fn aggregate_is_volatile(aggfnoid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache lookup, released before returning; the attributes
+    // read are regproc (oid) columns of pg_aggregate.
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::AGGFNOID as i32, pg_sys::Datum::from(aggfnoid));
+        if tup.is_null() {
+            return true;
+        }
+        let volatile = AGGREGATE_FUNCTIONS.into_iter().any(|attno| {
+            let mut isnull = false;
+            let d = pg_sys::SysCacheGetAttr(pg_sys::SysCacheIdentifier::AGGFNOID as i32, tup, attno, &mut isnull);
+            let f = pg_sys::Oid::from(d.value() as u32);
+            !isnull && f != pg_sys::InvalidOid && pg_sys::func_volatile(f) as u8 == pg_sys::PROVOLATILE_VOLATILE
+        });
+        pg_sys::ReleaseSysCache(tup);
+        volatile
+    }
+}
