@@ -16,23 +16,9 @@ use std::collections::HashMap;
 
 /// What the caller may see of a table's latches: (the latches, their keys).
 fn may_see(relid: Oid) -> (bool, bool) {
-    // SAFETY: catalog ACL and row-security checks for the current user.
-    unsafe {
-        let me = pg_sys::GetUserId();
-        // A table dropped while its ranges wait to be reclaimed: nothing
-        // of it is anyone's to see.
-        let mut missing = false;
-        let select = pg_sys::pg_class_aclcheck_ext(relid, me, pg_sys::ACL_SELECT as pg_sys::AclMode, &mut missing)
-            == pg_sys::AclResult::ACLCHECK_OK;
-        if missing {
-            return (false, false);
-        }
-        let monitor = pg_sys::has_privs_of_role(me, Oid::from(pg_sys::ROLE_PG_MONITOR));
-        let all_rows = select
-            && pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
-                != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
-        (select || monitor, all_rows)
-    }
+    let attnums: Vec<i16> =
+        registry::lookup(relid).map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
+    crate::read::admit::may_see(relid, &attnums)
 }
 
 /// Formats spans with each table's key, caching one lookup per table.

@@ -27,11 +27,42 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::rc::Rc;
 
+/// How a statement's guarded reads ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadPath {
+    /// `pgkvx.scan_mode = off`: plain PostgreSQL.
+    #[default]
+    Off,
+    Fenced,
+    /// Optimistic, and its declared spans were clean: it streamed.
+    Streamed,
+    /// Optimistic, its result held back until valid.
+    Optimistic,
+    /// Optimistic, but its result outgrew what can be held back.
+    Overflowed,
+    /// Optimistic, then fenced after `pgkvx.optimistic_retries` conflicts.
+    FellBack,
+}
+
+impl ReadPath {
+    /// As EXPLAIN ANALYZE shows it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ReadPath::Off => "off",
+            ReadPath::Fenced => "fenced",
+            ReadPath::Streamed => "optimistic, declared spans clean: streamed",
+            ReadPath::Optimistic => "optimistic",
+            ReadPath::Overflowed => "optimistic, result too large to hold back: fenced",
+            ReadPath::FellBack => "optimistic, fell back to fenced",
+        }
+    }
+}
+
 /// What the read protocol did for the node's statement, for EXPLAIN (the
 /// statement runs the protocol; its nodes show the outcome).
 #[derive(Default, Debug)]
 pub struct StatementReport {
-    pub mode: String,
+    pub mode: ReadPath,
     pub report: ReadReport,
     pub wait_us: i64,
 }
@@ -576,7 +607,7 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         let analyze = (*es).analyze;
         let st = rt.statement.clone();
         let mode = match (&st, analyze) {
-            (Some(st), true) => st.borrow().mode.to_string(),
+            (Some(st), true) => st.borrow().mode.describe().to_string(),
             // What the statement would read in: one that cannot run twice
             // (row locks, side effects) never reads optimistically.
             _ => crate::read::admit::planned_mode(rt.plan.restartable).to_string(),
@@ -592,7 +623,14 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
         let bounds_run_functions =
             || list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| pg_sys::contain_mutable_functions(e));
-        if analyze || !bounds_run_functions() {
+        // Spans are keys, and keys are table data: only for a role that
+        // may read every row of the key (a view can hide the key column).
+        let attnums: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
+        let (_, keys_visible) = crate::read::admit::may_see(rt.plan.relid, &attnums);
+        const HIDDEN: &str = "(keys hidden: requires SELECT on every row of the key)";
+        if !keys_visible {
+            prop_text(es, c"Declared Span", HIDDEN);
+        } else if analyze || !bounds_run_functions() {
             let declared = rt.declared(node);
             prop_text(es, c"Declared Span", &key.format_span(&declared));
         } else {
@@ -600,11 +638,11 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         }
         let Some(st) = st.filter(|_| analyze) else { return };
         let st = st.borrow();
-        if st.mode == "off" {
+        if st.mode == ReadPath::Off {
             return;
         }
         let touched = rt.touched(node);
-        prop_text(es, c"Touched Span", &spans_text(&key, &touched));
+        prop_text(es, c"Touched Span", &if keys_visible { spans_text(&key, &touched) } else { HIDDEN.to_string() });
         let r = &st.report;
         let outcome = if r.conflicts == 0 { "clean" } else { "conflicts resolved" };
         prop_text(es, c"Validation", outcome);

@@ -25,7 +25,7 @@
 //! - off: nothing; the nodes only pass rows on.
 
 use super::buffer::{BufferDest, HeldRows};
-use super::node::{self, StatementReport};
+use super::node::{self, ReadPath, StatementReport};
 use super::plan_data::GuardPlan;
 use crate::errors::{self, raw};
 use crate::guc;
@@ -438,7 +438,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         let Some(mut strategy) = run::choose_mode(want) else {
             // off: plain Postgres.
             errors::pass(|| prev_start(qd, eflags));
-            attach(qd, RowSource::Plan, "off", None, false, eflags, false);
+            attach(qd, RowSource::Plan, ReadPath::Off, None, false, eflags, false);
             return;
         };
         refuse_on_standby();
@@ -468,7 +468,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 }
                 b.release();
                 errors::pass(|| prev_start(qd, eflags));
-                let st = attach(qd, RowSource::Plan, "fenced", None, swapped, eflags, false);
+                let st = attach(qd, RowSource::Plan, ReadPath::Fenced, None, swapped, eflags, false);
                 st.borrow_mut().report = ran.report;
                 st.borrow_mut().wait_us = ran.wait_us;
             }
@@ -482,21 +482,13 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 } =>
             {
                 errors::pass(|| prev_start(qd, eflags));
-                let st = attach(
-                    qd,
-                    RowSource::Plan,
-                    "optimistic, declared spans clean: streamed",
-                    None,
-                    false,
-                    eflags,
-                    false,
-                );
+                let st = attach(qd, RowSource::Plan, ReadPath::Streamed, None, false, eflags, false);
                 st.borrow_mut().report.validations = 1;
                 st.borrow_mut().report.streamed = true;
             }
             ReadMode::Optimistic => {
                 errors::pass(|| prev_start(qd, eflags));
-                attach(qd, RowSource::Pending, "optimistic", Some(base), false, eflags, first_fixed_read);
+                attach(qd, RowSource::Pending, ReadPath::Optimistic, Some(base), false, eflags, first_fixed_read);
             }
         }
     }
@@ -509,13 +501,13 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
 unsafe fn attach(
     qd: *mut QueryDesc,
     source: RowSource,
-    mode: &str,
+    mode: ReadPath,
     base: Option<BaseSnapshot>,
     swapped: bool,
     eflags: i32,
     first_fixed_read: bool,
 ) -> Rc<RefCell<StatementReport>> {
-    let report = Rc::new(RefCell::new(StatementReport { mode: mode.to_string(), ..Default::default() }));
+    let report = Rc::new(RefCell::new(StatementReport { mode, ..Default::default() }));
     // SAFETY: per contract.
     unsafe {
         for n in guard_nodes(qd) {
@@ -795,11 +787,11 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         let run::ProtocolResult { decision, report, wait_us, base } =
             run::run_protocol(&mut reader, base, &mut declared, strategy, "LIMIT scan");
         let mode = if report.overflowed {
-            "optimistic, result too large to hold back: fenced"
+            ReadPath::Overflowed
         } else if report.fell_back {
-            "optimistic, fell back to fenced"
+            ReadPath::FellBack
         } else {
-            "optimistic"
+            ReadPath::Optimistic
         };
         let mut base = base;
         let source = match decision {
@@ -827,7 +819,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         base.release();
         (*st).source = source;
         let mut r = (*st).report.borrow_mut();
-        r.mode = mode.to_string();
+        r.mode = mode;
         r.report = report;
         r.wait_us = wait_us;
     }

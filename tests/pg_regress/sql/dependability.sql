@@ -140,6 +140,24 @@ CREATE FUNCTION dep_bump_sum(bigint, bigint) RETURNS bigint LANGUAGE sql VOLATIL
 CREATE AGGREGATE dep_counted_sum(bigint) (sfunc = dep_bump_sum, stype = bigint);
 CREATE TABLE dep_side_ev (id bigint PRIMARY KEY);
 SELECT pgkvx.enable('dep_side_ev');
-EXPLAIN (COSTS OFF) SELECT id::dep_counted FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT id::dep_counted AS c FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3;
 EXPLAIN (COSTS OFF) SELECT dep_counted_sum(id) FROM (SELECT id FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3) s;
 EXPLAIN (COSTS OFF) SELECT sum(id) FROM (SELECT id FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3) s;
+
+-- Keys are table data: EXPLAIN shows spans only to a role that may read
+-- every row of the key.  Through a view that hides the key column, a role
+-- sees the plan but not the keys.
+RESET client_min_messages;
+CREATE ROLE dep_viewer;
+CREATE TABLE dep_mail (email text COLLATE "C" PRIMARY KEY, n int);
+SELECT pgkvx.enable('dep_mail');
+INSERT INTO dep_mail VALUES ('alice@example.com', 1), ('bob@example.com', 2);
+CREATE VIEW dep_mail_counts AS SELECT n FROM dep_mail WHERE email > '' ORDER BY email;
+GRANT SELECT ON dep_mail_counts TO dep_viewer;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT n FROM dep_mail_counts LIMIT 1;
+SET ROLE dep_viewer;
+SELECT n FROM dep_mail_counts LIMIT 1;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT n FROM dep_mail_counts LIMIT 1;
+RESET ROLE;
+DROP VIEW dep_mail_counts;
+DROP ROLE dep_viewer;
