@@ -3,9 +3,15 @@
 //!
 //! D must contain every key the read could return.  Equality on leading key
 //! columns narrows it to a prefix; the first column after them may bound it
-//! from below and above; everything else (later columns, arrays, row
-//! comparisons, cross-type quals the codec cannot compare) is ignored, which
-//! only widens D.  Wider is always safe: more waiting, never a missed row.
+//! from below and above.  A row comparison `(a, b) > ($1, $2)` over key
+//! columns bounds its first column inclusively (`a >= $1`); a bound of
+//! another type is converted to the column's type where PostgreSQL's own
+//! cross-type comparison converts it the same way (a `timestamp` or `date`
+//! against a `timestamptz` key).  Everything else (later columns, arrays,
+//! cross-type quals without such a conversion) is ignored, which only widens
+//! D.  Wider is always safe: more waiting, never a missed row -- but a
+//! bound dropped for nothing makes a tail wait for writers anywhere in the
+//! table, so every bound that can be kept is.
 
 use crate::keys::codec::KeyWriter;
 use crate::keys::datum::encode_value;
@@ -76,10 +82,8 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Spa
         }
         // A btree scan key's subtype is "same as the column" when invalid.
         let typid = if q.typid == pg_sys::InvalidOid { desc.cols[i].typid } else { q.typid };
-        if !desc.compatible(i, typid) {
-            continue;
-        }
-        let b = |inclusive| ColumnBound { datum: q.value, typid, inclusive };
+        let Some((datum, typid)) = as_column_type(desc, i, typid, q.value) else { continue };
+        let b = |inclusive| ColumnBound { datum, typid, inclusive };
         // On a DESC column the encoding runs backwards: `>` bounds from above.
         let flip = desc.cols[i].desc;
         let c = &mut cols[i];
@@ -101,6 +105,32 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Spa
         }
     }
     assemble(desc, &cols)
+}
+
+/// `value` (of type `typid`) as a value the codec can encode for key
+/// column `i`: itself when the types are compatible, else converted where
+/// PostgreSQL's cross-type comparison of the two types converts the same
+/// way (date and timestamp to the column's timestamp type, under the
+/// session's time zone, exactly as the operators do).
+fn as_column_type(
+    desc: &KeyDesc,
+    i: usize,
+    typid: pg_sys::Oid,
+    value: pg_sys::Datum,
+) -> Option<(pg_sys::Datum, pg_sys::Oid)> {
+    if desc.compatible(i, typid) {
+        return Some((value, typid));
+    }
+    let column = desc.cols[i].typid;
+    let cast = match (column, typid) {
+        (pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPOID) => pg_sys::F_TIMESTAMPTZ_TIMESTAMP,
+        (pg_sys::TIMESTAMPTZOID, pg_sys::DATEOID) => pg_sys::F_TIMESTAMPTZ_DATE,
+        (pg_sys::TIMESTAMPOID, pg_sys::DATEOID) => pg_sys::F_TIMESTAMP_DATE,
+        _ => return None,
+    };
+    // SAFETY: a built-in cast of a non-null value of its argument type.
+    let converted = unsafe { pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(cast), pg_sys::InvalidOid, value) };
+    desc.compatible(i, column).then_some((converted, column))
 }
 
 /// The key quals among a btree scan's keys, `key_col(index column)` giving

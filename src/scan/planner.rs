@@ -20,7 +20,7 @@
 //! runs, which must be this process.
 
 use super::plan_data::{BoundQual, GuardPlan, StaticMethods, NAME};
-use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
+use crate::pg::{list_iter, list_nth, list_oids, make_list, node_tag, rel_name};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
 use pgrx::prelude::*;
@@ -397,6 +397,10 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
                 continue;
             }
             let clause = (*ri).clause as *mut Node;
+            if node_tag(clause) == pg_sys::NodeTag::T_RowCompareExpr {
+                out.extend(row_bound(rti, key, clause as *mut pg_sys::RowCompareExpr));
+                continue;
+            }
             if node_tag(clause) != pg_sys::NodeTag::T_OpExpr {
                 continue;
             }
@@ -431,6 +435,54 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
         }
     }
     out
+}
+
+/// A row comparison `(k1, k2, ...) op (v1, v2, ...)` whose first column is
+/// a key column, as the bound it implies on that column alone: `>` and
+/// `>=` give `k1 >= v1`, `<` and `<=` give `k1 <= v1` (a keyset tail's
+/// cursor).  Conservative: the row bound is never tighter than this.
+///
+/// # Safety
+/// As for [`key_bounds`]; `rc` is a RowCompareExpr of its clauses.
+unsafe fn row_bound(
+    rti: u32,
+    key: &crate::keys::KeyDesc,
+    rc: *mut pg_sys::RowCompareExpr,
+) -> Option<(BoundQual, *mut Node)> {
+    // SAFETY: per contract.
+    unsafe {
+        let rc = &*rc;
+        let l = list_nth::<Node>(rc.largs, 0)?;
+        let r = list_nth::<Node>(rc.rargs, 0)?;
+        let opno = pg_sys::Oid::from(list_oids(rc.opnos).next()?.to_u32());
+        let collation = list_oids(rc.inputcollids).next().unwrap_or(pg_sys::InvalidOid);
+        use pg_sys::RowCompareType::*;
+        let (column, value, upward) = match rc.rctype {
+            ROWCOMPARE_GT | ROWCOMPARE_GE => (l, r, true),
+            ROWCOMPARE_LT | ROWCOMPARE_LE => (l, r, false),
+            _ => return None,
+        };
+        let (col, c, value, opno, upward) = match key.cols.iter().position(|c| is_column(column, rti, c.attnum)) {
+            Some(col) => (col, &key.cols[col], value, opno, upward),
+            None => {
+                // `(v1, ...) op (k1, ...)`: the key on the right.
+                let col = key.cols.iter().position(|c| is_column(value, rti, c.attnum))?;
+                (col, &key.cols[col], column, pg_sys::get_commutator(opno), !upward)
+            }
+        };
+        if opno == pg_sys::InvalidOid
+            || !pg_sys::is_pseudo_constant_clause(value)
+            || !pg_sys::pull_paramids(value as *mut pg_sys::Expr).is_null()
+            || pg_sys::contain_subplans(value)
+            || pg_sys::get_op_opfamily_strategy(opno, c.opfamily) == 0
+            || !c.orders_like_key(collation)
+        {
+            return None;
+        }
+        let strategy = if upward { pg_sys::BTGreaterEqualStrategyNumber } else { pg_sys::BTLessEqualStrategyNumber };
+        let b = BoundQual { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
+        Some((b, pg_sys::copyObjectImpl(value as *const _) as *mut Node))
+    }
 }
 
 #[pg_guard]
