@@ -35,22 +35,6 @@ def stats(c):
     return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
 
 
-@pytest.fixture(scope="session", autouse=True)
-def many_tables_of_one_owner():
-    """Every test's tables belong to one role, postgres, and hundreds are
-    written within seconds of each other: more than the per-owner share of
-    the latch table a cluster of many tenants wants (64).  The suite's own
-    cluster lifts it for the session; the per-owner limit is no subject of
-    these tests."""
-    with connect("postgres") as c:
-        c.execute("ALTER SYSTEM SET pgkvx.max_tables_per_owner = 0")
-        c.execute("SELECT pg_reload_conf()")
-    yield
-    with connect("postgres") as c:
-        c.execute("ALTER SYSTEM RESET pgkvx.max_tables_per_owner")
-        c.execute("SELECT pg_reload_conf()")
-
-
 @pytest.fixture(scope="module")
 def db(request):
     """A fresh database with pgkvx created; yields its name."""
