@@ -174,6 +174,35 @@ pub unsafe fn list_oids(list: *mut pg_sys::List) -> impl Iterator<Item = Oid> {
     cells.iter().map(|c| unsafe { c.oid_value })
 }
 
+/// The integers of an `IntList` (NIL has none), in order.
+///
+/// # Safety
+/// `list` is NIL or a valid `IntList`, neither changed nor freed while the
+/// iterator is in use.
+pub unsafe fn list_ints(list: *mut pg_sys::List) -> impl Iterator<Item = i32> {
+    // SAFETY: per the contract.
+    let cells: &[pg_sys::ListCell] = unsafe { list_cells(list, pg_sys::NodeTag::T_IntList) };
+    // SAFETY: the cells of an IntList hold ints.
+    cells.iter().map(|c| unsafe { c.int_value })
+}
+
+/// The members of a `Bitmapset` (NULL has none), in increasing order.
+///
+/// # Safety
+/// `set` is NULL or a valid Bitmapset, neither changed nor freed while the
+/// iterator is in use.
+pub unsafe fn bitmapset_members(set: *mut pg_sys::Bitmapset) -> impl Iterator<Item = i32> {
+    let mut prev = -1;
+    std::iter::from_fn(move || {
+        // SAFETY: per the contract; bms_next_member reads only.
+        let next = unsafe { pg_sys::bms_next_member(set, prev) };
+        (next >= 0).then(|| {
+            prev = next;
+            next
+        })
+    })
+}
+
 /// # Safety
 /// As for [`list_iter`]; `tag` is the kind of List expected.
 unsafe fn list_cells<'a>(list: *mut pg_sys::List, tag: pg_sys::NodeTag) -> &'a [pg_sys::ListCell] {

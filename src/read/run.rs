@@ -107,6 +107,14 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 }
 
+/// The reader of fenced reads, which never buffer.
+pub struct NeverBuffers;
+impl Reader for NeverBuffers {
+    fn read_buffered(&mut self, _base: &BaseSnapshot, _pulled: &[Xid]) -> Option<Footprint> {
+        unreachable!("fenced reads never buffer")
+    }
+}
+
 /// Optimistic reads wanting more rows than this check the declared
 /// footprint first and stream when it is clean (`declared_first`): copying
 /// a few rows into the buffer costs less than checking the wider declared

@@ -214,12 +214,59 @@ pub unsafe fn adopt_for_transaction(template: Snapshot) -> bool {
         if n > 0 {
             std::ptr::copy_nonoverlapping((*template).xip, xip, n);
         }
-        (*cur).xip = xip;
-        (*cur).xcnt = (*template).xcnt;
-        (*cur).xmax = (*template).xmax;
-        (*cur).subxcnt = 0;
-        (*cur).suboverflowed = true;
+        set_in_progress(cur, xip, (*template).xcnt, (*template).xmax);
         true
+    }
+}
+
+/// Makes the statement snapshot `snap` read as `template` (spliced from
+/// it) does, in place: every scan of the statement holds `snap`, and so do
+/// the functions it calls.  `template` lives at least as long as `snap`.
+///
+/// # Safety
+/// `snap` is a valid MVCC snapshot owned by the caller's statement;
+/// `template` was spliced from a base of it.
+pub unsafe fn fold_in_place(snap: Snapshot, template: Snapshot) {
+    // SAFETY: per contract.
+    unsafe { set_in_progress(snap, (*template).xip, (*template).xcnt, (*template).xmax) }
+}
+
+/// A snapshot of the statement's own to fold writers into later: a
+/// registered copy of `snap` that no other statement holds (a function's
+/// statement may run at its caller's snapshot object).
+///
+/// # Safety
+/// `snap` is a valid MVCC snapshot.
+pub unsafe fn private_copy(snap: Snapshot) -> Snapshot {
+    // SAFETY: RegisterSnapshot copies a snapshot not marked copied; the
+    // template is a shallow copy pointing at `snap`'s own arrays, read
+    // only by that copy.
+    unsafe {
+        let template = pg_sys::palloc(std::mem::size_of::<pg_sys::SnapshotData>()) as *mut pg_sys::SnapshotData;
+        std::ptr::copy_nonoverlapping(snap, template, 1);
+        (*template).copied = false;
+        (*template).active_count = 0;
+        (*template).regd_count = 0;
+        (*template).ph_node = std::mem::zeroed();
+        let copy = pg_sys::RegisterSnapshot(template);
+        pg_sys::pfree(template as *mut std::ffi::c_void);
+        copy
+    }
+}
+
+/// Gives `snap` a new in-progress list (top-level xids, resolved through
+/// pg_subtrans) and xmax; its xmin stays.
+///
+/// # Safety
+/// `xip` holds `xcnt` xids and lives as long as `snap`.
+unsafe fn set_in_progress(snap: Snapshot, xip: *mut pg_sys::TransactionId, xcnt: u32, xmax: pg_sys::TransactionId) {
+    // SAFETY: per contract.
+    unsafe {
+        (*snap).xip = xip;
+        (*snap).xcnt = xcnt;
+        (*snap).xmax = xmax;
+        (*snap).subxcnt = 0;
+        (*snap).suboverflowed = true;
     }
 }
 

@@ -34,6 +34,9 @@ pub enum ReadPath {
     #[default]
     Off,
     Fenced,
+    /// Fenced when each guarded scan started, on its bounds as they were
+    /// then (they came from an init plan or a CTE).
+    FencedAtScan,
     /// Optimistic, and its declared spans were clean: it streamed.
     Streamed,
     /// Optimistic, its result held back until valid.
@@ -50,6 +53,7 @@ impl ReadPath {
         match self {
             ReadPath::Off => "off",
             ReadPath::Fenced => "fenced",
+            ReadPath::FencedAtScan => "fenced when the scan started",
             ReadPath::Streamed => "optimistic, declared spans clean: streamed",
             ReadPath::Optimistic => "optimistic",
             ReadPath::Overflowed => "optimistic, result too large to hold back: fenced",
@@ -136,6 +140,10 @@ pub struct NodeRuntime {
     touched: Vec<Span>,
     /// The statement's protocol outcome, for EXPLAIN.
     pub statement: Option<Rc<RefCell<StatementReport>>>,
+    /// A fenced statement whose bounds are known only once it runs: the
+    /// scan fences when it first runs, with this `after` for the
+    /// statement's snapshot.
+    pub fence_at_start: Option<crate::latch::Xid>,
 }
 
 /// Drops the Rust runtime when the executor's memory goes, also after an
@@ -339,6 +347,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             started: false,
             touched: Vec::new(),
             statement: None,
+            fence_at_start: None,
         });
         let rt = Box::into_raw(rt);
         let cb =
@@ -364,6 +373,9 @@ unsafe extern "C-unwind" fn exec(node: *mut pg_sys::CustomScanState) -> *mut pg_
     // function the executor installed for it (ExecInitNode always sets one).
     unsafe {
         let rt = (*(node as *mut NodeState)).rt;
+        if (*rt).fence_at_start.is_some() {
+            fence_at_start(node);
+        }
         (*rt).started = true;
         let child = (*rt).child;
         // What Postgres's inline ExecProcNode does first: a child whose
@@ -372,6 +384,53 @@ unsafe extern "C-unwind" fn exec(node: *mut pg_sys::CustomScanState) -> *mut pg_
             rescan_child(child);
         }
         ((*child).ExecProcNode.unwrap_unchecked())(child)
+    }
+}
+
+/// The first run of a scan whose statement fences when its scans start:
+/// its bounds are known now (init plans and CTEs they read from have run
+/// or run as they are evaluated).  Waits for the writers in flight at the
+/// statement's snapshot in its declared span and folds them into that
+/// snapshot, in place: every scan and expression of the statement reads
+/// at it, and what already ran (the CTE) keeps what it read.
+#[pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
+    // SAFETY: our node, begun; see errors.rs for the boundary.
+    unsafe {
+        crate::errors::rethrow_pending(|| {
+            let rt = &mut *(*(node as *mut NodeState)).rt;
+            let Some(after) = rt.fence_at_start.take() else { return };
+            let d = rt.declared(node);
+            let fp = vec![(rt.rel, d)];
+            let estate = (*node).ss.ps.state;
+            let snap = (*estate).es_snapshot;
+            let base = crate::read::snapshot::BaseSnapshot::of(snap, after);
+            let strategy = crate::read::run::ReadStrategy {
+                mode: crate::latch::protocol::ReadMode::Fenced,
+                declared_first: false,
+                first_fixed_read: false,
+            };
+            let ran = crate::read::run::run_protocol(
+                &mut crate::read::run::NeverBuffers,
+                base,
+                &mut || fp.clone(),
+                strategy,
+                "LIMIT scan",
+            );
+            let crate::read::run::ReadDecision::Stream { pulled } = ran.decision else { return };
+            let mut b = ran.base;
+            if !pulled.is_empty() {
+                let template = b.spliced_in((*estate).es_query_cxt, &pulled);
+                crate::read::snapshot::fold_in_place(snap, template);
+            }
+            b.release();
+            if let Some(st) = &rt.statement {
+                let mut st = st.borrow_mut();
+                st.report.add(&ran.report);
+                st.wait_us += ran.wait_us;
+            }
+        })
     }
 }
 
@@ -619,10 +678,14 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         };
         prop_text(es, c"Table", &key.relname);
         // Plain EXPLAIN runs nothing of the user's: bounds that call
-        // functions other than immutable ones are known only at run time.
+        // functions other than immutable ones, or read an init plan's
+        // result, are known only at run time.
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-        let bounds_run_functions =
-            || list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| pg_sys::contain_mutable_functions(e));
+        let bounds_run_functions = || {
+            list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| {
+                pg_sys::contain_mutable_functions(e) || !pg_sys::pull_paramids(e as *mut pg_sys::Expr).is_null()
+            })
+        };
         // Spans are keys, and keys are table data: only for a role that
         // may read every row of the key (a view can hide the key column).
         let attnums: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();

@@ -21,8 +21,9 @@ const LAYOUT: i32 = 2;
 
 /// A qual `key column <strategy> expression` that bounds the declared span,
 /// the expression being the matching entry of `custom_exprs`.  Only
-/// expressions computable before the statement runs (constants, query
-/// parameters, stable functions of them) are kept.
+/// expressions with one value for the whole statement are kept: constants,
+/// query parameters, stable functions of them, and results of init plans
+/// (known once the scan starts, not before the statement runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BoundQual {
     /// Position in the key (0-based).

@@ -388,8 +388,17 @@ unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_
 /// # Safety
 /// Planner structures of the current planning step; `clauses` is a list of
 /// RestrictInfo.
-unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -> Vec<(BoundQual, *mut Node)> {
+unsafe fn key_bounds(
+    root: *mut PlannerInfo,
+    rti: u32,
+    key: &crate::keys::KeyDesc,
+    clauses: *mut List,
+) -> Vec<(BoundQual, *mut Node)> {
     let mut out = Vec::new();
+    // SAFETY: per contract.
+    let init_params = unsafe { init_plan_params(root) };
+    // SAFETY: per contract.
+    let one_value = |value: *mut Node| unsafe { one_value_per_statement(value, &init_params) };
     // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
         for ri in list_iter::<pg_sys::RestrictInfo>(clauses) {
@@ -398,7 +407,7 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
             }
             let clause = (*ri).clause as *mut Node;
             if node_tag(clause) == pg_sys::NodeTag::T_RowCompareExpr {
-                out.extend(row_bound(rti, key, clause as *mut pg_sys::RowCompareExpr));
+                out.extend(row_bound(rti, key, clause as *mut pg_sys::RowCompareExpr, &one_value));
                 continue;
             }
             if node_tag(clause) != pg_sys::NodeTag::T_OpExpr {
@@ -416,11 +425,7 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
                 } else {
                     continue;
                 };
-                if opno == pg_sys::InvalidOid
-                    || !pg_sys::is_pseudo_constant_clause(value)
-                    || !pg_sys::pull_paramids(value as *mut pg_sys::Expr).is_null()
-                    || pg_sys::contain_subplans(value)
-                {
+                if opno == pg_sys::InvalidOid || !one_value(value) {
                     continue;
                 }
                 // A comparison under another collation bounds another order
@@ -437,6 +442,43 @@ unsafe fn key_bounds(rti: u32, key: &crate::keys::KeyDesc, clauses: *mut List) -
     out
 }
 
+/// The PARAM_EXEC ids that init plans of this query level or an outer one
+/// set: one value for the whole statement, known once the plan that sets
+/// them has run (a cursor a CTE read).  Not nestloop parameters, which
+/// change with every outer row.
+///
+/// # Safety
+/// `root` is the current planner state.
+unsafe fn init_plan_params(mut root: *mut PlannerInfo) -> Vec<i32> {
+    let mut ids = Vec::new();
+    // SAFETY: per contract; init_plans hold SubPlans with int setParam lists.
+    unsafe {
+        while !root.is_null() {
+            for sp in list_iter::<pg_sys::SubPlan>((*root).init_plans) {
+                ids.extend(crate::pg::list_ints((*sp).setParam));
+            }
+            root = (*root).parent_root;
+        }
+    }
+    ids
+}
+
+/// Whether `value` has one value for the whole statement: constants, the
+/// query's parameters, stable functions of them, and results of init plans
+/// (`init_params`) -- no Vars, no subplans, no nestloop parameters.
+///
+/// # Safety
+/// `value` is a valid expression.
+unsafe fn one_value_per_statement(value: *mut Node, init_params: &[i32]) -> bool {
+    // SAFETY: per contract; the walkers only read.
+    unsafe {
+        pg_sys::is_pseudo_constant_clause(value)
+            && !pg_sys::contain_subplans(value)
+            && crate::pg::bitmapset_members(pg_sys::pull_paramids(value as *mut pg_sys::Expr))
+                .all(|id| init_params.contains(&id))
+    }
+}
+
 /// A row comparison `(k1, k2, ...) op (v1, v2, ...)` whose first column is
 /// a key column, as the bound it implies on that column alone: `>` and
 /// `>=` give `k1 >= v1`, `<` and `<=` give `k1 <= v1` (a keyset tail's
@@ -448,6 +490,7 @@ unsafe fn row_bound(
     rti: u32,
     key: &crate::keys::KeyDesc,
     rc: *mut pg_sys::RowCompareExpr,
+    one_value: &dyn Fn(*mut Node) -> bool,
 ) -> Option<(BoundQual, *mut Node)> {
     // SAFETY: per contract.
     unsafe {
@@ -471,9 +514,7 @@ unsafe fn row_bound(
             }
         };
         if opno == pg_sys::InvalidOid
-            || !pg_sys::is_pseudo_constant_clause(value)
-            || !pg_sys::pull_paramids(value as *mut pg_sys::Expr).is_null()
-            || pg_sys::contain_subplans(value)
+            || !one_value(value)
             || pg_sys::get_op_opfamily_strategy(opno, c.opfamily) == 0
             || !c.orders_like_key(collation)
         {
@@ -501,7 +542,7 @@ unsafe extern "C-unwind" fn plan_custom_path(
         let rti = (*rel).relid;
         let relid = (**(*root).simple_rte_array.add(rti as usize)).relid;
         let latched = registry::require(relid);
-        let bounds = key_bounds(rti, &latched.key, clauses);
+        let bounds = key_bounds(root, rti, &latched.key, clauses);
         let restartable = RESTARTABLE.with(|r| r.borrow().last().copied()).unwrap_or(false);
         let plan = GuardPlan { relid, restartable, bounds: bounds.iter().map(|(b, _)| *b).collect() };
 

@@ -4,6 +4,8 @@
 //! planned statement: anything that may write or call a volatile function,
 //! anywhere in the statement, makes it read fenced.
 //!
+//! Row locks in a CTE or a subquery count as side effects too (the
+//! statement's own `FOR UPDATE` is in its row marks).
 //! PostgreSQL's `contain_volatile_functions` trusts each node's own
 //! function, so it misses two places a volatile function runs:
 //! - a coercion to a domain runs the domain's CHECK constraints, which may
@@ -59,6 +61,9 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
     // SAFETY: nodes of a valid tree, cast after their tag is checked.
     unsafe {
         match node_tag(node) {
+            // Row locks anywhere (a CTE or subquery FOR UPDATE): a second
+            // run would lock again at another snapshot.
+            pg_sys::NodeTag::T_Query if !(*(node as *mut pg_sys::Query)).rowMarks.is_null() => return true,
             pg_sys::NodeTag::T_Query => {
                 return pg_sys::ffi::pg_guard_ffi_boundary(|| {
                     query_tree_walker(node as *mut pg_sys::Query, Some(hidden_volatile), cx, 0)

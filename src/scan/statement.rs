@@ -222,10 +222,7 @@ unsafe fn guard_nodes(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScanState> {
 unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
     // SAFETY: per contract; a standalone context, freed before returning.
     unsafe {
-        if !pg_sys::pull_paramids(expr).is_null()
-            || pg_sys::contain_subplans(expr as *mut Node)
-            || pg_sys::contain_var_clause(expr as *mut Node)
-        {
+        if !known_at_start(expr) {
             return None;
         }
         let econtext = pg_sys::CreateStandaloneExprContext();
@@ -239,6 +236,32 @@ unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) 
         pg_sys::FreeExprContext(econtext, true);
         Some((v, isnull))
     }
+}
+
+/// Whether `expr` needs nothing the statement computes (no PARAM_EXEC --
+/// an init plan's or a CTE's result --, no subplan, no Vars).
+///
+/// # Safety
+/// `expr` is a valid expression.
+unsafe fn known_at_start(expr: *mut pg_sys::Expr) -> bool {
+    // SAFETY: per contract; the walkers only read.
+    unsafe {
+        pg_sys::pull_paramids(expr).is_null()
+            && !pg_sys::contain_subplans(expr as *mut Node)
+            && !pg_sys::contain_var_clause(expr as *mut Node)
+    }
+}
+
+/// Whether every bound of every guarded scan is known before the
+/// statement runs.  When one is not (a cursor read from a table by a CTE
+/// or a subquery), a fence computed at executor start could only span the
+/// whole table: it waits for the scan to start instead.
+///
+/// # Safety
+/// `guards` are plan nodes of ours.
+unsafe fn bounds_known_at_start(guards: &[*mut pg_sys::CustomScan]) -> bool {
+    // SAFETY: per contract.
+    unsafe { guards.iter().all(|&g| list_iter::<pg_sys::Expr>((*g).custom_exprs).all(|e| known_at_start(e))) }
 }
 
 /// A copy of `v` (of type `typid`) in the current memory context.
@@ -452,8 +475,23 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         };
         let base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
         match strategy.mode {
+            ReadMode::Fenced if !bounds_known_at_start(&guards) => {
+                // Each guarded scan fences when it starts, on its bounds as
+                // they are then (node::fence_at_start).
+                let after = snapshot::after_for_statement();
+                // Folded into in place when a scan starts: a copy no other
+                // statement holds, active while the statement runs.
+                let private = snapshot::private_copy((*qd).snapshot);
+                pg_sys::UnregisterSnapshot((*qd).snapshot);
+                (*qd).snapshot = private;
+                errors::pass(|| prev_start(qd, eflags));
+                attach(qd, RowSource::Plan, ReadPath::FencedAtScan, None, true, eflags, false);
+                for n in guard_nodes(qd) {
+                    node::runtime(n).fence_at_start = Some(after);
+                }
+            }
             ReadMode::Fenced => {
-                let ran = run::run_protocol(&mut FencedReader, base, &mut || declared(), strategy, "LIMIT scan");
+                let ran = run::run_protocol(&mut run::NeverBuffers, base, &mut || declared(), strategy, "LIMIT scan");
                 let ReadDecision::Stream { pulled } = ran.decision else { unreachable!("fenced reads never buffer") };
                 let mut b = ran.base;
                 let swapped = !pulled.is_empty() || b.snap != (*qd).snapshot;
@@ -564,14 +602,6 @@ unsafe fn adopt_for_transaction(template: pg_sys::Snapshot, pulled: &[Xid], guar
             .map_or(crate::latch::RelId::EMPTY, |p| backend::rel_id(p.relid));
         let xid = pulled.first().copied().unwrap_or(Xid::INVALID);
         run::serialization_failure(xid, rel, &crate::latch::Span::EMPTY, "LIMIT scan")
-    }
-}
-
-/// A reader for fenced runs, which never buffer.
-struct FencedReader;
-impl Reader for FencedReader {
-    fn read_buffered(&mut self, _base: &BaseSnapshot, _pulled: &[Xid]) -> Option<Footprint> {
-        unreachable!("fenced reads never buffer")
     }
 }
 

@@ -161,3 +161,13 @@ EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT n FROM dep_mail_cou
 RESET ROLE;
 DROP VIEW dep_mail_counts;
 DROP ROLE dep_viewer;
+
+-- A cursor an init plan computes bounds the span once the scan starts;
+-- plain EXPLAIN runs no init plan to show it.
+CREATE TABLE dep_offsets (grp text PRIMARY KEY, acked bigint NOT NULL);
+INSERT INTO dep_offsets VALUES ('g', 100);
+EXPLAIN (COSTS OFF)
+  WITH last AS (SELECT acked FROM dep_offsets WHERE grp = 'g' FOR UPDATE)
+  SELECT id FROM dep_ev WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 10;
+WITH last AS (SELECT acked FROM dep_offsets WHERE grp = 'g' FOR UPDATE)
+  SELECT id FROM dep_ev WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 3;
