@@ -104,6 +104,58 @@ impl<L: LockSet> LatchTable<'_, L> {
         out
     }
 
+    /// Reports (through `out`, possibly more than once per xid) the holder
+    /// of every latch of `rel` -- held or a tombstone, not aborted -- whose
+    /// xid lies in `[from, until)`: the writers of the table a reader must
+    /// keep hidden when it moves its snapshot's xmax up to `until` but does
+    /// not show them.  False when a coalesced tombstone covers more than
+    /// `max_interval` xids of that range: its writers cannot be named.
+    pub fn holders_between(
+        &self,
+        rel: RelId,
+        from: Xid,
+        until: Xid,
+        max_interval: u32,
+        out: &mut dyn FnMut(Xid),
+    ) -> bool {
+        let in_range = |x: Xid| x.follows_or_equals(from) && x.precedes(until);
+        let mut d = self.dir_read();
+        let Some(t) = d.find_table(rel) else {
+            return true; // never latched
+        };
+        let mut named = true;
+        for i in d.ranges_over(t, &Span::ALL) {
+            let r = d.range_at(t, i);
+            let g = d.range_read(r);
+            g.for_each_overlap(&Span::ALL, &mut |e| {
+                if self.state(e) != State::Dead {
+                    let x = g.data(e).xid;
+                    if in_range(x) {
+                        out(x);
+                    }
+                }
+                true
+            });
+            let s = &g.body().summary;
+            if !s.is_empty() && !s.xid_hi.precedes(from) && s.xid_lo.precedes(until) {
+                let lo = s.xid_lo.max(from);
+                let hi = if s.xid_hi.precedes(until) { s.xid_hi } else { Xid(until.0.wrapping_sub(1)) };
+                let n = hi.0.wrapping_sub(lo.0);
+                if n >= max_interval {
+                    named = false;
+                    continue;
+                }
+                for k in 0..=n {
+                    let x = Xid(lo.0.wrapping_add(k));
+                    if x.is_valid() {
+                        out(x);
+                    }
+                }
+            }
+        }
+        named
+    }
+
     fn check_spans(
         &self,
         rel: RelId,

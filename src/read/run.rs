@@ -89,6 +89,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 
     fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
+        self.base.reading(fp.iter().map(|(r, _)| *r));
         let view = self.base.view(pulled);
         table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c))
     }
@@ -102,8 +103,10 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 
     fn refresh_snapshot(&mut self) {
+        let rels = self.base.rels().to_vec();
         self.base.release();
         self.base = BaseSnapshot::fresh();
+        self.base.reading(rels);
     }
 }
 

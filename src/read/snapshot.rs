@@ -11,7 +11,7 @@
 //! after its first statement's parse analysis, which runs just after that
 //! snapshot is taken.  Reading later only errs on the safe side.
 
-use crate::latch::{ReadSnapshot, Stat, Xid};
+use crate::latch::{ReadSnapshot, RelId, Stat, Xid};
 use crate::pg;
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Snapshot};
@@ -295,6 +295,8 @@ pub struct BaseSnapshot {
     registered: bool,
     /// Its in-progress xids, sorted (latch checks binary-search them).
     xip: Vec<Xid>,
+    /// The latched tables the read covers (see [`BaseSnapshot::reading`]).
+    rels: Vec<RelId>,
 }
 
 impl BaseSnapshot {
@@ -308,7 +310,25 @@ impl BaseSnapshot {
         let mut xip: Vec<Xid> =
             unsafe { (0..(*snap).xcnt as usize).map(|i| Xid((*(*snap).xip.add(i)).into_inner())).collect() };
         xip.sort_unstable_by_key(|x| x.0);
-        BaseSnapshot { snap, after, registered: false, xip }
+        BaseSnapshot { snap, after, registered: false, xip, rels: Vec::new() }
+    }
+
+    /// Notes latched tables the read covers.  Knowing them, a pull-in hides
+    /// only their writers (and every transaction still running) instead of
+    /// every transaction that started since the snapshot: its cost is
+    /// bounded by the writers of the tables read, not by how fast xids are
+    /// assigned anywhere in the cluster.  Every table a guarded scan of the
+    /// read may touch must be noted before the first pull-in.
+    pub fn rels(&self) -> &[RelId] {
+        &self.rels
+    }
+
+    pub fn reading(&mut self, rels: impl IntoIterator<Item = RelId>) {
+        for r in rels {
+            if !self.rels.contains(&r) {
+                self.rels.push(r);
+            }
+        }
     }
 
     /// A new snapshot of the latest committed state (READ COMMITTED only).
@@ -361,13 +381,23 @@ impl BaseSnapshot {
 
     /// Whether folding `pulled` in stays within [`MAX_SPLICED_XIDS`].
     pub fn can_pull(&self, pulled: &[Xid]) -> bool {
-        pulled.is_empty() || self.hidden_after(pulled).is_some_and(|h| h.len() <= MAX_SPLICED_XIDS as usize)
+        pulled.is_empty() || self.hidden_after(pulled).is_some_and(|(h, _)| h.len() <= MAX_SPLICED_XIDS as usize)
     }
 
-    /// The top-level xids from the base's xmax up to the spliced xmax that
-    /// are not pulled in: they must stay in progress for the result.  None
-    /// when too many xids were assigned to look.
-    fn hidden_after(&self, pulled: &[Xid]) -> Option<Vec<u32>> {
+    /// The xids at or above the base's xmax that must stay in progress for
+    /// the base with `pulled` folded in, and the xmax of the result.  None
+    /// when they cannot be named within bounds.
+    ///
+    /// With the tables read known: every transaction running now, and
+    /// every writer of those tables (live latch or tombstone) since the
+    /// snapshot -- xmax being the latest completed xid's successor, so
+    /// every other xid below it has ended; a committed one that wrote none
+    /// of those tables may show, which changes nothing the guarded scans
+    /// read.  Otherwise every top-level xid since the snapshot.
+    fn hidden_after(&self, pulled: &[Xid]) -> Option<(Vec<u32>, Xid)> {
+        if !self.rels.is_empty() {
+            return self.hidden_writers(pulled);
+        }
         let base_xmax = self.xmax();
         let new_xmax = self.spliced_xmax(pulled);
         if new_xmax.0.wrapping_sub(base_xmax.0) > MAX_SPLICED_RANGE {
@@ -383,7 +413,37 @@ impl BaseSnapshot {
             }
             x = Xid(x.0.wrapping_add(1));
         }
-        Some(out)
+        Some((out, new_xmax))
+    }
+
+    /// [`Self::hidden_after`] for known tables.
+    fn hidden_writers(&self, pulled: &[Xid]) -> Option<(Vec<u32>, Xid)> {
+        let is_pulled = |x: Xid| pulled.binary_search_by_key(&x.0, |p| p.0).is_ok();
+        // SAFETY: GetLatestSnapshot fills a static snapshot, read here at
+        // once: its xip lists every top-level xid running below its xmax.
+        let (running, xmax) = unsafe {
+            let latest = pg_sys::GetLatestSnapshot();
+            let running: Vec<u32> =
+                (0..(*latest).xcnt as usize).map(|i| (*(*latest).xip.add(i)).into_inner()).collect();
+            (running, Xid((*latest).xmax.into_inner()))
+        };
+        // Pulled holders have ended, so they precede the latest xmax.
+        let xmax = pulled.iter().map(|p| Xid(p.0.wrapping_add(1))).fold(xmax.max(self.xmax()), |m, x| m.max(x));
+        let mut out: Vec<u32> = running.into_iter().filter(|&x| !is_pulled(Xid(x))).collect();
+        let t = crate::shmem::table();
+        for &rel in &self.rels {
+            let named = t.holders_between(rel, self.xmax(), xmax, MAX_SPLICED_XIDS, &mut |x| {
+                if !is_pulled(x) && x != backend::my_xid_if_any() {
+                    out.push(x.0);
+                }
+            });
+            if !named {
+                return None;
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        Some((out, xmax))
     }
 
     /// [`BaseSnapshot::spliced`], allocated in `cx`: the snapshot lives as long as
@@ -409,16 +469,19 @@ impl BaseSnapshot {
         if pulled.is_empty() {
             return self.snap;
         }
-        let new_xmax = self.spliced_xmax(pulled);
         let is_pulled = |x: Xid| pulled.binary_search_by_key(&x.0, |p| p.0).is_ok();
         // In progress for the result: the base's in-progress xids that were
-        // not pulled, plus every top-level xid the base did not know (at or
-        // above its xmax) up to the new xmax, except those pulled in.  With
-        // suboverflowed set, Postgres maps a subxid to its top-level xid
-        // before searching the list, so subxids need no entry.
+        // not pulled, plus the xids at or above its xmax that must stay
+        // hidden (hidden_after), up to the new xmax.  With suboverflowed
+        // set, Postgres maps a subxid to its top-level xid before searching
+        // the list, so subxids need no entry.
         let mut xip: Vec<u32> = self.xip.iter().filter(|&&x| !is_pulled(x)).map(|x| x.0).collect();
+        let mut new_xmax = self.spliced_xmax(pulled);
         match self.hidden_after(pulled) {
-            Some(h) => xip.extend(h),
+            Some((h, xmax)) => {
+                xip.extend(h);
+                new_xmax = xmax;
+            }
             // Callers checked can_pull; without it, every xid in the range.
             None => {
                 let mut x = self.xmax();
@@ -430,6 +493,8 @@ impl BaseSnapshot {
                 }
             }
         }
+        xip.sort_unstable();
+        xip.dedup();
         // SAFETY: we build a private copy of a valid MVCC snapshot: same
         // xmin (so our proc's xmin still protects everything it can see),
         // the edited in-progress list, and subtransactions resolved through

@@ -405,7 +405,8 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let fp = vec![(rt.rel, d)];
             let estate = (*node).ss.ps.state;
             let snap = (*estate).es_snapshot;
-            let base = crate::read::snapshot::BaseSnapshot::of(snap, after);
+            let mut base = crate::read::snapshot::BaseSnapshot::of(snap, after);
+            base.reading([rt.rel]);
             let strategy = crate::read::run::ReadStrategy {
                 mode: crate::latch::protocol::ReadMode::Fenced,
                 declared_first: false,

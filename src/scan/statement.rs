@@ -473,7 +473,10 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         let declared = || -> Footprint {
             guards.iter().filter_map(|&g| declared_at_start(g, params)).flat_map(|(_, fp)| fp).collect()
         };
-        let base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
+        let mut base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
+        base.reading(
+            guards.iter().filter_map(|&g| GuardPlan::from_list((*g).custom_private)).map(|p| backend::rel_id(p.relid)),
+        );
         match strategy.mode {
             ReadMode::Fenced if !bounds_known_at_start(&guards) => {
                 // Each guarded scan fences when it starts, on its bounds as
