@@ -249,7 +249,10 @@ fn holdings_from_subxact(sub: u32) -> bool {
 fn release_subxact(sub: u32) {
     let Some(t) = super::table_if_attached() else { return };
     let Some(slot) = slot_in(t) else { return };
-    let released = HOLDINGS.with(|h| t.release_subxact(slot, &mut h.borrow_mut(), sub));
+    // Holdings are borrowed only inside latch publication, which never
+    // calls back into Postgres; should they be busy all the same, keeping
+    // the latches to the end of the transaction is the safe side.
+    let released = HOLDINGS.with(|h| h.try_borrow_mut().map_or(0, |mut h| t.release_subxact(slot, &mut h, sub)));
     if released > 0 {
         // The row trigger skips a key it latched last in this transaction;
         // that latch may just have gone, so the next write of the key must
