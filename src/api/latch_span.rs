@@ -1,5 +1,13 @@
 //! `pgkvx.latch_span(rel, lo, hi)`: an explicit write latch on a key range,
 //! held to the end of the transaction (bulk loads, reserving a range).
+//!
+//! A span latch makes every reader of the range wait, rows that exist or
+//! not, as `LOCK TABLE` in a mode that blocks readers does — and unlike a
+//! row lock, which never blocks an MVCC reader.  So it takes what
+//! PostgreSQL asks for such a lock: UPDATE, DELETE or TRUNCATE privilege
+//! (or ownership); INSERT alone is not enough.  And where row-level
+//! security applies to the caller it is refused: the span would reach rows
+//! of other users that the caller may neither see nor write.
 
 use crate::args::Regclass;
 use crate::errors;
@@ -21,20 +29,37 @@ fn latch_span(rel: Option<Regclass>, lo: Option<&str>, hi: Option<&str>) {
             "cannot execute pgkvx.latch_span() in a read-only transaction",
         );
     }
-    // A latch makes readers wait: only those who may write the table may take one.
+    // A span latch makes readers wait: it takes the privileges LOCK TABLE
+    // asks for a mode that blocks readers (owners and superusers have all).
     // SAFETY: catalog ACL check.
     let ok = unsafe {
         pg_sys::pg_class_aclmask(
             relid,
             pg_sys::GetUserId(),
-            (pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE | pg_sys::ACL_DELETE) as pg_sys::AclMode,
+            (pg_sys::ACL_UPDATE | pg_sys::ACL_DELETE | pg_sys::ACL_TRUNCATE) as pg_sys::AclMode,
             pg_sys::AclMaskHow::ACLMASK_ANY,
         ) != 0
     };
     if !ok {
-        errors::raise(
+        errors::raise_hint(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied to latch table \"{}\": needs INSERT, UPDATE or DELETE", rel_name(relid)),
+            format!(
+                "permission denied to latch a span of table \"{}\": needs UPDATE, DELETE or TRUNCATE privilege",
+                rel_name(relid)
+            ),
+            "A span latch makes every reader of the span wait, as LOCK TABLE in a mode that blocks readers does, and takes the same privileges; writes latch their own rows without it.",
+        );
+    }
+    // Row-level security limits which rows the caller may write; a span
+    // reaches rows of other users.  (Raises 42501 itself when row_security
+    // is off and a policy would apply.)
+    // SAFETY: a catalog lookup for the current user.
+    let rls = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
+    if rls == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("pgkvx.latch_span() is refused on table \"{}\": row-level security applies to it", rel_name(relid)),
+            "A span latch would make readers of rows the policies keep from you wait; write your rows instead (each write latches its own key).",
         );
     }
     // SAFETY: standard lock acquisition.

@@ -51,15 +51,28 @@ fn has_table_privilege(relid: Oid, mode: u32) -> bool {
     }
 }
 
+/// Whether the current user has any of the privileges in `mode`.
+fn has_any_table_privilege(relid: Oid, mode: u32) -> bool {
+    // SAFETY: a catalog ACL check for the current user.
+    unsafe {
+        pg_sys::pg_class_aclmask(relid, pg_sys::GetUserId(), mode as pg_sys::AclMode, pg_sys::AclMaskHow::ACLMASK_ANY)
+            != 0
+    }
+}
+
 #[pg_extern(volatile, parallel_unsafe, strict, schema = "pgkvx")]
 fn next_key(rel: Regclass) -> i64 {
     let relid = rel.0;
-    // Drawing a key latches it: it takes the right to write the table,
-    // checked before any lock or latch.
-    if !has_table_privilege(relid, pg_sys::ACL_INSERT) {
+    // Drawing a key latches it: it takes the right to write a key into
+    // the table (INSERT a row, or UPDATE one's key), checked before any
+    // lock or latch.
+    if !has_any_table_privilege(relid, pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied to draw a key of table \"{}\": needs INSERT", rel_name(relid)),
+            format!(
+                "permission denied to draw a key of table \"{}\": needs INSERT or UPDATE privilege",
+                rel_name(relid)
+            ),
         );
     }
     // SAFETY: plain read of a backend global.

@@ -4,6 +4,14 @@
 //! a span the transaction already latched takes no new latch, and so that
 //! many point latches in one table collapse into one span (escalation, as a
 //! lock manager does).
+//!
+//! Every latch it records carries the subtransaction it was published in
+//! (PostgreSQL's SubTransactionId; 0 and 1 mean the top level): when a
+//! subtransaction rolls back, the latches published inside it — or inside
+//! its children — stand for writes that never happened and go
+//! ([`LatchTable::release_subxact`]).  An escalated span is tagged with the
+//! outermost subtransaction among what it replaced, so a span that also
+//! stands for its parent's writes stays.
 
 use super::locks::LockSet;
 use super::region::RelId;
@@ -22,7 +30,8 @@ pub struct Limits {
     pub per_transaction: u32,
     /// Latch entries all transactions of one role may hold together (0: no
     /// limit), checked every [`ROLE_CHECK_EVERY`] entries a transaction
-    /// takes; over it, the transaction escalates, then fails.
+    /// publishes (escalation's included, whatever escalation withdrew in
+    /// between); over it, the transaction escalates, then fails.
     pub per_role: u32,
 }
 
@@ -32,9 +41,14 @@ impl Limits {
     pub const NONE: Limits = Limits { escalate_points: u32::MAX, per_transaction: u32::MAX, per_role: 0 };
 }
 
-/// How many entries a transaction takes between looks at its role's total:
-/// one role can overshoot its budget by at most this much per session.
+/// How many entries a transaction publishes between looks at its role's
+/// total: one role can overshoot its budget by about this much per session
+/// (plus the pieces of one multi-range publication).
 pub const ROLE_CHECK_EVERY: u32 = 64;
+
+/// The subtransaction tag of latches that only the end of the top-level
+/// transaction releases (PostgreSQL's TopSubTransactionId).
+pub const TOP_SUBXACT: u32 = 1;
 
 /// What [`LatchTable::latch`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +66,8 @@ pub(crate) struct Cover {
     pub entries: Vec<u32>,
     /// The earliest publication number among them.
     pub seq_lo: u64,
+    /// The outermost subtransaction it stands for a write of.
+    pub sub: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -61,6 +77,8 @@ pub(crate) struct TableHold {
     /// Point latches since the last escalation, their hull and the
     /// earliest publication among them.
     pub points: Vec<u32>,
+    /// The subtransaction each of `points` was published in.
+    pub point_subs: Vec<u32>,
     pub points_hull: Span,
     pub points_seq_lo: u64,
     /// Entries of the span latches at which they are folded into one
@@ -76,18 +94,21 @@ impl TableHold {
             rel,
             covers: Vec::new(),
             points: Vec::new(),
+            point_subs: Vec::new(),
             points_hull: Span::EMPTY,
             points_seq_lo: u64::MAX,
             refold_at: 0,
         }
     }
 
-    /// Records a point latch just published as `entries`.
-    pub(crate) fn add_point<L: LockSet>(&mut self, span: &Span, entries: &[u32], t: &LatchTable<'_, L>) {
+    /// Records a point latch just published as `entries` in subtransaction
+    /// `sub`.
+    pub(crate) fn add_point<L: LockSet>(&mut self, span: &Span, entries: &[u32], sub: u32, t: &LatchTable<'_, L>) {
         if entries.is_empty() {
             return;
         }
         self.points.extend_from_slice(entries);
+        self.point_subs.extend(entries.iter().map(|_| sub));
         self.points_hull = self.points_hull.hull(span);
         // Publication numbers only grow: the first point is the earliest.
         if self.points_seq_lo == u64::MAX {
@@ -105,8 +126,13 @@ pub struct Holdings {
     pub(crate) live: u32,
     /// Reused buffer for the entries of one publication.
     pub(crate) scratch: Vec<u32>,
-    /// `live` when the role's total is looked at next.
-    pub(crate) role_check_at: u32,
+    /// Entries published since the role's total was last looked at
+    /// (escalation withdraws entries but never lowers this).
+    pub(crate) unchecked: u32,
+    /// The subtransaction new latches are published in.
+    pub(crate) sub: u32,
+    /// No latch recorded here is tagged with a later subtransaction.
+    pub(crate) max_sub: u32,
 }
 
 impl Holdings {
@@ -129,7 +155,21 @@ impl Holdings {
     pub fn clear(&mut self) {
         self.tables.clear();
         self.live = 0;
-        self.role_check_at = 0;
+        self.unchecked = 0;
+        self.max_sub = 0;
+    }
+
+    /// Sets the subtransaction the next latches are published in
+    /// (PostgreSQL's current SubTransactionId; [`TOP_SUBXACT`] for latches
+    /// that must last to the end of the top-level transaction).
+    pub fn set_subxact(&mut self, sub: u32) {
+        self.sub = sub;
+    }
+
+    /// Whether a rollback of subtransaction `sub` may have latches to
+    /// release (cheap; may answer true when there are none).
+    pub fn may_hold_from(&self, sub: u32) -> bool {
+        self.live > 0 && sub > TOP_SUBXACT && self.max_sub >= sub
     }
 
     /// Latch entries the transaction holds on `rel` that escalation would

@@ -7,7 +7,7 @@
 //! validate.rs.
 
 use super::guard::{DirWrite, Directory, RangeAccess, RangeMut};
-use super::holdings::{Cover, Holdings, Latched, Limits};
+use super::holdings::{Cover, Holdings, Latched, Limits, ROLE_CHECK_EVERY};
 use super::locks::{Held, LockId, LockSet, Mode};
 use super::region::{
     self, bump, BackendSlot, Config, Entry, EntryData, Layout, RangeBody, RangeMeta, Region, RelId, State, TableData,
@@ -392,17 +392,22 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let mut entries = std::mem::take(&mut held.scratch);
         entries.clear();
         let result = self.publish(slot, rel, span, h, None, &mut |id| entries.push(id));
+        let sub = held.sub;
         let th = held.table(rel);
         let n = entries.len() as u32;
         // A failed publication may have entered some pieces: they are held
         // (and covered by escalation) like the rest.
         let seq_lo = result.as_ref().map_or(0, |p| p.seq_lo);
         if span.is_point() {
-            th.add_point(span, &entries, self);
+            th.add_point(span, &entries, sub, self);
         } else if n > 0 {
-            th.covers.push(Cover { span: *span, entries: entries.clone(), seq_lo });
+            th.covers.push(Cover { span: *span, entries: entries.clone(), seq_lo, sub });
+        }
+        if n > 0 {
+            held.max_sub = held.max_sub.max(sub);
         }
         held.live += n;
+        held.unchecked = held.unchecked.saturating_add(n);
         held.scratch = entries;
         let max_load = result?.max_load;
         self.enforce_limits(slot, held, rel, h, limits)?;
@@ -433,18 +438,25 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
                 return Err(AcquireError::TransactionBudget);
             }
         }
-        // A transaction below ROLE_CHECK_EVERY entries never looks: summing
-        // every backend's count on each short transaction's first latch
-        // would cost more than its write, and the overshoot it allows is
-        // the same ROLE_CHECK_EVERY per session.
-        if limits.per_role > 0 && held.live >= held.role_check_at.max(super::holdings::ROLE_CHECK_EVERY) {
-            if self.role_live(h.role) > limits.per_role {
+        // The role's total is looked at once every ROLE_CHECK_EVERY entries
+        // published, counted since the last look and never lowered by
+        // escalation: a transaction that escalated and regrows is looked at
+        // as often as one that never escalated, so each session holds at
+        // most ROLE_CHECK_EVERY entries its role's budget has not seen.
+        // (Summing every backend's count on each short transaction's first
+        // latch would cost more than its write, for the same slack.)  The
+        // role charged is the one this transaction's latches are counted
+        // under: the role of its first latch.
+        if limits.per_role > 0 && held.unchecked >= ROLE_CHECK_EVERY {
+            let role = self.backend(slot).role.load(Relaxed);
+            if self.role_live(role) > limits.per_role {
                 self.escalate_all(slot, held, h)?;
-                if self.role_live(h.role) > limits.per_role {
+                if self.role_live(role) > limits.per_role {
+                    // Not reset: every later publication looks again.
                     return Err(AcquireError::RoleBudget);
                 }
             }
-            held.role_check_at = held.live + super::holdings::ROLE_CHECK_EVERY;
+            held.unchecked = 0;
         }
         Ok(())
     }
@@ -475,10 +487,14 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let mut hull = th.points_hull;
         let mut seq_lo = th.points_seq_lo;
         let mut old: Vec<u32> = th.points.clone();
+        // The span stands for every write it replaces: it is withdrawn only
+        // when the outermost subtransaction among them rolls back.
+        let mut sub = th.point_subs.iter().copied().min().unwrap_or(u32::MAX);
         if fold == Fold::All {
             for c in &th.covers {
                 hull = hull.hull(&c.span);
                 seq_lo = seq_lo.min(c.seq_lo);
+                sub = sub.min(c.sub);
                 old.extend_from_slice(&c.entries);
             }
         }
@@ -495,9 +511,10 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         self.withdraw(slot, &old);
         let th = held.table(rel);
         th.points.clear();
+        th.point_subs.clear();
         th.points_hull = Span::EMPTY;
         th.points_seq_lo = u64::MAX;
-        let cover = Cover { span: hull, entries: entries.clone(), seq_lo };
+        let cover = Cover { span: hull, entries: entries.clone(), seq_lo, sub };
         match fold {
             Fold::All => {
                 th.refold_at = 2 * entries.len();
@@ -506,8 +523,67 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             Fold::Points => th.covers.push(cover),
         }
         held.live = held.live + entries.len() as u32 - old.len() as u32;
+        held.unchecked = held.unchecked.saturating_add(entries.len() as u32);
         self.count(slot, Stat::LatchesEscalated, old.len() as u64);
         Ok(())
+    }
+
+    /// Subtransaction `sub` of the transaction in `slot` rolled back:
+    /// releases, as an abort does (dead at once), every latch `held`
+    /// records as published inside `sub` or a subtransaction started
+    /// after it (its children: subtransaction ids only grow, and when
+    /// `sub` rolls back every later one has ended inside it).  What they
+    /// latched was never written.  Latches tagged with an earlier
+    /// subtransaction stay: the parent's own latches, even on the same
+    /// keys, escalated spans that also stand for a parent's writes, and
+    /// the latches of keys drawn with `next_key` (tagged top-level, since
+    /// a drawn key may still be written after the rollback).  Readers
+    /// waiting for the holder wait on its top-level xid, which is still
+    /// running: they wait on until it ends, as before.  Returns how many
+    /// entries went.
+    pub fn release_subxact(&self, slot: u32, held: &mut Holdings, sub: u32) -> u32 {
+        if !held.may_hold_from(sub) {
+            return 0;
+        }
+        let mut gone = Vec::new();
+        for th in &mut held.tables {
+            if th.point_subs.iter().any(|&s| s >= sub) {
+                let mut keep = Vec::with_capacity(th.points.len());
+                let mut keep_subs = Vec::with_capacity(th.points.len());
+                for (&e, &s) in th.points.iter().zip(&th.point_subs) {
+                    if s >= sub {
+                        gone.push(e);
+                    } else {
+                        keep.push(e);
+                        keep_subs.push(s);
+                    }
+                }
+                th.points = keep;
+                th.point_subs = keep_subs;
+                // The hull and earliest publication of what stays are kept
+                // as they were: wider and earlier, hence conservative.
+                if th.points.is_empty() {
+                    th.points_hull = Span::EMPTY;
+                    th.points_seq_lo = u64::MAX;
+                }
+            }
+            th.covers.retain(|c| {
+                if c.sub >= sub {
+                    gone.extend_from_slice(&c.entries);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        held.max_sub = held.max_sub.min(sub - 1);
+        if gone.is_empty() {
+            return 0;
+        }
+        held.live -= gone.len() as u32;
+        self.withdraw(slot, &gone);
+        self.count(slot, Stat::LatchesReleasedAbort, gone.len() as u64);
+        gone.len() as u32
     }
 
     /// Takes live latches of this backend's transaction out of its chain

@@ -14,15 +14,26 @@
 //! A crashed backend takes the postmaster through crash recovery, which
 //! re-creates shared memory empty.
 //!
-//! Subtransaction aborts keep their latches until the top-level transaction
-//! ends: the holder is the top-level xid, and a latch held a little longer
-//! only costs a reader an extra wait, never a missed row.  What a
-//! subtransaction asked to happen at commit (purging a disabled or dropped
-//! table's tombstones) is forgotten when it rolls back.
+//! - `SUBXACT_EVENT_ABORT_SUB`: runs after the subtransaction's abort is
+//!   recorded (its rows are dead to every snapshot), so the latches it
+//!   published — for writes that never happened, such as a row refused by
+//!   a row-level security `WITH CHECK` policy after the BEFORE ROW trigger
+//!   latched it — go at once, as at a top-level abort.  What stays, held
+//!   to the end of the top-level transaction: the parent's latches (also
+//!   on keys the subtransaction latched again), escalated spans that also
+//!   stand for the parent's writes, and the latches of keys drawn with
+//!   `next_key` (a drawn key may still be written after the rollback; the
+//!   draw published its latch for the transaction, not the
+//!   subtransaction).  A reader already waiting for the holder waits on
+//!   its top-level xid and so waits on until the transaction ends: an
+//!   extra wait, never a missed row.  What a subtransaction asked to
+//!   happen at commit (purging a disabled or dropped table's tombstones)
+//!   is forgotten when it rolls back.
 
 use super::table;
 use crate::errors;
 use crate::guc;
+use crate::latch::holdings::TOP_SUBXACT;
 use crate::latch::{AcquireError, Holder, Holdings, Latched, Limits, RelId, Span, Stat, TxEnd, Xid};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -88,7 +99,8 @@ unsafe extern "C-unwind" fn subxact_callback(
     if !matches!(event, SUBXACT_EVENT_ABORT_SUB | SUBXACT_EVENT_COMMIT_SUB) {
         return;
     }
-    let busy = purge_pending() || super::drawn::pending();
+    let busy =
+        purge_pending() || super::drawn::pending() || (event == SUBXACT_EVENT_ABORT_SUB && holdings_from_subxact(my));
     if busy {
         // SAFETY: the guarded callback under its own signature.
         unsafe { subxact_event(event, my, parent, arg) };
@@ -103,6 +115,9 @@ unsafe extern "C-unwind" fn subxact_event(
     _arg: *mut std::ffi::c_void,
 ) {
     let aborted = event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB;
+    if aborted {
+        release_subxact(my);
+    }
     PENDING_PURGE.with(|p| {
         let mut p = p.borrow_mut();
         if aborted {
@@ -221,6 +236,29 @@ fn holds_latches() -> bool {
 /// Whether a purge waits for this transaction's end.  Panic-free.
 fn purge_pending() -> bool {
     PENDING_PURGE.try_with(|p| p.try_borrow().map_or(true, |v| !v.is_empty())).unwrap_or(false)
+}
+
+/// Whether latches published inside subtransaction `sub` (or a later one)
+/// may be recorded.  Panic-free.
+fn holdings_from_subxact(sub: u32) -> bool {
+    HOLDINGS.try_with(|h| h.try_borrow().map_or(true, |h| h.may_hold_from(sub))).unwrap_or(false)
+}
+
+/// Subtransaction `sub` rolled back: the latches it published go (see the
+/// module's head for what stays).
+fn release_subxact(sub: u32) {
+    let Some(t) = super::table_if_attached() else { return };
+    let Some(slot) = slot_in(t) else { return };
+    // Holdings are borrowed only inside latch publication, which never
+    // calls back into Postgres; should they be busy all the same, keeping
+    // the latches to the end of the transaction is the safe side.
+    let released = HOLDINGS.with(|h| h.try_borrow_mut().map_or(0, |mut h| t.release_subxact(slot, &mut h, sub)));
+    if released > 0 {
+        // The row trigger skips a key it latched last in this transaction;
+        // that latch may just have gone, so the next write of the key must
+        // latch it again.  An invalid xid matches no transaction.
+        crate::api::trigger::remember(Xid::INVALID, pg_sys::InvalidOid, crate::keys::KeyWriter::new());
+    }
 }
 
 /// Whether holdings were recorded (they must go with the transaction).
@@ -395,6 +433,11 @@ pub fn raise_acquire_error(e: AcquireError) -> ! {
 }
 
 /// This transaction's holder record for a latch on a table owned by `owner`.
+///
+/// The latch entries are charged to the role the write runs as: the outer
+/// user, which `SET ROLE` sets (so tenants reached through one login have
+/// budgets of their own) and which a SECURITY DEFINER function does not
+/// change (so its owner is not charged for its callers' writes).
 pub fn holder(owner: pg_sys::Oid) -> Holder {
     Holder {
         xid: my_xid(),
@@ -402,8 +445,9 @@ pub fn holder(owner: pg_sys::Oid) -> Holder {
         pid: unsafe { pg_sys::MyProcPid },
         now_us: now_us(),
         owner: owner.to_u32(),
-        // SAFETY: plain read of a backend global.
-        role: unsafe { pg_sys::GetSessionUserId() }.to_u32(),
+        // SAFETY: reads a backend global (asserts it is set, as it is in
+        // any backend that runs a transaction).
+        role: unsafe { pg_sys::GetOuterUserId() }.to_u32(),
     }
 }
 
@@ -418,6 +462,9 @@ pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
     let h = holder(owner);
     let rel = rel_id(relid);
     let l = limits();
+    // SAFETY: reads the current subtransaction's id.
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    HOLDINGS.with(|held| held.borrow_mut().set_subxact(sub));
     let mut result = HOLDINGS.with(|held| t.latch(slot, &mut held.borrow_mut(), rel, span, &h, &l));
     if result == Err(AcquireError::Full) {
         refresh_horizon(true);
@@ -438,7 +485,14 @@ pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latc
     let t = table();
     ensure_exit_hook();
     let unlimited = Limits::NONE;
-    HOLDINGS.with(|held| t.latch(my_slot(), &mut held.borrow_mut(), rel_id(relid), span, h, &unlimited))
+    HOLDINGS.with(|held| {
+        let mut held = held.borrow_mut();
+        // A drawn key may be written after a rollback of the subtransaction
+        // that drew it (drawn.rs gives it back): its latch lasts to the end
+        // of the top-level transaction.
+        held.set_subxact(TOP_SUBXACT);
+        t.latch(my_slot(), &mut held, rel_id(relid), span, h, &unlimited)
+    })
 }
 
 /// What a key draw leaves for after its section: escalation and the

@@ -54,8 +54,9 @@ RESET ROLE;
 RESET search_path;
 SELECT * FROM hostile.fired;
 
--- Drawing a key latches it: it needs INSERT on the table, not only USAGE
--- on the sequence; nothing is latched or locked on refusal.
+-- Drawing a key latches it: it needs INSERT or UPDATE on the table, not
+-- only USAGE on the sequence; a span latch needs UPDATE, DELETE or
+-- TRUNCATE; nothing is latched or locked on refusal.
 CREATE TABLE secret (id bigserial PRIMARY KEY, v text);
 SELECT pgkvx.enable('secret', gapless => true);
 GRANT USAGE ON SCHEMA pgkvx TO pgkvx_alice;
