@@ -6,10 +6,13 @@
 //! `plan_data` is what the plan carries to the executor; `node` is the
 //! executor node (begin/exec/end/rescan, EXPLAIN), which follows how far
 //! its scan got; `statement` runs the read protocol (`read/`) once per
-//! statement from the executor hooks; `buffer` holds an optimistic
-//! statement's rows back until they are valid.
+//! statement from the executor hooks, over the statement's `guards`
+//! (decoded once); `attempts` runs an optimistic statement's attempts, and
+//! `buffer` holds its rows back until they are valid.
 
+pub mod attempts;
 pub mod buffer;
+pub mod guards;
 pub mod node;
 pub mod plan_data;
 pub mod planner;

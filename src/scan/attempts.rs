@@ -1,0 +1,208 @@
+//! An optimistic statement's attempts: the first runs the statement's own
+//! executor into a buffer (before the protocol, so that recursion through
+//! a guarded read costs the stack no protocol frames); later ones run a
+//! second executor for the same plan at the snapshot the protocol asks for.
+//! The buffer lives in executor memory, so an ERROR in a run leaves nothing
+//! of ours to free.
+
+use super::buffer::BufferDest;
+use super::guards;
+use super::node;
+use super::statement::prev_run;
+use crate::errors::{self, raw};
+use crate::guc;
+use crate::latch::{Footprint, Xid};
+use crate::read::run::Reader;
+use crate::read::snapshot::BaseSnapshot;
+use pgrx::pg_sys::{self, QueryDesc};
+
+/// Runs `f` (which calls Postgres only through [`errors::pass`]) with
+/// `snap` as the active snapshot.
+pub(super) unsafe fn with_active<R>(snap: pg_sys::Snapshot, f: impl FnOnce() -> R) -> R {
+    // SAFETY: pushing a registered snapshot and popping it again; an ERROR
+    // in between resets the active snapshot stack at (sub)transaction abort.
+    unsafe {
+        pg_sys::PushActiveSnapshot(snap);
+        let r = f();
+        pg_sys::PopActiveSnapshot();
+        r
+    }
+}
+
+/// An optimistic statement's first run: its rows in a buffer, and the
+/// footprint its guarded scans touched (None: the result outgrew the
+/// buffer).
+pub(super) struct FirstAttempt {
+    pub(super) buffer: *mut BufferDest,
+    pub(super) footprint: Option<Footprint>,
+}
+
+/// Runs an optimistic statement's own executor into a new buffer, at the
+/// statement's snapshot.  The run is on the stack of every level of
+/// recursion through a guarded read, so the frames around it make no
+/// guarded pgrx call (each inlines a jump buffer): the buffer is made, and
+/// the footprint read, in functions of their own.
+///
+/// # Safety
+/// `qd` is a started, optimistic, not yet run statement of ours.
+#[inline(never)]
+pub(super) unsafe fn first_attempt(qd: *mut QueryDesc, once: bool) -> FirstAttempt {
+    // SAFETY: per contract.
+    unsafe {
+        let buffer = new_buffer(qd);
+        run_into(qd, (*buffer).as_dest(), once);
+        let footprint = (!(*buffer).overflowed()).then(|| footprint(qd));
+        FirstAttempt { buffer, footprint }
+    }
+}
+
+/// An empty buffer for `qd`'s rows, in its executor's memory; its rows go
+/// in a context of their own.
+///
+/// # Safety
+/// `qd` has been started.
+#[inline(never)]
+unsafe fn new_buffer(qd: *mut QueryDesc) -> *mut BufferDest {
+    // SAFETY: per contract; contexts of the executor's memory go with it.
+    unsafe {
+        let query_cxt = (*(*qd).estate).es_query_cxt;
+        let cx = pg_sys::AllocSetContextCreateInternal(
+            query_cxt,
+            c"pgkvx held rows".as_ptr(),
+            pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+        );
+        let max_rows = guc::MAX_OPTIMISTIC_ROWS.get() as usize;
+        let max_bytes = pg_sys::work_mem as usize * 1024;
+        let old = pg_sys::MemoryContextSwitchTo(query_cxt);
+        let buffer = BufferDest::new(cx, max_rows, max_bytes);
+        pg_sys::MemoryContextSwitchTo(old);
+        buffer
+    }
+}
+
+/// Runs `qd`'s own executor to the end into `dest`.  A plain call: nothing
+/// of ours on the stack needs dropping (the buffer lives in the executor's
+/// memory), so an ERROR longjmps past with no jump buffer of ours on the
+/// stack of every recursion level; the receiver left in place then is
+/// never used again.
+///
+/// # Safety
+/// `qd` is started and not yet run; `dest` a live receiver.
+#[inline(never)]
+unsafe fn run_into(qd: *mut QueryDesc, dest: *mut pg_sys::DestReceiver, once: bool) {
+    // SAFETY: per contract.
+    unsafe {
+        let saved = (*qd).dest;
+        (*qd).dest = dest;
+        prev_run(qd, pg_sys::ScanDirection::ForwardScanDirection, 0, once);
+        (*qd).dest = saved;
+    }
+}
+
+/// Starts a second executor for `qd`'s plan at `snap` (registered by it),
+/// in `qd`'s memory, sending to `dest`.
+///
+/// # Safety
+/// `qd` is started; `snap` a valid MVCC snapshot or template.
+pub(super) unsafe fn start_second_executor(
+    qd: *mut QueryDesc,
+    snap: pg_sys::Snapshot,
+    dest: *mut pg_sys::DestReceiver,
+    eflags: i32,
+) -> *mut QueryDesc {
+    // SAFETY: per contract; the second executor's memory is a child of the
+    // first's, so it goes with it at the latest.
+    unsafe {
+        let old = pg_sys::MemoryContextSwitchTo((*(*qd).estate).es_query_cxt);
+        let q2 = pg_sys::CreateQueryDesc(
+            (*qd).plannedstmt,
+            (*qd).sourceText,
+            snap,
+            std::ptr::null_mut(),
+            dest,
+            (*qd).params,
+            (*qd).queryEnv,
+            (*qd).instrument_options,
+        );
+        pg_sys::MemoryContextSwitchTo(old);
+        errors::pass(|| raw::standard_ExecutorStart(q2, eflags));
+        q2
+    }
+}
+
+/// Ends a second executor.
+pub(super) unsafe fn end_second_executor(q2: *mut QueryDesc, finished: bool) {
+    // SAFETY: a second executor we started and have not ended.
+    unsafe {
+        errors::pass(|| {
+            if !finished {
+                raw::standard_ExecutorFinish(q2);
+            }
+            raw::standard_ExecutorEnd(q2);
+        });
+        pg_sys::FreeQueryDesc(q2);
+    }
+}
+
+/// Optimistic attempts of one statement: the first runs its own executor,
+/// later ones a second executor at the snapshot the protocol asks for.
+pub(super) struct OptimisticAttempts {
+    pub(super) qd: *mut QueryDesc,
+    pub(super) eflags: i32,
+    pub(super) attempts: u32,
+    /// In the executor's memory.
+    pub(super) buffer: *mut BufferDest,
+    /// The first attempt's footprint, run before the protocol started.
+    pub(super) first: Option<Option<Footprint>>,
+    /// The holders folded into the snapshot of the latest attempt.
+    pub(super) last_pulled: Vec<Xid>,
+}
+
+/// The footprint of the guarded scans of a started executor that has run.
+///
+/// # Safety
+/// `qd` has been started (and run).
+#[inline(never)]
+unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
+    let mut fp = Footprint::new();
+    // SAFETY: per contract.
+    unsafe {
+        for n in guards::guard_nodes(qd) {
+            let rt = node::runtime(n);
+            let rel = rt.rel;
+            for s in rt.touched(n) {
+                fp.push((rel, s));
+            }
+        }
+    }
+    fp
+}
+
+impl Reader for OptimisticAttempts {
+    fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint> {
+        // The protocol's first read of an optimistic statement is the one
+        // already run, at the statement's own snapshot.
+        if let Some(first) = self.first.take() {
+            self.attempts += 1;
+            return first;
+        }
+        // SAFETY: our statement's QueryDesc; the buffer outlives each run.
+        let fp = unsafe {
+            (*self.buffer).clear();
+            let dest = (*self.buffer).as_dest();
+            let q2 = start_second_executor(self.qd, base.spliced(pulled), dest, self.eflags);
+            with_active((*(*q2).estate).es_snapshot, || {
+                errors::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
+            });
+            let fp = footprint(q2);
+            end_second_executor(q2, false);
+            fp
+        };
+        self.attempts += 1;
+        self.last_pulled = pulled.to_vec();
+        // SAFETY: as above.
+        (!unsafe { (*self.buffer).overflowed() }).then_some(fp)
+    }
+}

@@ -1,0 +1,291 @@
+//! The guarded scans of a statement, found in its plan and decoded once, as
+//! `ExecInitIndexScan` builds its state once: which tables they read, with
+//! what bounds, whether the statement may run twice, and the values it
+//! knows before it runs (bounds, its LIMIT).
+
+use super::node;
+use super::plan_data::GuardPlan;
+use crate::errors::{self, raw};
+use crate::latch::{Footprint, RelId};
+use crate::pg::{list_iter, node_tag};
+use crate::read::admit;
+use crate::read::span::{self, KeyQual};
+use crate::registry;
+use crate::shmem::backend;
+use pgrx::pg_sys::{self, Node, QueryDesc};
+use pgrx::prelude::*;
+
+unsafe extern "C-unwind" {
+    // nodes/nodeFuncs.h; not in pgrx's bindings.  Called only through the
+    // FFI boundary guard.
+    fn planstate_tree_walker(
+        planstate: *mut pg_sys::PlanState,
+        walker: Option<unsafe extern "C-unwind" fn(*mut pg_sys::PlanState, *mut std::ffi::c_void) -> bool>,
+        context: *mut std::ffi::c_void,
+    ) -> bool;
+}
+
+/// One `PgkvxLimitScan` of a statement's plan, its plan data decoded.
+pub struct Guard {
+    pub cs: *mut pg_sys::CustomScan,
+    pub plan: GuardPlan,
+}
+
+/// Every guarded scan of a statement.
+pub struct Guards(pub Vec<Guard>);
+
+impl Guards {
+    /// The guarded scans of `stmt`; a plan node whose data this library did
+    /// not write (a plan cached by another version) is refused when its
+    /// node begins.
+    ///
+    /// # Safety
+    /// `stmt` is a valid PlannedStmt.
+    pub unsafe fn of(stmt: *mut pg_sys::PlannedStmt) -> Guards {
+        // SAFETY: per contract.
+        let plans = unsafe { guard_plans(stmt) };
+        Guards(
+            plans
+                .into_iter()
+                // SAFETY: our plan nodes.
+                .filter_map(|cs| unsafe { GuardPlan::from_list((*cs).custom_private) }.map(|plan| Guard { cs, plan }))
+                .collect(),
+        )
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether every guarded scan was planned in a statement that may run
+    /// twice (scan/restartable.rs).
+    pub fn restartable(&self) -> bool {
+        self.0.iter().all(|g| g.plan.restartable)
+    }
+
+    /// The latched tables the guarded scans read.
+    pub fn rels(&self) -> impl Iterator<Item = RelId> + '_ {
+        self.0.iter().map(|g| backend::rel_id(g.plan.relid))
+    }
+
+    /// Says so (per `pgkvx.unprotected_reads`) when a guarded table's
+    /// writes can escape its latches: the read runs, but it cannot keep its
+    /// promise.
+    pub fn report_unprotected(&self) {
+        if crate::guc::UNPROTECTED_READS.get() == crate::guc::Unprotected::Allow {
+            return;
+        }
+        for g in &self.0 {
+            if let Some(latched) = registry::lookup(g.plan.relid) {
+                admit::warn_if_exposed(&latched);
+            }
+        }
+    }
+
+    /// Whether every bound of every guarded scan is known before the
+    /// statement runs.  When one is not (a cursor read from a table by a
+    /// CTE or a subquery), a fence computed at executor start could only
+    /// span the whole table: it waits for the scan to start instead.
+    pub fn bounds_known_at_start(&self) -> bool {
+        // SAFETY: our plan nodes' expressions.
+        self.0.iter().all(|g| unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs).all(|e| known_at_start(e)) })
+    }
+
+    /// D of every guarded scan as known before the statement runs (bounds
+    /// not known then are left out, which only widens it).
+    ///
+    /// # Safety
+    /// `params` are the statement's.
+    pub unsafe fn declared_at_start(&self, params: pg_sys::ParamListInfo) -> Footprint {
+        let mut fp = Footprint::new();
+        for g in &self.0 {
+            let Some(latched) = registry::lookup(g.plan.relid) else { continue };
+            // SAFETY: per contract; our plan node's expressions.
+            let quals: Vec<KeyQual> = unsafe {
+                g.plan
+                    .bounds
+                    .iter()
+                    .zip(list_iter::<pg_sys::Expr>((*g.cs).custom_exprs))
+                    .filter_map(|(b, e)| {
+                        let (value, isnull) = eval_at_start(e, params)?;
+                        Some(KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull })
+                    })
+                    .collect()
+            };
+            fp.push((backend::rel_id(g.plan.relid), span::declared(&latched.key, quals)));
+        }
+        fp
+    }
+
+    /// The first guarded table, to name in a message.
+    pub fn first_rel(&self) -> RelId {
+        self.0.first().map_or(RelId::EMPTY, |g| backend::rel_id(g.plan.relid))
+    }
+}
+
+/// Every `PgkvxLimitScan` plan node of a statement.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::CustomScan> {
+    /// # Safety
+    /// `p` is a valid plan tree (or NULL).
+    unsafe fn walk(p: *mut pg_sys::Plan, out: &mut Vec<*mut pg_sys::CustomScan>) {
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: per contract; each cast follows a tag check.
+        unsafe {
+            let lists: &[*mut pg_sys::List] = match node_tag(p as *const Node) {
+                pg_sys::NodeTag::T_CustomScan => {
+                    let cs = p as *mut pg_sys::CustomScan;
+                    if std::ptr::eq((*cs).methods, &node::SCAN_METHODS.0) {
+                        out.push(cs);
+                    }
+                    &[(*cs).custom_plans]
+                }
+                pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
+                pg_sys::NodeTag::T_MergeAppend => &[(*(p as *mut pg_sys::MergeAppend)).mergeplans],
+                pg_sys::NodeTag::T_BitmapAnd => &[(*(p as *mut pg_sys::BitmapAnd)).bitmapplans],
+                pg_sys::NodeTag::T_BitmapOr => &[(*(p as *mut pg_sys::BitmapOr)).bitmapplans],
+                pg_sys::NodeTag::T_SubqueryScan => {
+                    walk((*(p as *mut pg_sys::SubqueryScan)).subplan, out);
+                    &[]
+                }
+                _ => &[],
+            };
+            for &l in lists {
+                for c in list_iter::<pg_sys::Plan>(l) {
+                    walk(c, out);
+                }
+            }
+            walk((*p).lefttree, out);
+            walk((*p).righttree, out);
+        }
+    }
+    let mut out = Vec::new();
+    // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
+    // all in the statement's list.
+    unsafe {
+        walk((*stmt).planTree, &mut out);
+        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
+            walk(sp, &mut out);
+        }
+    }
+    out
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn collect_nodes(ps: *mut pg_sys::PlanState, cx: *mut std::ffi::c_void) -> bool {
+    // SAFETY: called by planstate_tree_walker with our Vec as context.
+    unsafe {
+        if node::is_ours(ps) {
+            (*(cx as *mut Vec<*mut pg_sys::CustomScanState>)).push(ps as *mut pg_sys::CustomScanState);
+        }
+        pg_sys::ffi::pg_guard_ffi_boundary(|| planstate_tree_walker(ps, Some(collect_nodes), cx))
+    }
+}
+
+/// Every `PgkvxLimitScan` node of a started executor.
+///
+/// # Safety
+/// `qd` has been started.
+pub unsafe fn guard_nodes(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScanState> {
+    let mut out: Vec<*mut pg_sys::CustomScanState> = Vec::new();
+    // SAFETY: per contract; the walker only reads the tree.
+    unsafe { collect_nodes((*qd).planstate, &mut out as *mut _ as *mut std::ffi::c_void) };
+    out
+}
+
+// ---- values known before the statement runs --------------------------------
+
+/// Evaluates `expr` with the statement's parameters when it needs nothing
+/// the statement computes (no PARAM_EXEC, no subplan, no Vars).
+///
+/// # Safety
+/// `expr` is a valid expression; `params` the statement's (or NULL).
+unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
+    // SAFETY: per contract; a standalone context, freed before returning.
+    unsafe {
+        if !known_at_start(expr) {
+            return None;
+        }
+        let econtext = pg_sys::CreateStandaloneExprContext();
+        (*econtext).ecxt_param_list_info = params;
+        let state = pg_sys::ExecInitExpr(expr, std::ptr::null_mut());
+        let mut isnull = false;
+        let v = errors::pass(|| raw::eval_expr(state, econtext, &mut isnull));
+        // By-reference values live in the caller's context: the per-query
+        // context of the standalone ExprContext goes with FreeExprContext.
+        let v = if isnull { v } else { copy_datum(v, pg_sys::exprType(expr as *mut Node)) };
+        pg_sys::FreeExprContext(econtext, true);
+        Some((v, isnull))
+    }
+}
+
+/// Whether `expr` needs nothing the statement computes (no PARAM_EXEC --
+/// an init plan's or a CTE's result --, no subplan, no Vars).
+///
+/// # Safety
+/// `expr` is a valid expression.
+unsafe fn known_at_start(expr: *mut pg_sys::Expr) -> bool {
+    // SAFETY: per contract; the walkers only read.
+    unsafe {
+        pg_sys::pull_paramids(expr).is_null()
+            && !pg_sys::contain_subplans(expr as *mut Node)
+            && !pg_sys::contain_var_clause(expr as *mut Node)
+    }
+}
+
+/// A copy of `v` (of type `typid`) in the current memory context.
+///
+/// # Safety
+/// `v` is a valid non-null datum of `typid`.
+unsafe fn copy_datum(v: pg_sys::Datum, typid: pg_sys::Oid) -> pg_sys::Datum {
+    // SAFETY: per contract.
+    unsafe {
+        let mut len = 0i16;
+        let mut byval = false;
+        pg_sys::get_typlenbyval(typid, &mut len, &mut byval);
+        if byval {
+            return v;
+        }
+        let size = match len {
+            -1 => return pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(v.cast_mut_ptr())),
+            -2 => std::ffi::CStr::from_ptr(v.cast_mut_ptr()).to_bytes_with_nul().len(),
+            n => n as usize,
+        };
+        let p = pg_sys::palloc(size);
+        std::ptr::copy_nonoverlapping(v.cast_mut_ptr::<u8>(), p as *mut u8, size);
+        pg_sys::Datum::from(p)
+    }
+}
+
+/// At most how many rows the statement returns, if that is known before
+/// it runs: a top-level LIMIT, or else the planner's estimate.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; `params` its parameters.
+pub unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamListInfo) -> Option<u64> {
+    // SAFETY: per contract.
+    unsafe {
+        let top = (*stmt).planTree;
+        if node_tag(top as *const Node) == pg_sys::NodeTag::T_Limit {
+            let l = top as *mut pg_sys::Limit;
+            if !(*l).limitCount.is_null() {
+                let int = |e: *mut Node| -> Option<u64> {
+                    if e.is_null() {
+                        return Some(0);
+                    }
+                    let (v, isnull) = eval_at_start(e as *mut pg_sys::Expr, params)?;
+                    Some(if isnull { 0 } else { (v.value() as i64).max(0) as u64 })
+                };
+                if let (Some(c), Some(o)) = (int((*l).limitCount), int((*l).limitOffset)) {
+                    return Some(c.saturating_add(o));
+                }
+            }
+        }
+        let est = (*top).plan_rows;
+        (est.is_finite() && est < 1e12).then(|| est.ceil().max(1.0) as u64)
+    }
+}
