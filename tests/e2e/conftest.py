@@ -4,6 +4,7 @@ Tests talk to the scratch cluster started by scripts/cluster (PGHOST/PGPORT
 come from scripts/env.sh).  Each test module gets a database of its own with
 the extension created, so modules cannot disturb each other.
 """
+import contextlib
 import os
 import re
 import subprocess
@@ -33,6 +34,19 @@ def connect(dbname, **kw):
 def stats(c):
     """pgkvx.stats() as a dict: counter or gauge name -> value."""
     return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
+
+
+@contextlib.contextmanager
+def scratch_database(name):
+    """A new, empty database (no extension in it), dropped afterwards."""
+    with connect("postgres") as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with connect("postgres") as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

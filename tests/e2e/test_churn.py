@@ -12,18 +12,13 @@ import time
 
 import pytest
 
-from conftest import connect
+from conftest import connect, scratch_database
 
 
 @pytest.fixture
 def churn_db():
-    name = "e2e_churn_elsewhere"
-    with connect("postgres") as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield name
-    with connect("postgres") as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database("e2e_churn_elsewhere") as name:
+        yield name
 
 
 def next_xid(c):

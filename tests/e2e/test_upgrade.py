@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import PG_BINDIR, ROOT, connect, stats
+from conftest import PG_BINDIR, ROOT, connect, scratch_database, stats
 from test_tail import run_tail
 
 LIBDIR = subprocess.run([os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config"), "--pkglibdir"],
@@ -16,13 +16,8 @@ LIBDIR = subprocess.run([os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin
 
 @pytest.fixture
 def db010():
-    name = "e2e_upgrade_from_010"
-    with connect("postgres") as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        c.execute(f'CREATE DATABASE "{name}"')
-    yield name
-    with connect("postgres") as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database("e2e_upgrade_from_010") as name:
+        yield name
 
 
 def surface(c):
