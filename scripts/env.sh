@@ -34,7 +34,7 @@ PGKVX_PRELOAD=${PGKVX_PRELOAD-pgkvx}
 # Extra postgresql.conf lines for a new scratch cluster (tests use it for
 # small limits), e.g. PGKVX_EXTRA_CONF='pgkvx.max_latches = 64'.
 PGKVX_EXTRA_CONF=${PGKVX_EXTRA_CONF:-}
-PGKVX_PGRX_DATA=${PGKVX_PGRX_DATA:-/tmp/pgkvx-pgrx-data}
+PGKVX_PGRX_DATA=${PGKVX_PGRX_DATA:-/tmp/pgkvx-pgrx-data-$PGKVX_PORT}
 # The OS user the server runs as: Postgres refuses to run as root.
 PGKVX_OS_USER=${PGKVX_OS_USER:-postgres}
 export PG_CONFIG PGKVX_PORT PGKVX_CLUSTER PGKVX_SOCK PGKVX_VENV PGKVX_TREE PGKVX_SYSTEM_PG_CONFIG PGRX_HOME

@@ -167,8 +167,9 @@ pub fn note_transaction_snapshot() {
 }
 
 thread_local! {
-    /// The local transaction whose fixed snapshot a statement has read at.
-    static FIXED_READ: Cell<Option<u32>> = const { Cell::new(None) };
+    /// The local transaction whose fixed snapshot statements have read at,
+    /// and how many have started reading at it.
+    static FIXED_READ: Cell<Option<(u32, u64)>> = const { Cell::new(None) };
 }
 
 /// Notes that a statement starts reading at this transaction's fixed
@@ -182,15 +183,31 @@ pub fn mark_fixed_read() -> bool {
         return false;
     }
     let lxid = local_xact();
-    FIXED_READ.with(|c| c.replace(Some(lxid))) != Some(lxid)
+    let n = match FIXED_READ.with(|c| c.get()) {
+        Some((l, n)) if l == lxid => n + 1,
+        _ => 1,
+    };
+    FIXED_READ.with(|c| c.set(Some((lxid, n))));
+    n == 1
+}
+
+/// Whether the first statement to read at this transaction's fixed
+/// snapshot is still the only one that has: a cursor declared first
+/// validates at its first FETCH, and statements run in between (or
+/// functions its own run called) read at the old snapshot.
+fn only_first_read() -> bool {
+    FIXED_READ.with(|c| c.get()) == Some((local_xact(), 1))
 }
 
 /// Makes `template` (a spliced copy of the transaction snapshot) the
 /// snapshot every later statement of this REPEATABLE READ transaction reads
 /// at.  Only for the first reading statement: nothing has been read at the
 /// old snapshot, so moving it is as if it had been taken after the wait.
-/// False for SERIALIZABLE, whose predicate locks are tied to the snapshot
-/// it registered; the caller then raises the serialization failure.
+/// False -- and the caller raises the serialization failure -- for
+/// SERIALIZABLE, whose predicate locks are tied to the snapshot it
+/// registered; when another statement has read at the snapshot since this
+/// one started; and when the list would not fit the arrays PostgreSQL
+/// copies a transaction snapshot into (parallel workers, exports).
 ///
 /// # Safety
 /// `template` is a valid MVCC snapshot with the transaction snapshot's xmin.
@@ -202,7 +219,12 @@ pub unsafe fn adopt_for_transaction(template: Snapshot) -> bool {
     // so the new list goes into an array of its own in the same context;
     // every later statement copies the snapshot from there.
     unsafe {
-        if pg_sys::XactIsoLevel != pg_sys::XACT_REPEATABLE_READ as i32 {
+        // Parallel workers and exported snapshots copy the transaction
+        // snapshot into arrays of GetMaxSnapshotXidCount() xids.
+        if pg_sys::XactIsoLevel != pg_sys::XACT_REPEATABLE_READ as i32
+            || !only_first_read()
+            || (*template).xcnt > pg_sys::GetMaxSnapshotXidCount() as u32
+        {
             return false;
         }
         let cur = pg_sys::GetTransactionSnapshot();

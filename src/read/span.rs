@@ -122,15 +122,26 @@ fn as_column_type(
         return Some((value, typid));
     }
     let column = desc.cols[i].typid;
-    let cast = match (column, typid) {
-        (pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPOID) => pg_sys::F_TIMESTAMPTZ_TIMESTAMP,
-        (pg_sys::TIMESTAMPTZOID, pg_sys::DATEOID) => pg_sys::F_TIMESTAMPTZ_DATE,
-        (pg_sys::TIMESTAMPOID, pg_sys::DATEOID) => pg_sys::F_TIMESTAMP_DATE,
-        _ => return None,
+    let mut overflow = 0;
+    // SAFETY: the conversions PostgreSQL's cross-type comparisons use, of
+    // a non-null value of the argument type; out of range they report an
+    // overflow (the operators compare it as an infinity) instead of
+    // raising, and the bound is then left out.
+    let converted = unsafe {
+        match (column, typid) {
+            (pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPOID) => {
+                pg_sys::Datum::from(pg_sys::timestamp2timestamptz_opt_overflow(value.value() as i64, &mut overflow))
+            }
+            (pg_sys::TIMESTAMPTZOID, pg_sys::DATEOID) => {
+                pg_sys::Datum::from(pg_sys::date2timestamptz_opt_overflow(value.value() as i32, &mut overflow))
+            }
+            (pg_sys::TIMESTAMPOID, pg_sys::DATEOID) => {
+                pg_sys::Datum::from(pg_sys::date2timestamp_opt_overflow(value.value() as i32, &mut overflow))
+            }
+            _ => return None,
+        }
     };
-    // SAFETY: a built-in cast of a non-null value of its argument type.
-    let converted = unsafe { pg_sys::OidFunctionCall1Coll(pg_sys::Oid::from(cast), pg_sys::InvalidOid, value) };
-    desc.compatible(i, column).then_some((converted, column))
+    (overflow == 0 && desc.compatible(i, column)).then_some((converted, column))
 }
 
 /// The key quals among a btree scan's keys, `key_col(index column)` giving

@@ -11,7 +11,9 @@
 //! - a coercion to a domain runs the domain's CHECK constraints, which may
 //!   call anything (any domain with constraints counts here);
 //! - an aggregate is looked at through its own pg_proc row, which says
-//!   nothing of its transition, final, combine or (de)serial functions.
+//!   nothing of its transition, final, combine or (de)serial functions;
+//! - a call's omitted arguments get their defaults only while the
+//!   statement is planned, after this walk.
 
 use crate::pg::node_tag;
 use pgrx::pg_sys::{self, Node};
@@ -77,9 +79,39 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
             pg_sys::NodeTag::T_Aggref if aggregate_is_volatile((*(node as *mut pg_sys::Aggref)).aggfnoid) => {
                 return true;
             }
+            pg_sys::NodeTag::T_FuncExpr if defaults_are_volatile((*(node as *mut pg_sys::FuncExpr)).funcid) => {
+                return true;
+            }
             _ => {}
         }
         pg_sys::ffi::pg_guard_ffi_boundary(|| expression_tree_walker(node, Some(hidden_volatile), cx))
+    }
+}
+
+/// Whether function `funcid` has a default argument that calls a volatile
+/// function.  The planner adds omitted arguments' defaults after this
+/// walk has seen the call, so any volatile default counts.
+fn defaults_are_volatile(funcid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache lookup, released before returning; proargdefaults
+    // is the nodeToString form of a List of expressions.
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::PROCOID as i32, pg_sys::Datum::from(funcid));
+        if tup.is_null() {
+            return false;
+        }
+        let mut isnull = false;
+        let d = pg_sys::SysCacheGetAttr(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            tup,
+            pg_sys::Anum_pg_proc_proargdefaults as i16,
+            &mut isnull,
+        );
+        let volatile = !isnull && {
+            let defaults = pg_sys::stringToNode(pg_sys::text_to_cstring(d.cast_mut_ptr())) as *mut Node;
+            pg_sys::contain_volatile_functions(defaults) || hidden_volatile(defaults, std::ptr::null_mut())
+        };
+        pg_sys::ReleaseSysCache(tup);
+        volatile
     }
 }
 

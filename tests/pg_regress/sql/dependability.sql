@@ -171,3 +171,17 @@ EXPLAIN (COSTS OFF)
   SELECT id FROM dep_ev WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 10;
 WITH last AS (SELECT acked FROM dep_offsets WHERE grp = 'g' FOR UPDATE)
   SELECT id FROM dep_ev WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 3;
+
+-- A call whose omitted argument defaults to a volatile function has that
+-- side effect on every run: it reads fenced too.
+CREATE FUNCTION dep_with_default(a bigint, b bigint DEFAULT nextval('dep_side')) RETURNS bigint
+    LANGUAGE sql STABLE AS 'SELECT $1 + 0 * $2';
+EXPLAIN (COSTS OFF) SELECT dep_with_default(id) FROM dep_side_ev WHERE id > 0 ORDER BY id LIMIT 3;
+
+-- A bound converted to the key's type as PostgreSQL's cross-type operators
+-- convert it never raises where they do not: out of range, it is left out.
+CREATE TABLE dep_tz (ts timestamptz PRIMARY KEY, v int);
+SELECT pgkvx.enable('dep_tz');
+INSERT INTO dep_tz VALUES ('2024-01-01 00:00+00', 1);
+SELECT * FROM dep_tz WHERE ts > '5874897-01-01'::date ORDER BY ts LIMIT 1;
+SELECT count(*) FROM dep_tz WHERE ts > '2023-12-31'::date ORDER BY 1 LIMIT 1;
