@@ -7,6 +7,7 @@ pub mod latch_span;
 pub mod next_key;
 pub mod trigger;
 pub mod views;
+pub mod wait_for;
 
 use pgrx::prelude::*;
 

@@ -176,6 +176,7 @@ fn stats() -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
         ("tables_used".to_string(), i64::from(u.tables_used)),
         ("tables_max".to_string(), i64::from(u.tables_max)),
     ]);
+    rows.extend(super::wait_for::stat_rows());
     TableIterator::new(rows)
 }
 

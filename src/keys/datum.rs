@@ -297,7 +297,7 @@ fn output_value(typid: Oid, v: &KeyValue) -> String {
 
 /// Splits a row literal `(a,"b c",)` into fields (`None` for an empty,
 /// unquoted field, i.e. NULL), following record_in's quoting rules.
-fn parse_row_literal(s: &str) -> Option<Vec<Option<String>>> {
+pub fn parse_row_literal(s: &str) -> Option<Vec<Option<String>>> {
     let s = s.trim();
     let inner = s.strip_prefix('(')?.strip_suffix(')')?;
     let mut fields = Vec::new();

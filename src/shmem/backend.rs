@@ -269,6 +269,7 @@ fn holdings_recorded() -> bool {
 #[pg_guard]
 unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
+    super::wakeups::xact_end(event);
     let Some(t) = super::table_if_attached() else { return };
     let slot = my_slot();
     match event {
@@ -461,6 +462,7 @@ pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
     ensure_exit_hook();
     let h = holder(owner);
     let rel = rel_id(relid);
+    super::wakeups::note_write(rel);
     let l = limits();
     // SAFETY: reads the current subtransaction's id.
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
@@ -485,6 +487,7 @@ pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latc
     let t = table();
     ensure_exit_hook();
     let unlimited = Limits::NONE;
+    super::wakeups::note_write(rel_id(relid));
     HOLDINGS.with(|held| {
         let mut held = held.borrow_mut();
         // A drawn key may be written after a rollback of the subtransaction

@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod drawn;
+pub mod wakeups;
 
 use crate::guc;
 use crate::latch::{Config, LatchTable, LockId, LockSet, Mode};
@@ -136,6 +137,7 @@ extern "C-unwind" fn request_hook() {
     // SAFETY: called from the shmem request hook, the only place allowed.
     unsafe {
         pg_sys::RequestAddinShmemSpace(SharedLatchTable::region_size(&cfg));
+        pg_sys::RequestAddinShmemSpace(wakeups::region_size(cfg.max_tables, cfg.max_backends));
         pg_sys::RequestNamedLWLockTranche(DIRECTORY_TRANCHE.as_ptr(), 1);
         pg_sys::RequestNamedLWLockTranche(RANGE_TRANCHE.as_ptr(), cfg.max_ranges as i32);
         pg_sys::RequestNamedLWLockTranche(TABLE_TRANCHE.as_ptr(), cfg.max_tables as i32);
@@ -170,6 +172,7 @@ extern "C-unwind" fn startup_hook() {
         table.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
         table.set_max_tables_per_owner(guc::MAX_TABLES_PER_OWNER.get() as u32);
         *TABLE.0.get() = Some(table);
+        wakeups::startup(cfg.max_tables, cfg.max_backends);
         pg_sys::LWLockRelease(init_lock);
     }
 }

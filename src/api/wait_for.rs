@@ -1,0 +1,513 @@
+//! `pgkvx.wait_for(rel, after, timeout)`: a consumer at the head of a tail
+//! sleeps until a row past its cursor is committed, woken by the writer's
+//! commit through shared memory (src/shmem/wakeups.rs), not by polling and
+//! not by NOTIFY.  Plus `pgkvx.wait_stats()` and the `pgkvx.waiters` view.
+//!
+//! The loop it serves:
+//!
+//! ```sql
+//! SELECT * FROM ev WHERE id > $cursor ORDER BY id LIMIT 100;   -- nothing?
+//! SELECT pgkvx.wait_for('ev', $cursor::text, '5s');            -- then read again
+//! ```
+//!
+//! A commit between the empty read and the call is not lost: the call looks
+//! for a committed key past `after` with a fresh snapshot *after* it joined
+//! the table's condition variable, so such a commit is either seen by that
+//! look (true at once) or wakes the sleep that follows.
+//!
+//! While it sleeps the session holds no snapshot when the call is a
+//! statement of its own (`SELECT pgkvx.wait_for(...)`, READ COMMITTED, no
+//! other portal open): it drops its xmin, so it holds back neither vacuum
+//! nor a standby.  Called inside a larger query or a function, the
+//! statement's snapshot may still be read after the call returns, so it is
+//! kept (backend_xmin stays set while waiting).
+
+use crate::args::Regclass;
+use crate::errors;
+use crate::guc::{self, ScanMode};
+use crate::keys::KeyDesc;
+use crate::pg::{rel_name, OpenRel};
+use crate::registry;
+use crate::shmem::backend;
+use crate::shmem::wakeups::{self, Outcome, Waiting};
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys::{self, Oid};
+use pgrx::prelude::*;
+
+/// btree support function 1, the three-way comparison (access/nbtree.h).
+const BTORDER_PROC: i16 = 1;
+
+/// The cursor: a key (or a prefix of the leading key columns), as text
+/// fields and as its encoding.
+struct After {
+    fields: Vec<String>,
+    bytes: Vec<u8>,
+    truncated: bool,
+}
+
+fn parse_after(key: &KeyDesc, text: &str) -> After {
+    let (w, n) = key.parse_bound(text, "after");
+    let fields = if key.cols.len() == 1 {
+        vec![text.to_string()]
+    } else {
+        // parse_bound accepted it, so it is a row literal of n non-NULL fields.
+        crate::keys::datum::parse_row_literal(text).unwrap_or_default().into_iter().flatten().collect()
+    };
+    debug_assert_eq!(fields.len(), n);
+    After { fields, bytes: w.bytes().to_vec(), truncated: w.truncated() }
+}
+
+#[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
+fn wait_for(
+    rel: Option<Regclass>,
+    after: Option<&str>,
+    timeout: default!(Option<Interval>, "'10 seconds'"),
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> bool {
+    let relid = crate::args::required(rel, "rel");
+    // SAFETY: plain read of recovery state.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "pgkvx.wait_for() is not available on a hot standby",
+            "Wait on the primary: a standby's latch table is empty, nothing there wakes a waiter.",
+        );
+    }
+    if guc::SCAN_MODE.get() == ScanMode::Off {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pgkvx.wait_for() needs protected reads, but pgkvx.scan_mode is off",
+            "With scan_mode off the read after the wait can skip rows committed late; SET pgkvx.scan_mode = optimistic (or fenced).",
+        );
+    }
+    // SAFETY: catalog ACL check for the current user.
+    let may_select = unsafe {
+        pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
+    };
+    if !may_select {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {}", rel_name(relid)),
+        );
+    }
+    let latched = registry::require(relid);
+    // SAFETY: catalog lookup; with row_security off Postgres raises its
+    // own 42501 here, as for a query.
+    let rls = unsafe {
+        pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
+    };
+    if rls {
+        // The look past the cursor reads the index without policies: it
+        // would answer for rows the caller may not see, and a consumer that
+        // cannot see them would be woken to nothing, again and again.
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("pgkvx.wait_for() does not support \"{}\": row level security applies to you", rel_name(relid)),
+            "Wait as a role that row level security does not filter (the owner, or BYPASSRLS), or poll.",
+        );
+    }
+    // SAFETY: plain reads of backend globals.
+    if crate::read::snapshot::fixed_snapshot() && unsafe { pg_sys::IsTransactionBlock() } {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "pgkvx.wait_for() cannot run in a REPEATABLE READ or SERIALIZABLE transaction block",
+            "Its snapshot would never show what the wait waited for; call it in READ COMMITTED or outside the transaction.",
+        );
+    }
+    if backend::my_xid_if_any().is_valid() && crate::shmem::table().holds_any(backend::my_slot()) {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pgkvx.wait_for() cannot wait while this transaction holds pgkvx latches",
+            "Readers wait for this transaction's latches; commit (or roll back) before waiting.",
+        );
+    }
+    let timeout_us = match timeout {
+        None => None,
+        Some(iv) => {
+            let us = iv.as_micros();
+            if us < 0 {
+                errors::raise(
+                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                    "pgkvx.wait_for(): timeout must not be negative",
+                );
+            }
+            Some(i64::try_from(us).unwrap_or(i64::MAX))
+        }
+    };
+    let after = after.map(|t| parse_after(&latched.key, t));
+    // SAFETY: a function call's FunctionCallInfo has its FmgrInfo.
+    let fn_oid = unsafe {
+        if fcinfo.is_null() || (*fcinfo).flinfo.is_null() {
+            pg_sys::InvalidOid
+        } else {
+            (*(*fcinfo).flinfo).fn_oid
+        }
+    };
+    let may_drop_xmin = sole_statement(fn_oid);
+    drop(latched);
+    wait(relid, after.as_ref(), timeout_us, may_drop_xmin)
+}
+
+fn now_us() -> i64 {
+    // SAFETY: reading the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Registers, prepares to sleep, then looks and sleeps until a key past
+/// `after` is committed or the time is up.
+fn wait(relid: Oid, after: Option<&After>, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
+    let start = now_us();
+    let deadline = timeout_us.map(|t| start.saturating_add(t));
+    let waiting = Waiting::register(backend::rel_id(relid));
+    let cv = waiting.cv();
+    // SAFETY: a condition variable in shared memory; joining its wait list
+    // before the first look is what makes a commit during the look wake us.
+    unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+    let mut spurious = 0u64;
+    let mut slept = false;
+    let mut woken = false;
+    let outcome = loop {
+        if committed_past(relid, after) {
+            break if slept { Outcome::Woken } else { Outcome::Immediate };
+        }
+        if woken {
+            spurious += 1;
+        }
+        let remaining_ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d - now_us();
+                if left <= 0 {
+                    break Outcome::Timeout;
+                }
+                (left.saturating_add(999) / 1000).min(i64::from(i32::MAX))
+            }
+        };
+        if may_drop_xmin {
+            drop_xmin();
+        }
+        // SAFETY: we prepared to sleep on `cv` (or the sleep re-prepares
+        // and returns at once if something else slept in between); it
+        // checks for interrupts, so cancel, statement_timeout and
+        // termination end it.  It holds no lock.
+        let timed_out = unsafe {
+            pg_sys::ConditionVariableTimedSleep(cv, remaining_ms as std::ffi::c_long, pg_sys::PG_WAIT_EXTENSION)
+        };
+        slept = true;
+        woken = !timed_out;
+        if woken {
+            waiting.woken();
+        }
+    };
+    // SAFETY: leaves the condition variable's wait list.
+    unsafe { pg_sys::ConditionVariableCancelSleep() };
+    let elapsed = u64::try_from(now_us() - start).unwrap_or(0);
+    waiting.finish(outcome, elapsed, spurious);
+    outcome != Outcome::Timeout
+}
+
+/// Forgets this backend's xmin while it sleeps: the catalog snapshot goes,
+/// and the statement's snapshot is never read again (see
+/// [`sole_statement`]).  The next snapshot taken sets a new xmin.
+fn drop_xmin() {
+    // SAFETY: InvalidateCatalogSnapshot is always safe; clearing our own
+    // PGPROC's xmin without a lock is what SnapshotResetXmin does (setting
+    // it to invalid needs none).
+    unsafe {
+        pg_sys::InvalidateCatalogSnapshot();
+        std::ptr::write_volatile(&raw mut (*pg_sys::MyProc).xmin, pg_sys::InvalidTransactionId);
+    }
+}
+
+/// Whether the running statement is exactly `SELECT pgkvx.wait_for(...)`
+/// in READ COMMITTED with no other portal open: then nothing reads at its
+/// snapshot after the call returns (the arguments were evaluated before),
+/// and no other snapshot of the transaction needs our xmin.
+fn sole_statement(fn_oid: Oid) -> bool {
+    if fn_oid == pg_sys::InvalidOid || crate::read::snapshot::fixed_snapshot() {
+        return false;
+    }
+    // SAFETY: reads of the active portal and its planned statement, which
+    // live while the statement runs; every pointer is checked and every
+    // node's tag is checked before the cast.
+    unsafe {
+        let portal = pg_sys::ActivePortal;
+        if portal.is_null() || crate::pg::list_len((*portal).stmts) != 1 {
+            return false;
+        }
+        let Some(stmt) = crate::pg::list_nth::<pg_sys::PlannedStmt>((*portal).stmts, 0) else { return false };
+        if crate::pg::node_tag(stmt) != pg_sys::NodeTag::T_PlannedStmt
+            || (*stmt).commandType != pg_sys::CmdType::CMD_SELECT
+            || !(*stmt).utilityStmt.is_null()
+        {
+            return false;
+        }
+        let plan = (*stmt).planTree;
+        if plan.is_null()
+            || crate::pg::node_tag(plan) != pg_sys::NodeTag::T_Result
+            || !(*plan).lefttree.is_null()
+            || !(*plan).righttree.is_null()
+            || crate::pg::list_len((*plan).targetlist) != 1
+        {
+            return false;
+        }
+        let Some(te) = crate::pg::list_nth::<pg_sys::TargetEntry>((*plan).targetlist, 0) else { return false };
+        let expr = (*te).expr;
+        if expr.is_null()
+            || crate::pg::node_tag(expr) != pg_sys::NodeTag::T_FuncExpr
+            || (*(expr as *mut pg_sys::FuncExpr)).funcid != fn_oid
+        {
+            return false;
+        }
+        // No other portal (an open cursor's snapshot needs our xmin): the
+        // portals' contexts are the children of TopPortalContext.
+        let cx = (*portal).portalContext;
+        if cx.is_null() || (*cx).parent.is_null() {
+            return false;
+        }
+        let mut children = 0;
+        let mut c = (*(*cx).parent).firstchild;
+        while !c.is_null() {
+            children += 1;
+            c = (*c).nextchild;
+        }
+        children == 1
+    }
+}
+
+/// Whether a row with a key past `after` (any row when None) is visible to
+/// a fresh snapshot: one index probe of the key index.
+fn committed_past(relid: Oid, after: Option<&After>) -> bool {
+    let Some(heap) = OpenRel::try_open(relid, pg_sys::AccessShareLock) else {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            format!("relation with OID {} was dropped while pgkvx.wait_for() waited on it", relid.to_u32()),
+        )
+    };
+    let latched = registry::require(relid);
+    let key = &latched.key;
+    let index = OpenRel::open(key.index, pg_sys::AccessShareLock);
+    let (mut keys, _subkeys, exact) = scan_keys(key, &index, after);
+    // SAFETY: a fresh MVCC snapshot, registered for the probe and released
+    // after it; relation and index are open and locked; the keys (and the
+    // row members they point to) outlive the scan; the slot belongs to the
+    // relation and is dropped with the scan.
+    unsafe {
+        let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
+        let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
+        let mut found = false;
+        while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+            let Some(a) = after else {
+                found = true;
+                break;
+            };
+            if exact {
+                found = true;
+                break;
+            }
+            let k = key.encode_slot(slot);
+            let (kb, ab) = (k.bytes(), a.bytes.as_slice());
+            // A key that starts with the cursor's encoding is the cursor
+            // itself or, for a prefix cursor `(3)`, one of the keys it
+            // stands for; a truncated key that ties with it cannot be
+            // ordered (the next one can).
+            let tie = kb.starts_with(ab) || ((k.truncated() || a.truncated) && ab.starts_with(kb));
+            if kb > ab && !tie {
+                found = true;
+                break;
+            }
+        }
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::index_endscan(scan);
+        pg_sys::UnregisterSnapshot(snap);
+        found
+    }
+}
+
+/// Scan keys for "past `after`" in key order: a row comparison over the
+/// leading cursor columns that share the first column's direction, strict
+/// when that is all of them (`exact`: every row the scan returns is past
+/// the cursor), inclusive otherwise (rows are then checked by their
+/// encoding).  The row members are returned too: the header points at them.
+fn scan_keys(
+    key: &KeyDesc,
+    index: &OpenRel,
+    after: Option<&After>,
+) -> (Vec<pg_sys::ScanKeyData>, Box<[pg_sys::ScanKeyData]>, bool) {
+    let Some(a) = after else { return (Vec::new(), Box::new([]), true) };
+    let m = a.fields.len();
+    let desc = key.cols[0].desc;
+    let k = key.cols[..m].iter().take_while(|c| c.desc == desc).count();
+    let exact = k == m && !a.truncated;
+    let strategy = match (desc, exact) {
+        (false, true) => pg_sys::BTGreaterStrategyNumber,
+        (false, false) => pg_sys::BTGreaterEqualStrategyNumber,
+        (true, true) => pg_sys::BTLessStrategyNumber,
+        (true, false) => pg_sys::BTLessEqualStrategyNumber,
+    } as u16;
+    let r = index.get();
+    let mut members: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(k);
+    for i in 0..k {
+        let c = &key.cols[i];
+        let value = crate::pg::input_datum(c.typid, -1, &a.fields[i]);
+        // SAFETY: the index's per-column arrays have one entry per key
+        // column; catalog lookups; ScanKeyEntryInitialize only fills the
+        // struct.
+        unsafe {
+            let opfamily = *r.rd_opfamily.add(i);
+            let opcintype = *r.rd_opcintype.add(i);
+            let collation = *r.rd_indcollation.add(i);
+            let proc = if k == 1 {
+                let op = pg_sys::get_opfamily_member(opfamily, opcintype, opcintype, strategy as i16);
+                pg_sys::get_opcode(op)
+            } else {
+                pg_sys::get_opfamily_proc(opfamily, opcintype, opcintype, BTORDER_PROC)
+            };
+            if proc == pg_sys::InvalidOid {
+                errors::raise(
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
+                    format!("the key index of \"{}\" has no comparison for its own type", key.relname),
+                );
+            }
+            let mut sk = pg_sys::ScanKeyData::default();
+            let flags =
+                if k == 1 { 0 } else { pg_sys::SK_ROW_MEMBER | if i + 1 == k { pg_sys::SK_ROW_END } else { 0 } };
+            pg_sys::ScanKeyEntryInitialize(
+                &mut sk,
+                flags as i32,
+                (i + 1) as pg_sys::AttrNumber,
+                strategy,
+                opcintype,
+                collation,
+                proc,
+                value,
+            );
+            members.push(sk);
+        }
+    }
+    if k == 1 {
+        return (members, Box::new([]), exact);
+    }
+    let members = members.into_boxed_slice();
+    let mut header = pg_sys::ScanKeyData::default();
+    // SAFETY: fills the struct; the members live as long as the header
+    // (returned together).
+    unsafe {
+        pg_sys::ScanKeyEntryInitialize(
+            &mut header,
+            pg_sys::SK_ROW_HEADER as i32,
+            1,
+            strategy,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::Datum::from(members.as_ptr()),
+        );
+    }
+    (vec![header], members, exact)
+}
+
+/// Whether the caller may see that `relid` is waited on.
+fn visible(relid: Oid) -> bool {
+    let attnums: Vec<i16> =
+        registry::lookup(relid).map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
+    crate::read::admit::may_see(relid, &attnums).0
+}
+
+fn timestamptz(us: i64) -> Option<TimestampWithTimeZone> {
+    // SAFETY: TimestampTz is a plain i64.
+    unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false) }
+}
+
+/// Per-table wait statistics since the server started, for tables of this
+/// database the caller may see; `relid` NULL sums the tables that found no
+/// wait slot of their own (pgkvx.max_tables).
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
+#[allow(clippy::type_complexity)]
+fn wait_stats() -> TableIterator<
+    'static,
+    (
+        name!(relid, Option<Oid>),
+        name!(waiting, i32),
+        name!(calls, i64),
+        name!(immediate, i64),
+        name!(woken, i64),
+        name!(timeouts, i64),
+        name!(wait_micros, i64),
+        name!(broadcasts, i64),
+        name!(spurious_wakeups, i64),
+    ),
+> {
+    let (tables, shared) = wakeups::per_table();
+    let db = backend::my_db();
+    let mut rows: Vec<_> = tables
+        .into_iter()
+        .filter(|t| t.rel.db() == db && visible(Oid::from(t.rel.rel())))
+        .map(|t| (Some(Oid::from(t.rel.rel())), t))
+        .collect();
+    if shared.stats.calls > 0 {
+        rows.push((None, shared));
+    }
+    TableIterator::new(rows.into_iter().map(|(relid, t)| {
+        let s = t.stats;
+        (
+            relid,
+            t.waiting as i32,
+            s.calls as i64,
+            s.immediate as i64,
+            s.woken as i64,
+            s.timeouts as i64,
+            s.wait_us as i64,
+            s.broadcasts as i64,
+            s.spurious as i64,
+        )
+    }))
+}
+
+/// Sessions waiting in `pgkvx.wait_for` now, on tables of this database the
+/// caller may see.
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
+#[allow(clippy::type_complexity)]
+fn wait_list() -> TableIterator<
+    'static,
+    (name!(pid, i32), name!(relid, Oid), name!(waiting_since, Option<TimestampWithTimeZone>), name!(wakeups, i32)),
+> {
+    let db = backend::my_db();
+    let rows: Vec<_> = wakeups::waiters()
+        .into_iter()
+        .filter(|w| w.rel.db() == db && visible(Oid::from(w.rel.rel())))
+        .map(|w| (w.pid, Oid::from(w.rel.rel()), timestamptz(w.since_us), w.wakeups as i32))
+        .collect();
+    TableIterator::new(rows)
+}
+
+/// Global rows for `pgkvx.stats()`.
+pub fn stat_rows() -> Vec<(String, i64)> {
+    let (t, waiting) = wakeups::totals();
+    vec![
+        ("wait_for_calls".to_string(), t.calls as i64),
+        ("wait_for_immediate".to_string(), t.immediate as i64),
+        ("wait_for_woken".to_string(), t.woken as i64),
+        ("wait_for_timeouts".to_string(), t.timeouts as i64),
+        ("wait_for_micros".to_string(), t.wait_us as i64),
+        ("wait_for_broadcasts".to_string(), t.broadcasts as i64),
+        ("wait_for_spurious_wakeups".to_string(), t.spurious as i64),
+        ("wait_for_waiting".to_string(), i64::from(waiting)),
+    ]
+}
+
+extension_sql!(
+    r#"
+CREATE VIEW pgkvx.waiters AS
+    SELECT pid, relid::regclass AS relid, waiting_since,
+           pg_catalog.clock_timestamp() - waiting_since AS age, wakeups
+      FROM pgkvx.wait_list();
+COMMENT ON VIEW pgkvx.waiters IS 'Sessions waiting in pgkvx.wait_for() on tables you may SELECT (all with pg_monitor)';
+GRANT SELECT ON pgkvx.waiters TO PUBLIC;
+"#,
+    name = "waiters_view",
+    requires = [wait_list],
+);

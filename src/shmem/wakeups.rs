@@ -1,0 +1,488 @@
+//! Wake-ups for `pgkvx.wait_for`: consumers sleep on a condition variable
+//! of their table, and a writer's commit broadcasts it.
+//!
+//! Shared memory holds a small open-addressed table of **wait slots**, one
+//! per latched table that anyone ever waited on (keyed by database and
+//! relation oid, claimed by CAS, never freed; slot 0 takes every table
+//! once the others are used up), each with a condition variable, the
+//! number of sessions waiting on it now and cumulative statistics, plus a
+//! global count of waiting sessions and one **waiter record** per backend
+//! (for `pgkvx.waiters`).
+//!
+//! What a commit does (`xact_end`, from the transaction callback, after
+//! `ProcArrayEndTransaction`, so the commit is visible to new snapshots):
+//! if no session waits anywhere — one atomic load — nothing.  Otherwise for
+//! each table the transaction latched (noted by [`note_write`] as latches
+//! are published) it finds the table's slot and broadcasts its condition
+//! variable if someone waits there.  An abort wakes nobody.
+//!
+//! What a waiter does (`api/wait_for.rs`): registers in the slot (waiter
+//! count up), prepares to sleep on the condition variable, and only then
+//! looks for a committed key past its cursor with a fresh snapshot; if none,
+//! it sleeps, and after every wake-up it looks again.  No wake-up is lost:
+//! a commit that its look did not see became visible after the look's
+//! snapshot was taken under ProcArrayLock, so the committer's later read of
+//! the waiter count sees the registration, and its broadcast finds the
+//! waiter already on the condition variable's list (or makes its next
+//! sleep return at once).
+
+use crate::latch::RelId;
+use pgrx::pg_sys;
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
+
+const REGION_NAME: &std::ffi::CStr = c"pgkvx wake-ups";
+/// Key of the shared slot 0, which takes tables once the others are used.
+const OVERFLOW_KEY: u64 = u64::MAX;
+
+/// Cumulative per-table counters of a wait slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitStats {
+    /// `wait_for` calls.
+    pub calls: u64,
+    /// Calls that found a row at once, without sleeping.
+    pub immediate: u64,
+    /// Calls that slept and were woken to a row.
+    pub woken: u64,
+    /// Calls that ended at their timeout.
+    pub timeouts: u64,
+    /// Microseconds spent in calls that slept.
+    pub wait_us: u64,
+    /// Commits that broadcast to this table's waiters.
+    pub broadcasts: u64,
+    /// Wake-ups after which there was still nothing past the cursor.
+    pub spurious: u64,
+}
+
+#[repr(C)]
+struct Header {
+    /// Sessions waiting now, all tables: what a commit reads first.
+    waiting: AtomicU32,
+    nslots: u32,
+    nwaiters: u32,
+}
+
+#[repr(C)]
+struct Slot {
+    /// (database << 32 | relation); 0 while free.
+    key: AtomicU64,
+    waiters: AtomicU32,
+    cv: UnsafeCell<pg_sys::ConditionVariable>,
+    calls: AtomicU64,
+    immediate: AtomicU64,
+    woken: AtomicU64,
+    timeouts: AtomicU64,
+    wait_us: AtomicU64,
+    broadcasts: AtomicU64,
+    spurious: AtomicU64,
+}
+
+/// One backend's wait, for the `pgkvx.waiters` view.
+#[repr(C)]
+struct WaiterRec {
+    /// The table's key while waiting, 0 otherwise.
+    key: AtomicU64,
+    pid: AtomicI32,
+    since_us: AtomicI64,
+    wakeups: AtomicU32,
+}
+
+// SAFETY: the slot's condition variable is only touched through Postgres's
+// ConditionVariable functions, which take its spinlock; everything else is
+// atomic.  The region is shared between processes by design.
+unsafe impl Sync for Slot {}
+
+struct Region {
+    hdr: &'static Header,
+    slots: &'static [Slot],
+    waiters: &'static [WaiterRec],
+}
+
+struct ProcessGlobal(UnsafeCell<Option<Region>>);
+// SAFETY: Postgres processes are single-threaded; set once by the shmem
+// startup hook before anything reads it in this process.
+unsafe impl Sync for ProcessGlobal {}
+static REGION: ProcessGlobal = ProcessGlobal(UnsafeCell::new(None));
+
+thread_local! {
+    /// Latched tables this transaction wrote (published a latch on).
+    static WRITTEN: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// The last table noted: most transactions write one table many times.
+    static LAST_WRITTEN: Cell<u64> = const { Cell::new(0) };
+    static EXIT_HOOK_SET: Cell<bool> = const { Cell::new(false) };
+    /// The slot this backend is counted in while it waits.
+    static MY_WAIT: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+fn nslots_for(max_tables: u32) -> u32 {
+    (max_tables.saturating_mul(2)).clamp(64, 1 << 20).next_power_of_two() + 1
+}
+
+fn sizes(max_tables: u32, max_backends: u32) -> (usize, usize, usize) {
+    let hdr = std::mem::size_of::<Header>().next_multiple_of(64);
+    let slots = nslots_for(max_tables) as usize * std::mem::size_of::<Slot>();
+    let waiters = max_backends as usize * std::mem::size_of::<WaiterRec>();
+    (hdr, slots, waiters)
+}
+
+/// Shared memory the region needs.
+pub fn region_size(max_tables: u32, max_backends: u32) -> usize {
+    let (h, s, w) = sizes(max_tables, max_backends);
+    h + s + w
+}
+
+/// Creates or attaches the region; called from the shmem startup hook with
+/// AddinShmemInitLock held.
+///
+/// # Safety
+/// Called once per process from the shmem startup hook, under
+/// AddinShmemInitLock.
+pub unsafe fn startup(max_tables: u32, max_backends: u32) {
+    let (h, s, _) = sizes(max_tables, max_backends);
+    let size = region_size(max_tables, max_backends);
+    let nslots = nslots_for(max_tables);
+    // SAFETY: the add-in shared memory protocol; the region is zeroed and
+    // its condition variables initialised when new, only attached when
+    // found.  Atomics and ConditionVariable are valid when zeroed/initialised.
+    unsafe {
+        let mut found = false;
+        let mem = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found) as *mut u8;
+        if !found {
+            std::ptr::write_bytes(mem, 0, size);
+            let hdr = mem as *mut Header;
+            (*hdr).nslots = nslots;
+            (*hdr).nwaiters = max_backends;
+            let slots = mem.add(h) as *mut Slot;
+            for i in 0..nslots as usize {
+                pg_sys::ConditionVariableInit((*slots.add(i)).cv.get());
+            }
+            (*slots).key.store(OVERFLOW_KEY, SeqCst);
+        }
+        let hdr = &*(mem as *const Header);
+        let slots = std::slice::from_raw_parts(mem.add(h) as *const Slot, hdr.nslots as usize);
+        let waiters = std::slice::from_raw_parts(mem.add(h + s) as *const WaiterRec, hdr.nwaiters as usize);
+        *REGION.0.get() = Some(Region { hdr, slots, waiters });
+    }
+}
+
+fn region() -> Option<&'static Region> {
+    // SAFETY: see ProcessGlobal.
+    unsafe { &*REGION.0.get() }.as_ref()
+}
+
+fn key_of(rel: RelId) -> u64 {
+    (u64::from(rel.db()) << 32) | u64::from(rel.rel())
+}
+
+fn home(key: u64, nslots: u32) -> u32 {
+    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    1 + (h % u64::from(nslots - 1)) as u32
+}
+
+/// The slot of `key`, if one was ever claimed for it (writers).
+fn find(r: &Region, key: u64) -> Option<u32> {
+    let n = r.hdr.nslots;
+    let mut i = home(key, n);
+    for _ in 1..n {
+        match r.slots[i as usize].key.load(SeqCst) {
+            k if k == key => return Some(i),
+            0 => return None,
+            _ => {}
+        }
+        i = if i + 1 == n { 1 } else { i + 1 };
+    }
+    None
+}
+
+/// The slot of `key`, claimed if need be; slot 0 when all are taken.
+fn find_or_claim(r: &Region, key: u64) -> u32 {
+    let n = r.hdr.nslots;
+    let mut i = home(key, n);
+    for _ in 1..n {
+        let s = &r.slots[i as usize];
+        match s.key.load(SeqCst) {
+            k if k == key => return i,
+            0 => match s.key.compare_exchange(0, key, SeqCst, SeqCst) {
+                Ok(_) => return i,
+                Err(k) if k == key => return i,
+                Err(_) => {}
+            },
+            _ => {}
+        }
+        i = if i + 1 == n { 1 } else { i + 1 };
+    }
+    0
+}
+
+/// Notes that this transaction published a latch on `rel`, so that its
+/// commit wakes the table's waiters.  Cheap: a thread-local compare for
+/// the common case of one table written many times.
+pub fn note_write(rel: RelId) {
+    let key = key_of(rel);
+    if LAST_WRITTEN.with(|c| c.replace(key)) == key {
+        return;
+    }
+    WRITTEN.with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            if !w.contains(&key) {
+                w.push(key);
+            }
+        }
+    });
+}
+
+/// The transaction callback's part: a commit wakes the waiters of the
+/// tables it wrote, an abort wakes nobody.  Panic-free.
+pub fn xact_end(event: pg_sys::XactEvent::Type) {
+    use pg_sys::XactEvent::*;
+    let commit = match event {
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => true,
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => false,
+        _ => return,
+    };
+    LAST_WRITTEN.with(|c| c.set(0));
+    let written = WRITTEN.with(|w| w.try_borrow_mut().map(|mut w| std::mem::take(&mut *w)).unwrap_or_default());
+    if !commit || written.is_empty() {
+        return;
+    }
+    let Some(r) = region() else { return };
+    // The one check a commit pays when nobody waits anywhere.
+    if r.hdr.waiting.load(SeqCst) == 0 {
+        return;
+    }
+    let mut woke_overflow = false;
+    for key in written {
+        let i = find(r, key).unwrap_or(0);
+        if i == 0 {
+            woke_overflow = true;
+            continue;
+        }
+        broadcast(&r.slots[i as usize]);
+    }
+    if woke_overflow || r.slots[0].waiters.load(SeqCst) > 0 {
+        broadcast(&r.slots[0]);
+    }
+}
+
+fn broadcast(s: &Slot) {
+    if s.waiters.load(SeqCst) == 0 {
+        return;
+    }
+    s.broadcasts.fetch_add(1, SeqCst);
+    // SAFETY: an initialised condition variable in shared memory; the
+    // broadcast takes its spinlock and sets the waiters' latches, nothing
+    // that can raise.
+    unsafe { pg_sys::ConditionVariableBroadcast(s.cv.get()) };
+}
+
+fn my_procno(r: &Region) -> Option<usize> {
+    // SAFETY: plain read of a backend global; checked for NULL.
+    let n = unsafe { pg_sys::MyProc.as_ref() }?.pgprocno;
+    usize::try_from(n).ok().filter(|&n| n < r.waiters.len())
+}
+
+/// This backend's registration as a waiter on one table: counted in the
+/// table's slot (so commits there broadcast) until dropped, or until the
+/// backend exits (FATAL while asleep unwinds nothing).
+pub struct Waiting {
+    slot: u32,
+}
+
+impl Waiting {
+    /// Registers as a waiter on `rel`.
+    pub fn register(rel: RelId) -> Waiting {
+        let r = region().unwrap_or_else(|| {
+            crate::errors::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "pgkvx shared memory is not initialised (is pgkvx in shared_preload_libraries?)",
+            )
+        });
+        ensure_exit_hook();
+        unregister(); // a leftover of an earlier call (cannot happen, but cheap)
+        let key = key_of(rel);
+        let slot = find_or_claim(r, key);
+        let s = &r.slots[slot as usize];
+        s.calls.fetch_add(1, SeqCst);
+        MY_WAIT.with(|c| c.set(Some(slot)));
+        s.waiters.fetch_add(1, SeqCst);
+        r.hdr.waiting.fetch_add(1, SeqCst);
+        if let Some(p) = my_procno(r) {
+            let w = &r.waiters[p];
+            // SAFETY: plain reads of backend globals and the clock.
+            let (pid, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
+            w.pid.store(pid, SeqCst);
+            w.since_us.store(now, SeqCst);
+            w.wakeups.store(0, SeqCst);
+            w.key.store(key, SeqCst);
+        }
+        Waiting { slot }
+    }
+
+    /// The condition variable to sleep on.
+    pub fn cv(&self) -> *mut pg_sys::ConditionVariable {
+        region().expect("registered").slots[self.slot as usize].cv.get()
+    }
+
+    /// Counts one wake-up of this waiter.
+    pub fn woken(&self) {
+        if let Some(r) = region() {
+            if let Some(p) = my_procno(r) {
+                r.waiters[p].wakeups.fetch_add(1, SeqCst);
+            }
+        }
+    }
+
+    /// Counts how the call ended: at once, woken to a row, or at its
+    /// timeout; `slept_us` is the time since it started; `spurious` the
+    /// wake-ups that found nothing.
+    pub fn finish(&self, outcome: Outcome, slept_us: u64, spurious: u64) {
+        let Some(r) = region() else { return };
+        let s = &r.slots[self.slot as usize];
+        match outcome {
+            Outcome::Immediate => s.immediate.fetch_add(1, SeqCst),
+            Outcome::Woken => s.woken.fetch_add(1, SeqCst),
+            Outcome::Timeout => s.timeouts.fetch_add(1, SeqCst),
+        };
+        if outcome != Outcome::Immediate {
+            s.wait_us.fetch_add(slept_us, SeqCst);
+        }
+        s.spurious.fetch_add(spurious, SeqCst);
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        unregister();
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Immediate,
+    Woken,
+    Timeout,
+}
+
+/// Undoes this backend's registration, if any.  Idempotent, panic-free.
+fn unregister() {
+    let Some(slot) = MY_WAIT.try_with(|c| c.take()).ok().flatten() else { return };
+    let Some(r) = region() else { return };
+    r.slots[slot as usize].waiters.fetch_sub(1, SeqCst);
+    r.hdr.waiting.fetch_sub(1, SeqCst);
+    if let Some(p) = my_procno(r) {
+        r.waiters[p].key.store(0, SeqCst);
+    }
+}
+
+fn ensure_exit_hook() {
+    if EXIT_HOOK_SET.with(|c| c.replace(true)) {
+        return;
+    }
+    // SAFETY: registering a callback for this backend's exit.
+    unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+}
+
+/// A backend terminated while asleep (FATAL does not unwind) still leaves
+/// the count.
+unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
+    unregister();
+}
+
+/// One table's wait statistics and its waiters now.
+pub struct TableWaits {
+    pub rel: RelId,
+    pub waiting: u32,
+    pub stats: WaitStats,
+}
+
+fn slot_stats(s: &Slot) -> WaitStats {
+    WaitStats {
+        calls: s.calls.load(SeqCst),
+        immediate: s.immediate.load(SeqCst),
+        woken: s.woken.load(SeqCst),
+        timeouts: s.timeouts.load(SeqCst),
+        wait_us: s.wait_us.load(SeqCst),
+        broadcasts: s.broadcasts.load(SeqCst),
+        spurious: s.spurious.load(SeqCst),
+    }
+}
+
+/// Every claimed slot but the shared one, and the shared one's counters
+/// (tables beyond the slots) separately.
+pub fn per_table() -> (Vec<TableWaits>, TableWaits) {
+    let mut out = Vec::new();
+    let Some(r) = region() else {
+        return (out, TableWaits { rel: RelId::new(0, 0), waiting: 0, stats: WaitStats::default() });
+    };
+    for s in &r.slots[1..] {
+        let key = s.key.load(SeqCst);
+        if key != 0 {
+            let rel = RelId::new((key >> 32) as u32, key as u32);
+            out.push(TableWaits { rel, waiting: s.waiters.load(SeqCst), stats: slot_stats(s) });
+        }
+    }
+    let s0 = &r.slots[0];
+    (out, TableWaits { rel: RelId::new(0, 0), waiting: s0.waiters.load(SeqCst), stats: slot_stats(s0) })
+}
+
+/// Totals over all tables, and the sessions waiting now.
+pub fn totals() -> (WaitStats, u32) {
+    let mut t = WaitStats::default();
+    let Some(r) = region() else { return (t, 0) };
+    for s in r.slots {
+        let x = slot_stats(s);
+        t.calls += x.calls;
+        t.immediate += x.immediate;
+        t.woken += x.woken;
+        t.timeouts += x.timeouts;
+        t.wait_us += x.wait_us;
+        t.broadcasts += x.broadcasts;
+        t.spurious += x.spurious;
+    }
+    (t, r.hdr.waiting.load(SeqCst))
+}
+
+/// A session waiting now.
+pub struct WaiterInfo {
+    pub pid: i32,
+    pub rel: RelId,
+    pub since_us: i64,
+    pub wakeups: u32,
+}
+
+/// The sessions waiting now.
+pub fn waiters() -> Vec<WaiterInfo> {
+    let Some(r) = region() else { return Vec::new() };
+    r.waiters
+        .iter()
+        .filter_map(|w| {
+            let key = w.key.load(SeqCst);
+            (key != 0).then(|| WaiterInfo {
+                pid: w.pid.load(SeqCst),
+                rel: RelId::new((key >> 32) as u32, key as u32),
+                since_us: w.since_us.load(SeqCst),
+                wakeups: w.wakeups.load(SeqCst),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_counts_are_powers_of_two_plus_the_shared_one() {
+        assert_eq!(nslots_for(1), 65);
+        assert_eq!(nslots_for(256), 513);
+        assert_eq!(nslots_for(300), 1025);
+    }
+
+    #[test]
+    fn homes_avoid_the_shared_slot() {
+        for k in [1u64, 2, 1 << 32 | 5, u64::MAX - 1] {
+            let h = home(k, 65);
+            assert!((1..65).contains(&h), "{k}: {h}");
+        }
+    }
+}

@@ -1,0 +1,366 @@
+"""pgkvx.wait_for: a consumer at the head sleeps until a row past its cursor
+commits, woken by the writer's commit through shared memory.
+
+Every wait here that should end by a wake-up is given a timeout of ten
+minutes and the test a much shorter hang guard: a lost wake-up shows as a
+hang caught by the guard, never as a slow pass.  Waits that should time out
+get short timeouts."""
+import threading
+
+import psycopg
+import pytest
+
+from conftest import cluster, connect, wait_until
+
+FOREVER = "10 min"   # wait_for's timeout where only a wake-up may end the wait
+GUARD = 120          # seconds: hang guard for waits that a commit must end
+
+
+def waiting_on(c, table):
+    """pids waiting in wait_for on `table`, from the pgkvx.waiters view."""
+    return {r[0] for r in c.execute("SELECT pid FROM pgkvx.waiters WHERE relid = %s::regclass", (table,)).fetchall()}
+
+
+def table_stats(c, table):
+    row = c.execute("""SELECT waiting, calls, immediate, woken, timeouts, broadcasts, spurious_wakeups
+                         FROM pgkvx.wait_stats() WHERE relid = %s::regclass""", (table,)).fetchone()
+    keys = ("waiting", "calls", "immediate", "woken", "timeouts", "broadcasts", "spurious")
+    return dict(zip(keys, row)) if row else dict.fromkeys(keys, 0)
+
+
+class Waiter(threading.Thread):
+    """A session that calls wait_for once; `result` is its answer or error."""
+
+    def __init__(self, db, sql, args=()):
+        super().__init__(daemon=True)
+        self.conn = connect(db)
+        self.pid = self.conn.info.backend_pid
+        self.sql, self.args = sql, args
+        self.result = None
+
+    def run(self):
+        try:
+            self.result = self.conn.execute(self.sql, self.args).fetchone()[0]
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            self.result = e
+
+    def finish(self, guard=GUARD):
+        self.join(guard)
+        assert not self.is_alive(), "wait_for did not return: a lost wake-up"
+        return self.result
+
+    def close(self):
+        if self.is_alive():
+            with connect("postgres") as c:
+                c.execute("SELECT pg_cancel_backend(%s)", (self.pid,))
+            self.join(GUARD)
+        self.conn.close()
+
+
+def start_waiter(db, table, after, timeout=FOREVER, probe=None):
+    w = Waiter(db, "SELECT pgkvx.wait_for(%s, %s, %s::interval)", (table, after, timeout))
+    w.start()
+    with connect(db) as c:
+        wait_until(lambda: w.pid in waiting_on(c, table) or not w.is_alive(), f"session {w.pid} to wait")
+    return w
+
+
+@pytest.fixture
+def ev(db, table_name):
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (id bigserial PRIMARY KEY, payload text)")
+        c.execute("SELECT pgkvx.enable(%s, gapless => true)", (table_name,))
+    yield table_name
+    with connect(db) as c:
+        c.execute(f"DROP TABLE IF EXISTS {table_name}")
+
+
+def test_commit_wakes_a_waiter_which_holds_no_snapshot(db, ev):
+    with connect(db) as c:
+        c.execute(f"INSERT INTO {ev} (payload) VALUES ('seen')")
+        before = table_stats(c, ev)
+        w = start_waiter(db, ev, "1")
+        try:
+            row = c.execute("""SELECT wait_event_type, wait_event, backend_xmin, state
+                                 FROM pg_stat_activity WHERE pid = %s""", (w.pid,)).fetchone()
+            assert row == ("Extension", "Extension", None, "active"), row
+            assert w.is_alive()
+            c.execute(f"INSERT INTO {ev} (payload) VALUES ('new')")
+            assert w.finish() is True
+        finally:
+            w.close()
+        after = table_stats(c, ev)
+        assert after["woken"] == before["woken"] + 1
+        assert after["broadcasts"] >= before["broadcasts"] + 1
+        assert after["timeouts"] == before["timeouts"] and after["waiting"] == 0
+
+
+def test_an_aborted_writer_does_not_end_the_wait(db, ev):
+    with connect(db) as c:
+        w = start_waiter(db, ev, None, timeout="2 s")
+        try:
+            with connect(db, autocommit=False) as wr:
+                wr.execute(f"INSERT INTO {ev} (payload) VALUES ('aborted')")
+                wr.rollback()
+            assert w.finish() is False
+        finally:
+            w.close()
+        s = table_stats(c, ev)
+        assert s["timeouts"] == 1 and s["woken"] == 0 and s["broadcasts"] == 0
+
+
+def test_rows_already_committed_return_at_once_and_the_timeout_false(db, ev):
+    with connect(db) as c:
+        c.execute(f"INSERT INTO {ev} (payload) VALUES ('a'), ('b')")
+        assert c.execute("SELECT pgkvx.wait_for(%s, NULL, %s::interval)", (ev, FOREVER)).fetchone() == (True,)
+        assert c.execute("SELECT pgkvx.wait_for(%s, '1', %s::interval)", (ev, FOREVER)).fetchone() == (True,)
+        assert c.execute("SELECT pgkvx.wait_for(%s, '2', '50 ms')", (ev,)).fetchone() == (False,)
+        assert c.execute("SELECT pgkvx.wait_for(%s, '2', '0')", (ev,)).fetchone() == (False,)
+        s = table_stats(c, ev)
+        assert (s["immediate"], s["timeouts"]) == (2, 2)
+
+
+def test_cancel_and_statement_timeout_end_the_wait(db, ev):
+    with connect(db) as c:
+        w = start_waiter(db, ev, "0")
+        c.execute("SELECT pg_cancel_backend(%s)", (w.pid,))
+        assert isinstance(w.finish(), psycopg.errors.QueryCanceled)
+        # The session goes on, and is no waiter any more.
+        assert w.conn.execute("SELECT 1").fetchone() == (1,)
+        assert waiting_on(c, ev) == set() and table_stats(c, ev)["waiting"] == 0
+        w.close()
+        with connect(db) as s:
+            s.execute("SET statement_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                s.execute("SELECT pgkvx.wait_for(%s, '0', %s::interval)", (ev, FOREVER))
+        assert table_stats(c, ev)["waiting"] == 0
+
+
+def test_termination_ends_the_wait_and_its_registration(db, ev):
+    with connect(db) as c:
+        w = start_waiter(db, ev, "0")
+        c.execute("SELECT pg_terminate_backend(%s)", (w.pid,))
+        assert isinstance(w.finish(), psycopg.OperationalError)
+        wait_until(lambda: c.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                     (w.pid,)).fetchone() == (0,), "the terminated backend to exit")
+        assert waiting_on(c, ev) == set()
+        assert table_stats(c, ev)["waiting"] == 0
+        w.conn.close()
+        # A later commit finds nobody to wake.
+        before = table_stats(c, ev)["broadcasts"]
+        c.execute(f"INSERT INTO {ev} (payload) VALUES ('x')")
+        assert table_stats(c, ev)["broadcasts"] == before
+
+
+def test_one_commit_wakes_100_waiters_and_nobody_on_other_tables(db, ev):
+    others = [f"{ev}_o{i}" for i in range(3)]
+    with connect(db) as c:
+        for o in others:
+            c.execute(f"CREATE TABLE {o} (id bigserial PRIMARY KEY)")
+            c.execute("SELECT pgkvx.enable(%s)", (o,))
+        waiters, bystanders = [], []
+        try:
+            for _ in range(100):
+                waiters.append(Waiter(db, "SELECT pgkvx.wait_for(%s, NULL, %s::interval)", (ev, FOREVER)))
+            for o in others:
+                for _ in range(5):
+                    bystanders.append(Waiter(db, "SELECT pgkvx.wait_for(%s, NULL, %s::interval)", (o, FOREVER)))
+            for w in waiters + bystanders:
+                w.start()
+            wait_until(lambda: len(waiting_on(c, ev)) == 100, "100 waiters")
+            wait_until(lambda: all(len(waiting_on(c, o)) == 5 for o in others), "5 waiters on each other table")
+            c.execute(f"INSERT INTO {ev} (payload) VALUES ('one')")
+            assert [w.finish() for w in waiters] == [True] * 100
+            s = table_stats(c, ev)
+            assert (s["woken"], s["broadcasts"], s["waiting"]) == (100, 1, 0), s
+            # The other tables' waiters were not woken, and still wait.
+            for o in others:
+                assert len(waiting_on(c, o)) == 5
+                assert table_stats(c, o)["broadcasts"] == 0
+            assert all(w.is_alive() for w in bystanders)
+        finally:
+            for w in waiters + bystanders:
+                w.close()
+            for o in others:
+                c.execute(f"DROP TABLE {o}")
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "fenced"])
+def test_read_then_wait_never_misses_a_commit(db, ev, mode):
+    """The consumer loop: read past the cursor; when nothing came back, wait.
+    Producers commit at random moments, so commits land between the empty
+    read and the wait as well as during it.  The consumer must get every
+    committed row; a lost wake-up leaves it asleep (caught by the guard)."""
+    import random
+    import time
+    n_per_producer, producers = 60, 3
+    committed, lock, errors = set(), threading.Lock(), []
+
+    def producer(seed):
+        r = random.Random(seed)
+        try:
+            with connect(db, autocommit=False) as p:
+                done = 0
+                while done < n_per_producer:
+                    (id_,) = p.execute(f"INSERT INTO {ev} (payload) VALUES ('x') RETURNING id").fetchone()
+                    time.sleep(r.random() * 0.003)
+                    if r.random() < 0.15:
+                        p.rollback()
+                        continue
+                    p.commit()
+                    with lock:
+                        committed.add(id_)
+                    done += 1
+                    time.sleep(r.random() * 0.004)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    got, waits = [], {"true": 0, "false": 0}
+
+    def consumer():
+        try:
+            with connect(db) as k:
+                k.execute(f"SET pgkvx.scan_mode = {mode}")
+                cursor = 0
+                while len(got) < n_per_producer * producers:
+                    rows = k.execute(f"SELECT id FROM {ev} WHERE id > %s ORDER BY id LIMIT 100",
+                                     (cursor,)).fetchall()
+                    for (id_,) in rows:
+                        got.append(id_)
+                        cursor = id_
+                    if not rows:
+                        (ok,) = k.execute("SELECT pgkvx.wait_for(%s, %s::text, %s::interval)",
+                                          (ev, cursor, FOREVER)).fetchone()
+                        waits["true" if ok else "false"] += 1
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ps = [threading.Thread(target=producer, args=(i,), daemon=True) for i in range(producers)]
+    k = threading.Thread(target=consumer, daemon=True)
+    k.start()
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(GUARD)
+    k.join(GUARD)
+    assert not errors, errors
+    assert not k.is_alive(), f"the consumer is stuck in wait_for with {len(got)} of {len(committed)} rows"
+    assert sorted(got) == sorted(committed) and len(set(got)) == len(got)
+    assert waits["false"] == 0 and waits["true"] > 0, waits
+
+
+def test_commit_between_the_empty_read_and_the_wait(db, ev):
+    """The race spelled out: the consumer's read finds nothing, a writer
+    commits, then the consumer calls wait_for: it returns true at once."""
+    with connect(db) as k, connect(db) as w:
+        assert k.execute(f"SELECT id FROM {ev} WHERE id > 0 ORDER BY id LIMIT 100").fetchall() == []
+        w.execute(f"INSERT INTO {ev} (payload) VALUES ('late')")
+        assert k.execute("SELECT pgkvx.wait_for(%s, '0', %s::interval)", (ev, FOREVER)).fetchone() == (True,)
+
+
+def test_composite_keys_wait_past_the_cursor_only(db, table_name):
+    t = table_name
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {t} (cat int, id int, PRIMARY KEY (cat, id))")
+        c.execute("SELECT pgkvx.enable(%s)", (t,))
+        c.execute(f"INSERT INTO {t} SELECT c, g FROM generate_series(1, 2) c, generate_series(1, 100) g")
+        q = "SELECT pgkvx.wait_for(%s, %s, '10 ms')"
+        assert c.execute(q, (t, "(1,100)")).fetchone() == (True,)      # (2,1) lies past it
+        assert c.execute(q, (t, "(2,99)")).fetchone() == (True,)
+        assert c.execute(q, (t, "(2,100)")).fetchone() == (False,)
+        assert c.execute(q, (t, "(1)")).fetchone() == (True,)          # a prefix: past every (1, …)
+        assert c.execute(q, (t, "(2)")).fetchone() == (False,)
+        # A writer in another category behind the cursor wakes the waiter,
+        # which looks again and sleeps on; one past it ends the wait.
+        w = start_waiter(db, t, "(2,100)")
+        try:
+            c.execute(f"INSERT INTO {t} VALUES (1, 500)")
+            wait_until(lambda: table_stats(c, t)["broadcasts"] >= 1 and c.execute(
+                "SELECT wakeups > 0 FROM pgkvx.waiters WHERE pid = %s", (w.pid,)).fetchone() == (True,),
+                "the commit to wake the waiter")
+            assert w.is_alive()
+            c.execute(f"INSERT INTO {t} VALUES (2, 101)")
+            assert w.finish() is True
+        finally:
+            w.close()
+        assert table_stats(c, t)["spurious"] >= 1
+        c.execute(f"DROP TABLE {t}")
+
+
+def test_refusals(db, ev):
+    with connect(db) as c:
+        c.execute("SET pgkvx.scan_mode = off")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+            c.execute("SELECT pgkvx.wait_for(%s, '0', '1 ms')", (ev,))
+        assert "scan_mode" in e.value.diag.message_primary and e.value.diag.message_hint
+        c.execute("RESET pgkvx.scan_mode")
+        c.execute("DROP ROLE IF EXISTS wait_for_nobody")
+        c.execute("CREATE ROLE wait_for_nobody")
+        c.execute("GRANT USAGE ON SCHEMA pgkvx TO wait_for_nobody")
+        try:
+            c.execute("SET ROLE wait_for_nobody")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT pgkvx.wait_for(%s, '0', '1 ms')", (ev,))
+            c.execute("RESET ROLE")
+            c.execute(f"CREATE TABLE {ev}_plain (id int PRIMARY KEY)")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+                c.execute("SELECT pgkvx.wait_for(%s, '0', '1 ms')", (f"{ev}_plain",))
+            with pytest.raises(psycopg.errors.FeatureNotSupported):
+                c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                c.execute("SELECT pgkvx.wait_for(%s, '0', '1 ms')", (ev,))
+            c.execute("ROLLBACK")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+                c.execute("BEGIN")
+                c.execute(f"INSERT INTO {ev} (payload) VALUES ('mine')")
+                c.execute("SELECT pgkvx.wait_for(%s, '0', '1 ms')", (ev,))
+            c.execute("ROLLBACK")
+            with pytest.raises(psycopg.errors.InvalidParameterValue):
+                c.execute("SELECT pgkvx.wait_for(%s, '0', '-1 s')", (ev,))
+        finally:
+            c.execute("RESET ROLE")
+            c.execute(f"DROP TABLE IF EXISTS {ev}_plain")
+            c.execute("REVOKE ALL ON SCHEMA pgkvx FROM wait_for_nobody")
+            c.execute("DROP ROLE wait_for_nobody")
+
+
+def test_search_path_cannot_change_the_answer(db, ev):
+    with connect(db) as c:
+        c.execute("CREATE SCHEMA IF NOT EXISTS evil")
+        c.execute("""CREATE OR REPLACE FUNCTION evil.gt(bigint, bigint) RETURNS boolean
+                     LANGUAGE sql AS 'SELECT true'""")
+        c.execute("DROP OPERATOR IF EXISTS evil.> (bigint, bigint)")
+        c.execute("CREATE OPERATOR evil.> (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.gt)")
+        c.execute("SET search_path = evil, pg_catalog, public")
+        c.execute(f"INSERT INTO public.{ev} (payload) VALUES ('a')")
+        assert c.execute("SELECT pgkvx.wait_for(%s, '1', '10 ms')", (f"public.{ev}",)).fetchone() == (False,)
+        c.execute("RESET search_path")
+        c.execute("DROP SCHEMA evil CASCADE")
+
+
+def test_inside_a_larger_query_the_snapshot_is_kept(db, ev):
+    """Called inside a larger statement, the statement's snapshot may be
+    read after the call, so the waiter keeps its xmin (and still wakes)."""
+    with connect(db) as c:
+        w = Waiter(db, f"SELECT pgkvx.wait_for(%s, NULL, %s::interval), (SELECT count(*) FROM {ev})",
+                   (ev, FOREVER))
+        w.start()
+        try:
+            wait_until(lambda: w.pid in waiting_on(c, ev), "the waiter")
+            (xmin,) = c.execute("SELECT backend_xmin FROM pg_stat_activity WHERE pid = %s", (w.pid,)).fetchone()
+            assert xmin is not None
+            c.execute(f"INSERT INTO {ev} (payload) VALUES ('x')")
+            assert w.finish() is True
+        finally:
+            w.close()
+
+
+def test_wait_for_works_after_a_restart(db, ev):
+    cluster("restart")
+    with connect(db) as c:
+        assert c.execute("SELECT value FROM pgkvx.stats() WHERE stat = 'wait_for_waiting'").fetchone() == (0,)
+        w = start_waiter(db, ev, "0")
+        try:
+            c.execute(f"INSERT INTO {ev} (payload) VALUES ('after restart')")
+            assert w.finish() is True
+        finally:
+            w.close()
