@@ -252,3 +252,47 @@ COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing
 COMMENT ON VIEW pgkvx.latches IS 'Live write latches on tables you may SELECT (all with pg_monitor); spans only where you may read every row';
 
 COMMENT ON VIEW pgkvx.ranges IS 'Latch ranges of tables you may SELECT (all with pg_monitor); bounds only where you may read every row';
+
+-- Wake-ups (issue 23): pgkvx.wait_for, its per-table statistics and the
+-- sessions waiting now.  Kept identical to what the 0.2.0 install script
+-- generates from src/api/wait_for.rs.
+CREATE FUNCTION pgkvx."wait_for"(
+	"rel" regclass, /* Option < Regclass > */
+	"after" TEXT, /* Option < & str > */
+	"timeout" interval DEFAULT '10 seconds' /* Option < Interval > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wait_for_wrapper';
+
+CREATE FUNCTION pgkvx."wait_list"() RETURNS TABLE (
+	"pid" INT,  /* i32 */
+	"relid" oid,  /* Oid */
+	"waiting_since" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"wakeups" INT  /* i32 */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wait_list_wrapper';
+
+CREATE FUNCTION pgkvx."wait_stats"() RETURNS TABLE (
+	"relid" oid,  /* Option < Oid > */
+	"waiting" INT,  /* i32 */
+	"calls" bigint,  /* i64 */
+	"immediate" bigint,  /* i64 */
+	"woken" bigint,  /* i64 */
+	"timeouts" bigint,  /* i64 */
+	"wait_micros" bigint,  /* i64 */
+	"broadcasts" bigint,  /* i64 */
+	"spurious_wakeups" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wait_stats_wrapper';
+
+CREATE VIEW pgkvx.waiters AS
+    SELECT pid, relid::regclass AS relid, waiting_since,
+           pg_catalog.clock_timestamp() - waiting_since AS age, wakeups
+      FROM pgkvx.wait_list();
+COMMENT ON VIEW pgkvx.waiters IS 'Sessions waiting in pgkvx.wait_for() on tables you may SELECT (all with pg_monitor)';
+GRANT SELECT ON pgkvx.waiters TO PUBLIC;
