@@ -34,6 +34,33 @@ def test_terminated_workers_come_back():
                "the maintenance workers to restart", timeout=60)
 
 
+def stop_workers(db, conn, pids):
+    """SIGSTOPs the workers `pids` at a moment none of them holds a lock a
+    writer needs: a worker stopped inside a split keeps its LWLock, and an
+    LWLock wait is not interruptible (no statement_timeout ends it).  A
+    latching write from another session tells: if it does not finish at
+    once, the workers are let go on and stopped again."""
+    import threading
+    probe = "pgkvx_stop_probe"
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {probe} (k bigserial PRIMARY KEY)")
+    conn.execute("SELECT pgkvx.enable(%s)", (probe,))
+    for _ in range(50):
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        def write():
+            with connect(db) as c:
+                c.execute(f"INSERT INTO {probe} DEFAULT VALUES")
+        t = threading.Thread(target=write)
+        t.start()
+        t.join(timeout=2)
+        if not t.is_alive():
+            return
+        for p in pids:
+            os.kill(p, signal.SIGCONT)
+        t.join()
+    raise AssertionError("the maintenance workers never stopped outside a lock")
+
+
 def test_writers_do_not_wait_for_stopped_workers(db, conn, table_name):
     """Workers that exist but do not run (stopped) split nothing: a writer
     to a crowded range must not wait for them, 50 ms per latch."""
@@ -43,8 +70,7 @@ def test_writers_do_not_wait_for_stopped_workers(db, conn, table_name):
     conn.execute("SELECT pgkvx.enable(%s)", (table_name,))
     pids = workers()
     assert pids
-    for p in pids:
-        os.kill(p, signal.SIGSTOP)
+    stop_workers(db, conn, pids)
     try:
         with connect(db) as w:
             # A hang guard far above what the statement needs; writers
@@ -95,8 +121,7 @@ def test_crowded_writer_does_not_wait_for_stopped_or_terminated_workers(db, conn
 
         stopped = workers()
         assert stopped
-        for p in stopped:
-            os.kill(p, signal.SIGSTOP)
+        stop_workers(db, conn, stopped)
         for i in range(crowd_sessions):
             c = connect(db, autocommit=False)
             crowd.append(c)
