@@ -171,19 +171,18 @@ CREATE FUNCTION pgkvx._on_drop_extension() RETURNS event_trigger
 CREATE EVENT TRIGGER pgkvx_drop_extension ON ddl_command_start
     WHEN TAG IN ('DROP EXTENSION') EXECUTE FUNCTION pgkvx._on_drop_extension();
 
+-- The rule check() and every reader of a latched table share.
+CREATE FUNCTION pgkvx."_exposures"(
+	"rel" regclass
+) RETURNS SETOF TEXT
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_exposures_wrapper';
+
 CREATE OR REPLACE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT t.relid, format('latch trigger %s is missing: writes are not latched; run pgkvx.enable(%L) again', n.tgname, t.relid::text)
-      FROM pgkvx.tables t CROSS JOIN (VALUES ('zz_pgkvx_latch'), ('zz_pgkvx_latch_truncate')) AS n(tgname)
-     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = n.tgname)
-    UNION ALL
-    SELECT t.relid, CASE g.tgenabled
-               WHEN 'D' THEN format('latch trigger %s is disabled: writes are not latched', g.tgname)
-               WHEN 'O' THEN format('latch trigger %s fires only in origin mode: session_replication_role = replica and logical replication apply write unlatched', g.tgname)
-               WHEN 'R' THEN format('latch trigger %s fires only in replica mode: ordinary writes are not latched', g.tgname)
-           END
-      FROM pgkvx.tables t JOIN pg_trigger g ON g.tgrelid = t.relid
-     WHERE g.tgname IN ('zz_pgkvx_latch', 'zz_pgkvx_latch_truncate') AND g.tgenabled <> 'A'
+    -- Writes that escape latching: the rule every reader asks too.
+    SELECT t.relid, e.problem FROM pgkvx.tables t, LATERAL pgkvx._exposures(t.relid) AS e(problem)
     UNION ALL
     -- Row triggers of one timing fire in name order: a BEFORE INSERT/UPDATE
     -- row trigger named after ours may change the key after it was latched.
@@ -242,10 +241,6 @@ CREATE OR REPLACE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem 
       JOIN pg_class c ON c.oid = m.member AND c.relkind = 'r'
      WHERE m.member IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u WHERE u.relid = m.member)
-    UNION ALL
-    SELECT t.relid, 'logical replication writes into it: rows arrive in the publisher''s commit order and the publisher''s writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)'
-      FROM pgkvx.tables t
-     WHERE EXISTS (SELECT 1 FROM pg_subscription_rel s WHERE s.srrelid = t.relid)
 $$;
 COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing without latching, or whose reads cannot be protected';
 

@@ -192,26 +192,12 @@ fn load(relid: Oid) -> Option<Rc<Latched>> {
     // Registered but with its latch trigger dropped or renamed: still a
     // latched table (its reads are guarded and say they cannot be
     // protected), not a plain one read silently.
-    let trigger = rel.trigger_enabled(ROW_TRIGGER);
     let owner = rel.form().relowner;
     let reg = registration(relid)?;
     let index = resolve_key_index(&rel, relid, &reg);
     let key = KeyDesc::resolve(relid, index);
-    let mut exposure = match trigger {
-        Some(b'A') => None,
-        None => Some(format!("its latch trigger {ROW_TRIGGER} is missing: writes are not latched")),
-        Some(b'D') => Some(format!("its latch trigger {ROW_TRIGGER} is disabled: writes are not latched")),
-        Some(b'R') => Some(format!("its latch trigger {ROW_TRIGGER} fires only in replica mode")),
-        Some(_) => {
-            Some(format!("its latch trigger {ROW_TRIGGER} does not fire under session_replication_role = replica"))
-        }
-    };
-    if exposure.is_none() && is_subscription_target(relid) {
-        exposure = Some(
-            "it is a logical replication target: rows arrive in the publisher's commit order, and the publisher's writers in flight are invisible here"
-                .into(),
-        );
-    }
+    let found = exposures(&rel, relid);
+    let exposure = (!found.is_empty()).then(|| found.join("; "));
     Some(Rc::new(Latched { key, gapless: reg.gapless, owner, exposure }))
 }
 
@@ -274,6 +260,37 @@ pub fn index_on_columns(rel: &OpenRel, cols: &[i16]) -> Option<Oid> {
 
 /// Whether a logical replication subscription in this database writes
 /// into `relid`.
+/// The ways writes of latched table `relid` (open as `rel`) can escape its
+/// latches, worded as `pgkvx.check()` lists them: the one rule that check()
+/// and every reader (whose reads then warn, per pgkvx.unprotected_reads)
+/// ask.
+pub fn exposures(rel: &OpenRel, relid: Oid) -> Vec<String> {
+    let mut out = Vec::new();
+    for trigger in [ROW_TRIGGER, TRUNCATE_TRIGGER] {
+        match rel.trigger_enabled(trigger) {
+            Some(b'A') => {}
+            None => out.push(format!(
+                "latch trigger {trigger} is missing: writes are not latched; run pgkvx.enable({}) again",
+                crate::pg::quote_literal(&crate::pg::qualified_name(relid))
+            )),
+            Some(b'D') => out.push(format!("latch trigger {trigger} is disabled: writes are not latched")),
+            Some(b'O') => out.push(format!(
+                "latch trigger {trigger} fires only in origin mode: session_replication_role = replica and logical replication apply write unlatched"
+            )),
+            Some(_) => {
+                out.push(format!("latch trigger {trigger} fires only in replica mode: ordinary writes are not latched"))
+            }
+        }
+    }
+    if is_subscription_target(relid) {
+        out.push(
+            "logical replication writes into it: rows arrive in the publisher's commit order and the publisher's writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)"
+                .into(),
+        );
+    }
+    out
+}
+
 fn is_subscription_target(relid: Oid) -> bool {
     // SAFETY: a syscache list probe on the first key column of
     // pg_subscription_rel's (srrelid, srsubid) index.

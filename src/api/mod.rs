@@ -11,6 +11,19 @@ pub mod wait_for;
 
 use pgrx::prelude::*;
 
+/// The ways writes of a latched table escape latching, as check() and
+/// every reader of the table (through the registry) report them.  Tables
+/// that are gone or not latched have none.
+#[pg_extern(stable, parallel_safe, schema = "pgkvx")]
+fn _exposures(rel: crate::args::Regclass) -> SetOfIterator<'static, String> {
+    let relid = rel.0;
+    let found = match crate::pg::OpenRel::try_open(relid, pgrx::pg_sys::AccessShareLock) {
+        Some(r) if crate::registry::registration(relid).is_some() => crate::registry::exposures(&r, relid),
+        _ => Vec::new(),
+    };
+    SetOfIterator::new(found)
+}
+
 extension_sql!(
     r#"
 -- The extension's own schema: created here, so that it belongs to the
@@ -69,17 +82,8 @@ CREATE EVENT TRIGGER pgkvx_drop_extension ON ddl_command_start
 -- cannot protect.
 CREATE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT t.relid, format('latch trigger %s is missing: writes are not latched; run pgkvx.enable(%L) again', n.tgname, t.relid::text)
-      FROM pgkvx.tables t CROSS JOIN (VALUES ('zz_pgkvx_latch'), ('zz_pgkvx_latch_truncate')) AS n(tgname)
-     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = t.relid AND g.tgname = n.tgname)
-    UNION ALL
-    SELECT t.relid, CASE g.tgenabled
-               WHEN 'D' THEN format('latch trigger %s is disabled: writes are not latched', g.tgname)
-               WHEN 'O' THEN format('latch trigger %s fires only in origin mode: session_replication_role = replica and logical replication apply write unlatched', g.tgname)
-               WHEN 'R' THEN format('latch trigger %s fires only in replica mode: ordinary writes are not latched', g.tgname)
-           END
-      FROM pgkvx.tables t JOIN pg_trigger g ON g.tgrelid = t.relid
-     WHERE g.tgname IN ('zz_pgkvx_latch', 'zz_pgkvx_latch_truncate') AND g.tgenabled <> 'A'
+    -- Writes that escape latching: the rule every reader asks too.
+    SELECT t.relid, e.problem FROM pgkvx.tables t, LATERAL pgkvx._exposures(t.relid) AS e(problem)
     UNION ALL
     -- Row triggers of one timing fire in name order: a BEFORE INSERT/UPDATE
     -- row trigger named after ours may change the key after it was latched.
@@ -138,13 +142,9 @@ CREATE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
       JOIN pg_class c ON c.oid = m.member AND c.relkind = 'r'
      WHERE m.member IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u WHERE u.relid = m.member)
-    UNION ALL
-    SELECT t.relid, 'logical replication writes into it: rows arrive in the publisher''s commit order and the publisher''s writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)'
-      FROM pgkvx.tables t
-     WHERE EXISTS (SELECT 1 FROM pg_subscription_rel s WHERE s.srrelid = t.relid)
 $$;
 COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing without latching, or whose reads cannot be protected';
 "#,
     name = "check_and_drop",
-    requires = ["catalog", forget_table, next_key],
+    requires = ["catalog", forget_table, next_key, _exposures],
 );
