@@ -242,15 +242,24 @@ pub unsafe fn adopt_for_transaction(template: Snapshot) -> bool {
 }
 
 /// Makes the statement snapshot `snap` read as `template` (spliced from
-/// it) does, in place: every scan of the statement holds `snap`, and so do
-/// the functions it calls.  `template` lives at least as long as `snap`.
+/// it, or a fresher snapshot) does, in place: every scan of the statement
+/// holds `snap`, and so do the functions it calls.  The in-progress list is
+/// copied into `cx`, which lives as long as `snap`; `snap` keeps its xmin
+/// (older is only more careful).
 ///
 /// # Safety
 /// `snap` is a valid MVCC snapshot owned by the caller's statement;
-/// `template` was spliced from a base of it.
-pub unsafe fn fold_in_place(snap: Snapshot, template: Snapshot) {
+/// `template` a valid MVCC snapshot no older than it.
+pub unsafe fn fold_in_place(cx: pg_sys::MemoryContext, snap: Snapshot, template: Snapshot) {
     // SAFETY: per contract.
-    unsafe { set_in_progress(snap, (*template).xip, (*template).xcnt, (*template).xmax) }
+    unsafe {
+        let n = (*template).xcnt as usize;
+        let xip = pg_sys::MemoryContextAlloc(cx, 4 * n.max(1)) as *mut pg_sys::TransactionId;
+        if n > 0 {
+            std::ptr::copy_nonoverlapping((*template).xip, xip, n);
+        }
+        set_in_progress(snap, xip, (*template).xcnt, (*template).xmax)
+    }
 }
 
 /// A snapshot of the statement's own to fold writers into later: a

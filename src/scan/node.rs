@@ -421,9 +421,12 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             );
             let crate::read::run::ReadDecision::Stream { pulled } = ran.decision else { return };
             let mut b = ran.base;
-            if !pulled.is_empty() {
-                let template = b.spliced_in((*estate).es_query_cxt, &pulled);
-                crate::read::snapshot::fold_in_place(snap, template);
+            // Writers folded in, or a fresh snapshot the protocol took when
+            // it could not fold: either way the scan reads at what was
+            // checked.
+            if !pulled.is_empty() || b.snap != snap {
+                let template = b.spliced(&pulled);
+                crate::read::snapshot::fold_in_place((*estate).es_query_cxt, snap, template);
             }
             b.release();
             if let Some(st) = &rt.statement {

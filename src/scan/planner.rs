@@ -442,22 +442,24 @@ unsafe fn key_bounds(
     out
 }
 
-/// The PARAM_EXEC ids that init plans of this query level or an outer one
+/// The PARAM_EXEC ids that init plans of the statement's top query level
 /// set: one value for the whole statement, known once the plan that sets
 /// them has run (a cursor a CTE read).  Not nestloop parameters, which
-/// change with every outer row.
+/// change with every outer row, nor init plans of a subquery.
 ///
 /// # Safety
 /// `root` is the current planner state.
-unsafe fn init_plan_params(mut root: *mut PlannerInfo) -> Vec<i32> {
+unsafe fn init_plan_params(root: *mut PlannerInfo) -> Vec<i32> {
     let mut ids = Vec::new();
     // SAFETY: per contract; init_plans hold SubPlans with int setParam lists.
     unsafe {
-        while !root.is_null() {
+        // Only the statement's own level: a subquery may run once per row
+        // of an outer query (a correlated subquery), and its init plans
+        // with it, so their results are not one value for the statement.
+        if (*root).parent_root.is_null() {
             for sp in list_iter::<pg_sys::SubPlan>((*root).init_plans) {
                 ids.extend(crate::pg::list_ints((*sp).setParam));
             }
-            root = (*root).parent_root;
         }
     }
     ids

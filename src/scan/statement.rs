@@ -242,7 +242,9 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         let mut base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
         base.reading(guards.rels());
         match strategy.mode {
-            ReadMode::Fenced if !guards.bounds_known_at_start() => {
+            // One guarded scan only: a fold in place at a second scan's start
+            // would move the snapshot the first scan already read at.
+            ReadMode::Fenced if !guards.bounds_known_at_start() && guards.0.len() == 1 => {
                 // Each guarded scan fences when it starts, on its bounds as
                 // they are then (node::fence_at_start).
                 let after = snapshot::after_for_statement();
