@@ -11,7 +11,7 @@ use super::snapshot::{self, BaseSnapshot};
 use crate::errors;
 use crate::guc::{self, ScanMode};
 use crate::latch::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
-use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
+use crate::latch::{Check, Conflict, Footprint, RelId, Stat, Xid};
 use crate::pg::rel_name;
 use crate::shmem::{backend, table};
 use pgrx::PgSqlErrorCode;
@@ -152,16 +152,16 @@ pub fn run_protocol<R: Reader>(
     let decision = match outcome {
         ReadOutcome::Emit => ReadDecision::Emit,
         ReadOutcome::Stream { pulled } => ReadDecision::Stream { pulled },
-        ReadOutcome::SerializationFailure { xid, rel, span } => serialization_failure(xid, rel, &span, what),
+        ReadOutcome::SerializationFailure { xid, rel, .. } => serialization_failure(xid, rel, what),
     };
     ProtocolResult { decision, report, wait_us, base }
 }
 
-/// Raises 40001 for a write by `xid` in `span` of `rel` that a fixed
+/// Raises 40001 for a write by `xid` to `rel` that a fixed
 /// snapshot cannot see.  The message is PostgreSQL's own for a serialization
 /// failure under REPEATABLE READ, so that clients' retry logic recognises
 /// it; the detail names the table but no key (keys are table data).
-pub fn serialization_failure(xid: Xid, rel: RelId, _span: &Span, what: &str) -> ! {
+pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
     backend::count(Stat::SerializationFailures, 1);
     let relid = pgrx::pg_sys::Oid::from(rel.rel());
     errors::raise_full(

@@ -380,7 +380,7 @@ unsafe fn adopt_for_transaction(template: pg_sys::Snapshot, pulled: &[Xid], rel:
             return;
         }
         let xid = pulled.first().copied().unwrap_or(Xid::INVALID);
-        run::serialization_failure(xid, rel, &crate::latch::Span::EMPTY, "LIMIT scan")
+        run::serialization_failure(xid, rel, "LIMIT scan")
     }
 }
 
