@@ -241,6 +241,9 @@ CREATE OR REPLACE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem 
       JOIN pg_class c ON c.oid = m.member AND c.relkind = 'r'
      WHERE m.member IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u WHERE u.relid = m.member)
+       -- A partition of a latched partitioned table latches under it.
+       AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u, pg_catalog.pg_partition_ancestors(m.member) a
+                        WHERE u.relid = a.relid)
 $$;
 COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing without latching, or whose reads cannot be protected';
 
@@ -291,3 +294,31 @@ CREATE VIEW pgkvx.waiters AS
       FROM pgkvx.wait_list();
 COMMENT ON VIEW pgkvx.waiters IS 'Sessions waiting in pgkvx.wait_for() on tables you may SELECT (all with pg_monitor)';
 GRANT SELECT ON pgkvx.waiters TO PUBLIC;
+
+-- Partitioned tables (issue 24): partitions created or attached under a
+-- latched partitioned table get its TRUNCATE latch trigger.  Kept
+-- identical to what the 0.2.0 install script generates from
+-- src/api/partitions.rs.
+CREATE FUNCTION pgkvx."_enable_partitions"(
+	"rel" regclass
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'enable_partitions_wrapper';
+CREATE FUNCTION pgkvx._on_ddl_end() RETURNS event_trigger
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT u.relid
+               FROM pg_catalog.pg_event_trigger_ddl_commands() c,
+                    LATERAL pg_catalog.pg_partition_ancestors(c.objid) a,
+                    pgkvx.tables u
+              WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND c.objsubid = 0
+                AND u.relid = a.relid
+    LOOP
+        PERFORM pgkvx._enable_partitions(r.relid);
+    END LOOP;
+END $$;
+CREATE EVENT TRIGGER pgkvx_ddl_end ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE') EXECUTE FUNCTION pgkvx._on_ddl_end();

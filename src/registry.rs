@@ -23,6 +23,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+pub mod partitions;
+
 /// Name of the row trigger `enable` installs.  Row triggers of one timing
 /// fire in name order, so "zz_" makes it fire after the user's BEFORE
 /// triggers, which may still change the key (`pgkvx.check()` reports any
@@ -33,7 +35,13 @@ pub const TRUNCATE_TRIGGER: &str = "zz_pgkvx_latch_truncate";
 /// A latched table as this backend knows it.
 #[derive(Debug)]
 pub struct Latched {
+    /// The key as this relation stores it (a partition's own attnums).
     pub key: KeyDesc,
+    /// The latch identity: the registered table whose latches, draw lock
+    /// and ranges this relation's writes and reads use.  The relation
+    /// itself, or for a partition of a latched partitioned table, that
+    /// registered ancestor (partitions.rs).
+    pub root: Oid,
     pub gapless: bool,
     /// The table's owner (charged for its latch-table slot).
     pub owner: Oid,
@@ -43,8 +51,13 @@ pub struct Latched {
     pub exposure: Option<String>,
 }
 
+/// A cached answer and the partition ancestors it was derived from: an
+/// invalidation of any of them (ATTACH, DETACH, `enable` of a parent)
+/// drops it too.
+type Cached = (Option<Rc<Latched>>, Vec<Oid>);
+
 thread_local! {
-    static LATCHED_CACHE: RefCell<HashMap<Oid, Option<Rc<Latched>>>> = RefCell::new(HashMap::new());
+    static LATCHED_CACHE: RefCell<HashMap<Oid, Cached>> = RefCell::new(HashMap::new());
 }
 
 /// Installs the relcache callback; called from `_PG_init`.
@@ -62,6 +75,8 @@ unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
                 c.clear();
             } else {
                 c.remove(&relid);
+                // Partitions whose answer came from this relation.
+                c.retain(|_, (_, ancestors)| !ancestors.contains(&relid));
             }
         }
     });
@@ -69,12 +84,23 @@ unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
 
 /// The latched table `relid`, or `None` when it is not latched.
 pub fn lookup(relid: Oid) -> Option<Rc<Latched>> {
-    if let Some(hit) = LATCHED_CACHE.with(|c| c.borrow().get(&relid).cloned()) {
+    if let Some(hit) = LATCHED_CACHE.with(|c| c.borrow().get(&relid).map(|(l, _)| l.clone())) {
         return hit;
     }
-    let found = load(relid);
-    LATCHED_CACHE.with(|c| c.borrow_mut().insert(relid, found.clone()));
+    let ancestors = partitions::ancestors(relid);
+    let found = match ancestors.iter().rev().find(|&&a| registration(a).is_some()) {
+        // The topmost latched ancestor is the latch identity of the tree.
+        Some(&root) => partitions::load_member(relid, root),
+        None => load(relid),
+    };
+    LATCHED_CACHE.with(|c| c.borrow_mut().insert(relid, (found.clone(), ancestors)));
     found
+}
+
+/// The latch identity of `relid`: its latched ancestor for a partition of
+/// a latched partitioned table, else itself.
+pub fn latch_identity(relid: Oid) -> Oid {
+    lookup(relid).map_or(relid, |l| l.root)
 }
 
 /// Like [`lookup`] but raises a clear error for a table that is not latched.
@@ -195,10 +221,10 @@ fn load(relid: Oid) -> Option<Rc<Latched>> {
     let owner = rel.form().relowner;
     let reg = registration(relid)?;
     let index = resolve_key_index(&rel, relid, &reg);
-    let key = KeyDesc::resolve(relid, index);
+    let key = partitions::narrow(KeyDesc::resolve(relid, index), reg.key_columns.as_deref());
     let found = exposures(&rel, relid);
     let exposure = (!found.is_empty()).then(|| found.join("; "));
-    Some(Rc::new(Latched { key, gapless: reg.gapless, owner, exposure }))
+    Some(Rc::new(Latched { key, root: relid, gapless: reg.gapless, owner, exposure }))
 }
 
 /// The key index of a latched table: the one registered, or — when that
@@ -265,13 +291,31 @@ pub fn index_on_columns(rel: &OpenRel, cols: &[i16]) -> Option<Oid> {
 /// and every reader (whose reads then warn, per pgkvx.unprotected_reads)
 /// ask.
 pub fn exposures(rel: &OpenRel, relid: Oid) -> Vec<String> {
+    let mut out = trigger_exposures(rel, relid, relid);
+    if is_subscription_target(relid) {
+        out.push(
+            "logical replication writes into it: rows arrive in the publisher's commit order and the publisher's writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)"
+                .into(),
+        );
+    }
+    out
+}
+
+/// How `rel`'s latch triggers let writes through; `enable_target` is the
+/// table whose `pgkvx.enable` puts them back.
+pub fn trigger_exposures(rel: &OpenRel, relid: Oid, enable_target: Oid) -> Vec<String> {
     let mut out = Vec::new();
     for trigger in [ROW_TRIGGER, TRUNCATE_TRIGGER] {
+        // A partitioned table's rows live in its leaves, which TRUNCATE of
+        // any level truncates with their own triggers.
+        if trigger == TRUNCATE_TRIGGER && rel.relkind() == b'p' && relid != enable_target {
+            continue;
+        }
         match rel.trigger_enabled(trigger) {
             Some(b'A') => {}
             None => out.push(format!(
                 "latch trigger {trigger} is missing: writes are not latched; run pgkvx.enable({}) again",
-                crate::pg::quote_literal(&crate::pg::qualified_name(relid))
+                crate::pg::quote_literal(&crate::pg::qualified_name(enable_target))
             )),
             Some(b'D') => out.push(format!("latch trigger {trigger} is disabled: writes are not latched")),
             Some(b'O') => out.push(format!(
@@ -282,16 +326,10 @@ pub fn exposures(rel: &OpenRel, relid: Oid) -> Vec<String> {
             }
         }
     }
-    if is_subscription_target(relid) {
-        out.push(
-            "logical replication writes into it: rows arrive in the publisher's commit order and the publisher's writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)"
-                .into(),
-        );
-    }
     out
 }
 
-fn is_subscription_target(relid: Oid) -> bool {
+pub(crate) fn is_subscription_target(relid: Oid) -> bool {
     // SAFETY: a syscache list probe on the first key column of
     // pg_subscription_rel's (srrelid, srsubid) index.
     unsafe {

@@ -9,7 +9,7 @@ use crate::args::{self, Regclass};
 use crate::errors;
 use crate::keys::{KeyDesc, KeyKind};
 use crate::pg::{list_iter, qualified_name, quote_ident, quote_literal, rel_name, with_pinned_settings, OpenRel};
-use crate::registry::{self, ROW_TRIGGER, TRUNCATE_TRIGGER};
+use crate::registry::{self, partitions, ROW_TRIGGER, TRUNCATE_TRIGGER};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
@@ -155,15 +155,28 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
             "Only its own session can write a temporary table, so no write can commit behind a reader: it needs no latching.",
         );
     }
+    let partitioned = r.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE;
+    // One latch identity per partition tree.
+    partitions::refuse_overlap(rel);
+    let mut index = index;
+    let mut tail: Option<i16> = None;
     if gapless && index.is_none() {
         // A composite primary key cannot be a tail key, whatever its types
-        // (which the key resolution below would complain of first).
+        // (which the key resolution below would complain of first) --
+        // except on a partitioned table, whose primary key must hold the
+        // partition key: there the key's one sequence-fed column is.
         let pk = primary_key_columns(rel);
         if pk.len() > 1 {
-            refuse_gapless_key(rel, &rel_name(rel), &pk);
+            match partitions::tail_column(rel).filter(|_| partitioned) {
+                Some((pk_index, column)) => {
+                    index = Some(pk_index);
+                    tail = Some(column);
+                }
+                None => refuse_gapless_key(rel, &rel_name(rel), &pk),
+            }
         }
     }
-    let key = KeyDesc::resolve(rel, index);
+    let key = partitions::narrow(KeyDesc::resolve(rel, index), tail.as_ref().map(std::slice::from_ref));
     let name = qualified_name(rel);
     if gapless {
         let seq = gapless_sequence(&key);
@@ -195,6 +208,9 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
         // logical replication apply, which would otherwise write unlatched.
         run_ddl(&format!("ALTER TABLE {name} ENABLE ALWAYS TRIGGER {trigger}"));
     }
+    if partitioned {
+        enable_members(rel);
+    }
     if gapless {
         run_ddl(&format!(
             "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key({}::pg_catalog.regclass)",
@@ -206,13 +222,45 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(rel) };
 }
 
+/// The partitions of latched partitioned table `rel`: PostgreSQL clones
+/// the row trigger onto each (and onto partitions created or attached
+/// later, with the parent's firing mode); TRUNCATE of a partition fires
+/// only the partition's own statement triggers, so each leaf gets one.
+pub fn enable_members(rel: Oid) {
+    for m in partitions::members(rel) {
+        let name = qualified_name(m);
+        let (row, truncate, leaf) = {
+            let Some(r) = OpenRel::try_open(m, pg_sys::AccessShareLock) else { continue };
+            (
+                r.trigger_enabled(ROW_TRIGGER),
+                r.trigger_enabled(TRUNCATE_TRIGGER),
+                r.relkind() == pg_sys::RELKIND_RELATION,
+            )
+        };
+        if row.is_some_and(|e| e != b'A') {
+            run_ddl(&format!("ALTER TABLE {name} ENABLE ALWAYS TRIGGER {}", quote_ident(ROW_TRIGGER)));
+        }
+        if leaf {
+            if truncate.is_none() {
+                run_ddl(&format!(
+                    "CREATE TRIGGER {} BEFORE TRUNCATE ON {name} FOR EACH STATEMENT EXECUTE FUNCTION pgkvx.latch_truncate()",
+                    quote_ident(TRUNCATE_TRIGGER)
+                ));
+            }
+            if truncate != Some(b'A') {
+                run_ddl(&format!("ALTER TABLE {name} ENABLE ALWAYS TRIGGER {}", quote_ident(TRUNCATE_TRIGGER)));
+            }
+        }
+    }
+}
+
 /// Puts a gapless table's plain sequence default back.
 pub fn restore_sequence_default(rel: Oid) {
     let Some(reg) = registry::registration(rel).filter(|r| r.gapless) else { return };
     // A key index dropped since falls back to the primary key.
     // SAFETY: a syscache probe.
     let index = reg.key_index.filter(|&i| unsafe { !pg_sys::get_rel_name(i).is_null() });
-    let key = KeyDesc::resolve(rel, index);
+    let key = partitions::narrow(KeyDesc::resolve(rel, index), reg.key_columns.as_deref());
     if let Some(seq) = key_sequence(&key) {
         run_ddl(&format!(
             "ALTER TABLE {} ALTER COLUMN {} SET DEFAULT pg_catalog.nextval({}::pg_catalog.regclass)",
@@ -234,11 +282,30 @@ fn disable(rel: Option<Regclass>) {
         let r = OpenRel::open(rel, pg_sys::NoLock);
         [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some())
     };
+    if let Some(root) = registry::lookup(rel).map(|l| l.root).filter(|&r| r != rel) {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("\"{}\" is latched as a partition of \"{}\"", rel_name(rel), rel_name(root)),
+            format!(
+                "SELECT pgkvx.disable({}); stops latching the whole partitioned table.",
+                quote_literal(&crate::pg::regclass_text(root))
+            ),
+        );
+    }
     let name = qualified_name(rel);
     restore_sequence_default(rel);
     for (i, trigger) in [ROW_TRIGGER, TRUNCATE_TRIGGER].into_iter().enumerate() {
         if present[i] {
             run_ddl(&format!("DROP TRIGGER {} ON {name}", quote_ident(trigger)));
+        }
+    }
+    // The row trigger's clones went with it; the leaves' TRUNCATE triggers
+    // are their own.
+    for m in partitions::members(rel) {
+        let has = OpenRel::try_open(m, pg_sys::AccessShareLock)
+            .is_some_and(|r| r.trigger_enabled(TRUNCATE_TRIGGER).is_some());
+        if has {
+            run_ddl(&format!("DROP TRIGGER {} ON {}", quote_ident(TRUNCATE_TRIGGER), qualified_name(m)));
         }
     }
     registry::unregister(rel);

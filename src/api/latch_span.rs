@@ -84,5 +84,6 @@ fn latch_span(rel: Option<Regclass>, lo: Option<&str>, hi: Option<&str>) {
             ),
         );
     }
-    backend::latch(relid, latched.owner, &span);
+    // A partition's span is latched under its latched parent.
+    backend::latch(latched.root, latched.owner, &span);
 }

@@ -5,6 +5,7 @@ pub mod enable;
 pub mod key_bytes;
 pub mod latch_span;
 pub mod next_key;
+pub mod partitions;
 pub mod trigger;
 pub mod views;
 pub mod wait_for;
@@ -18,7 +19,15 @@ use pgrx::prelude::*;
 fn _exposures(rel: crate::args::Regclass) -> SetOfIterator<'static, String> {
     let relid = rel.0;
     let found = match crate::pg::OpenRel::try_open(relid, pgrx::pg_sys::AccessShareLock) {
-        Some(r) if crate::registry::registration(relid).is_some() => crate::registry::exposures(&r, relid),
+        Some(r) if crate::registry::registration(relid).is_some() => {
+            let mut found = crate::registry::exposures(&r, relid);
+            // A latched partitioned table: its partitions', each named.
+            if r.relkind() == pgrx::pg_sys::RELKIND_PARTITIONED_TABLE {
+                drop(r);
+                found.extend(crate::registry::partitions::member_exposures(relid));
+            }
+            found
+        }
         _ => Vec::new(),
     };
     SetOfIterator::new(found)
@@ -142,6 +151,9 @@ CREATE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
       JOIN pg_class c ON c.oid = m.member AND c.relkind = 'r'
      WHERE m.member IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u WHERE u.relid = m.member)
+       -- A partition of a latched partitioned table latches under it.
+       AND NOT EXISTS (SELECT 1 FROM pgkvx.tables u, pg_catalog.pg_partition_ancestors(m.member) a
+                        WHERE u.relid = a.relid)
 $$;
 COMMENT ON FUNCTION pgkvx.check() IS 'Latched tables exposed to a way of writing without latching, or whose reads cannot be protected';
 "#,

@@ -86,7 +86,18 @@ fn next_key(rel: Regclass) -> i64 {
     // table cannot be disabled or dropped under the draw.
     // SAFETY: standard lock acquisition; raises on a missing relation.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
-    let latched = registry::require(relid);
+    let mut latched = registry::require(relid);
+    // A partition draws from its latched parent: one sequence and one draw
+    // lock for the whole tree.
+    let relid = if latched.root != relid {
+        let root = latched.root;
+        // SAFETY: as above.
+        unsafe { pg_sys::LockRelationOid(root, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+        latched = registry::require(root);
+        root
+    } else {
+        relid
+    };
     let seq = match KEY_SEQUENCES.with(|s| s.borrow().get(&relid).copied()) {
         Some(seq) => seq,
         None => {

@@ -28,6 +28,14 @@ thread_local! {
     /// The last key this backend latched: `next_key` latches a key and the
     /// row trigger then sees the same key in the same transaction.
     static LAST_LATCHED_KEY: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
+    /// A row of a latched partitioned table being moved to another
+    /// partition by an UPDATE, which PostgreSQL runs as the UPDATE's BEFORE
+    /// ROW trigger, then a DELETE from the old partition and an INSERT into
+    /// the new one, in one command: (xid, command, root, old key, new key,
+    /// whether the DELETE was seen).  The INSERT writes the key the UPDATE
+    /// already latched (and, on a gapless table, took as drawn).
+    static MOVING_ROW: Cell<Option<(Xid, pg_sys::CommandId, pg_sys::Oid, KeyWriter, KeyWriter, bool)>> =
+        const { Cell::new(None) };
 }
 
 /// Remembers a latched key so the row trigger can skip it.
@@ -36,7 +44,8 @@ pub fn remember(xid: Xid, relid: pg_sys::Oid, key: KeyWriter) {
 }
 
 fn latch_key(latched: &Latched, key: &KeyWriter) {
-    let relid = latched.key.relid;
+    // A partition latches under its latched parent.
+    let relid = latched.root;
     let xid = backend::my_xid();
     if let Some((x, r, k)) = LAST_LATCHED_KEY.with(|l| l.get()) {
         if x == xid && r == relid && k.bytes() == key.bytes() {
@@ -67,7 +76,7 @@ unsafe fn take_drawn_key(latched: &Latched, tup: pg_sys::HeapTuple, tupdesc: pg_
         pg_sys::INT4OID => i64::from(d.value() as i32),
         _ => d.value() as i64,
     };
-    if isnull || drawn::take(latched.key.relid, key) {
+    if isnull || drawn::take(latched.root, key) {
         return true; // NULL is refused by the codec with its own error
     }
     errors::raise_full(
@@ -75,7 +84,7 @@ unsafe fn take_drawn_key(latched: &Latched, tup: pg_sys::HeapTuple, tupdesc: pg_
         format!("cannot write key {key} into gapless table \"{}\"", latched.key.relname),
         Some(format!(
             "Keys of a gapless table must be drawn by pgkvx.next_key({}) in the writing transaction; a key drawn any other way could commit behind a consumer's cursor.",
-            quote_literal(&regclass_text(latched.key.relid))
+            quote_literal(&regclass_text(latched.root))
         )),
         Some("Leave the key column to its DEFAULT, or draw the key with pgkvx.next_key() in the same transaction."),
     )
@@ -169,12 +178,23 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_row(fcinfo: pg_sys::FunctionCallInfo
         let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
         let gapless = latched.gapless && !replica_role();
         let old = latched.key.encode_heap_tuple(td.tg_trigtuple, tupdesc);
-        if op == pg_sys::TRIGGER_EVENT_INSERT && gapless {
-            // Latched since it was drawn.
-            take_drawn_key(&latched, td.tg_trigtuple, tupdesc);
-            return Datum::from(td.tg_trigtuple);
+        let moving = latched.root != relid;
+        if op == pg_sys::TRIGGER_EVENT_INSERT {
+            if moving && moved_here(&latched, &old) {
+                // The row an UPDATE of this command latched, arriving in
+                // its new partition: the same key, latched already.
+                return Datum::from(td.tg_trigtuple);
+            }
+            if gapless {
+                // Latched since it was drawn.
+                take_drawn_key(&latched, td.tg_trigtuple, tupdesc);
+                return Datum::from(td.tg_trigtuple);
+            }
         }
         latch_key(&latched, &old);
+        if op == pg_sys::TRIGGER_EVENT_DELETE && moving {
+            moving_out(&latched, &old);
+        }
         if op == pg_sys::TRIGGER_EVENT_UPDATE {
             let new = latched.key.encode_heap_tuple(td.tg_newtuple, tupdesc);
             if new.bytes() != old.bytes() {
@@ -184,10 +204,48 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_row(fcinfo: pg_sys::FunctionCallInfo
                     latch_key(&latched, &new);
                 }
             }
+            if moving {
+                // The row may move to another partition (PostgreSQL decides
+                // after this trigger): remember it for the INSERT there.
+                // SAFETY: reads the current command id.
+                let cid = pg_sys::GetCurrentCommandId(false);
+                MOVING_ROW.with(|m| m.set(Some((backend::my_xid(), cid, latched.root, old, new, false))));
+            }
             return Datum::from(td.tg_newtuple);
         }
         Datum::from(td.tg_trigtuple)
     }
+}
+
+/// The DELETE half of a row moving between partitions: the old key of the
+/// UPDATE remembered last.
+fn moving_out(latched: &Latched, key: &KeyWriter) {
+    MOVING_ROW.with(|m| {
+        if let Some((xid, cid, root, old, new, false)) = m.get() {
+            // SAFETY: reads the current command id.
+            let now = unsafe { pg_sys::GetCurrentCommandId(false) };
+            if xid == backend::my_xid() && cid == now && root == latched.root && old.bytes() == key.bytes() {
+                m.set(Some((xid, cid, root, old, new, true)));
+                return;
+            }
+        }
+        m.set(None);
+    });
+}
+
+/// Whether an INSERT of `key` is the INSERT half of a row moving between
+/// partitions of `latched`'s root: the new key of the UPDATE whose DELETE
+/// half just ran, in the same command of the same transaction.  That key
+/// is latched by this transaction already (drawn, or latched by the
+/// UPDATE), so the row is written under its latch.
+fn moved_here(latched: &Latched, key: &KeyWriter) -> bool {
+    MOVING_ROW.with(|m| {
+        let found = m.take();
+        let Some((xid, cid, root, _, new, true)) = found else { return false };
+        // SAFETY: reads the current command id.
+        let now = unsafe { pg_sys::GetCurrentCommandId(false) };
+        xid == backend::my_xid() && cid == now && root == latched.root && new.bytes() == key.bytes()
+    })
 }
 
 #[no_mangle]
@@ -207,8 +265,12 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_truncate(fcinfo: pg_sys::FunctionCal
     unsafe {
         let td = trigger_data(fcinfo, "pgkvx.latch_truncate()", Firing::TruncateBefore);
         let relid = (*td.tg_relation).rd_id;
-        let latched = registry::require(relid);
-        backend::latch(relid, latched.owner, &Span::ALL);
+        // A table detached from a latched partitioned table keeps this
+        // trigger (it is its own, not a clone): it is not latched now.
+        let Some(latched) = registry::lookup(relid) else { return Datum::from(0) };
+        // A partition's TRUNCATE latches all of its latched parent's key
+        // space: its rows may have any key.
+        backend::latch(latched.root, latched.owner, &Span::ALL);
         Datum::from(0)
     }
 }

@@ -159,7 +159,8 @@ fn now_us() -> i64 {
 fn wait(relid: Oid, after: Option<&After>, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
     let start = now_us();
     let deadline = timeout_us.map(|t| start.saturating_add(t));
-    let waiting = Waiting::register(backend::rel_id(relid));
+    // Writers of a partition are noted under its latched parent.
+    let waiting = Waiting::register(backend::rel_id(registry::latch_identity(relid)));
     let cv = waiting.cv();
     // SAFETY: a condition variable in shared memory; joining its wait list
     // before the first look is what makes a commit during the look wake us.
@@ -285,8 +286,22 @@ fn committed_past(relid: Oid, after: Option<&After>) -> bool {
             format!("relation with OID {} was dropped while pgkvx.wait_for() waited on it", relid.to_u32()),
         )
     };
+    if heap.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE {
+        // One probe per leaf partition.
+        drop(heap);
+        return registry::partitions::members(relid).into_iter().any(|m| {
+            // SAFETY: a syscache probe.
+            let leaf = unsafe { pg_sys::get_rel_relkind(m) as u8 == pg_sys::RELKIND_RELATION };
+            leaf && committed_past(m, after)
+        });
+    }
     let latched = registry::require(relid);
     let key = &latched.key;
+    if key.index == pg_sys::InvalidOid {
+        // A partition without an index on the key cannot be probed: say
+        // yes, and the caller reads.
+        return true;
+    }
     let index = OpenRel::open(key.index, pg_sys::AccessShareLock);
     let (mut keys, _subkeys, exact) = scan_keys(key, &index, after);
     // SAFETY: a fresh MVCC snapshot, registered for the probe and released

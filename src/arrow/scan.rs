@@ -473,7 +473,7 @@ impl TableStream {
     /// (optimistic), or the index scan is started at a snapshot for which
     /// the declared span is clean (fenced).
     fn validate(&mut self, l: PendingProtocol) {
-        let rel = backend::rel_id(l.latched.key.relid);
+        let rel = backend::rel_id(l.latched.root);
         let mut reader = OptimisticAttempt { stream: self, latched: &l.latched, declared: l.declared, rel };
         let result = run::run_protocol(&mut reader, l.base, &mut || vec![(rel, l.declared)], l.strategy, "arrow_scan");
         let src = self.source.as_mut().expect("source");

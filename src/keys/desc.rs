@@ -111,15 +111,12 @@ impl KeyDesc {
         let rel = OpenRel::open(relid, pg_sys::AccessShareLock);
         let relname = rel_name(relid);
         match rel.relkind() {
-            b'r' => {}
-            b'p' => errors::raise_hint(
-                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
-                format!("pgkvx cannot latch partitioned table \"{relname}\""),
-                "Latch each partition: SELECT pgkvx.enable(p) for every leaf partition p.",
-            ),
+            // A partitioned table is latched as one: its partitions latch
+            // under it (registry/partitions.rs).
+            b'r' | b'p' => {}
             _ => errors::raise(
                 PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
-                format!("pgkvx can latch only ordinary tables; \"{relname}\" is not one"),
+                format!("pgkvx can latch only ordinary and partitioned tables; \"{relname}\" is not one"),
             ),
         }
         if rel.is_other_temp() {

@@ -65,7 +65,7 @@ impl Guards {
 
     /// The latched tables the guarded scans read.
     pub fn rels(&self) -> impl Iterator<Item = RelId> + '_ {
-        self.0.iter().map(|g| backend::rel_id(g.plan.relid))
+        self.0.iter().map(|g| backend::rel_id(registry::latch_identity(g.plan.relid)))
     }
 
     /// Says so (per `pgkvx.unprotected_reads`) when a guarded table's
@@ -112,14 +112,14 @@ impl Guards {
                     })
                     .collect()
             };
-            fp.push((backend::rel_id(g.plan.relid), span::declared(&latched.key, quals)));
+            fp.push((backend::rel_id(latched.root), span::declared(&latched.key, quals)));
         }
         fp
     }
 
     /// The first guarded table, to name in a message.
     pub fn first_rel(&self) -> RelId {
-        self.0.first().map_or(RelId::EMPTY, |g| backend::rel_id(g.plan.relid))
+        self.0.first().map_or(RelId::EMPTY, |g| backend::rel_id(registry::latch_identity(g.plan.relid)))
     }
 }
 

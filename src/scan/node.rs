@@ -337,7 +337,8 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         };
         let bounds = list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| pg_sys::ExecInitExpr(e, ps)).collect();
         let rt = Box::new(NodeRuntime {
-            rel: backend::rel_id(plan.relid),
+            // A partition validates against its latched parent's latches.
+            rel: backend::rel_id(latched.as_ref().map_or(plan.relid, |l| l.root)),
             plan,
             latched,
             child,
@@ -680,7 +681,11 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
             prop_text(es, c"Table", &format!("{} (no longer latched)", rel_name(rt.plan.relid)));
             return;
         };
-        prop_text(es, c"Table", &key.relname);
+        match rt.latched.as_ref().map(|l| l.root).filter(|&r| r != rt.plan.relid) {
+            // The latch identity, and the partition this scan reads.
+            Some(root) => prop_text(es, c"Table", &format!("{} (partition {})", rel_name(root), key.relname)),
+            None => prop_text(es, c"Table", &key.relname),
+        }
         // Plain EXPLAIN runs nothing of the user's: bounds that call
         // functions other than immutable ones, or read an init plan's
         // result, are known only at run time.
@@ -694,6 +699,14 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         // may read every row of the key (a view can hide the key column).
         let attnums: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
         let (_, keys_visible) = crate::read::admit::may_see(rt.plan.relid, &attnums);
+        // Read through its parent, a partition's privileges are the parent's.
+        let keys_visible = keys_visible
+            || rt.latched.as_ref().filter(|l| l.root != rt.plan.relid).is_some_and(|l| {
+                let root_attnums: Vec<i16> = crate::registry::lookup(l.root)
+                    .map(|r| r.key.cols.iter().map(|c| c.attnum).collect())
+                    .unwrap_or_default();
+                crate::read::admit::may_see(l.root, &root_attnums).1
+            });
         const HIDDEN: &str = "(keys hidden: requires SELECT on every row of the key)";
         if !keys_visible {
             prop_text(es, c"Declared Span", HIDDEN);
