@@ -17,6 +17,7 @@ use pgrx::PgSqlErrorCode;
 
 mod batch;
 mod fetch;
+mod partitioned;
 mod pg;
 mod query;
 mod scan;
@@ -86,7 +87,19 @@ fn arrow_scan(
     });
     let oid = crate::args::required(rel, "rel");
     let req = scan::ScanRequest { rel: oid, columns, lower, upper, max_rows };
-    SetOfIterator::new(scan::TableStream::open(req, args))
+    if let Some(m) = req.max_rows {
+        if m < 0 {
+            errors::raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "max_rows must not be negative");
+        }
+    }
+    // SAFETY: a syscache probe.
+    if unsafe { pg_sys::get_rel_relkind(oid) } as u8 == pg_sys::RELKIND_PARTITIONED_TABLE {
+        // The partitions merged in key order, through the executor.
+        let stream: Box<dyn Iterator<Item = Vec<u8>>> =
+            Box::new(query::QueryStream::open(&partitioned::query(&req), args));
+        return SetOfIterator::new(stream);
+    }
+    SetOfIterator::new(Box::new(scan::TableStream::open(req, args)) as Box<dyn Iterator<Item = Vec<u8>>>)
 }
 
 /// The result of a read-only query as one Arrow IPC stream over the returned
