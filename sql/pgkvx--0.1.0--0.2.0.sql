@@ -322,3 +322,8 @@ BEGIN
 END $$;
 CREATE EVENT TRIGGER pgkvx_ddl_end ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE') EXECUTE FUNCTION pgkvx._on_ddl_end();
+-- ATTACH PARTITION into a latched partition tree locks its root first.
+CREATE FUNCTION pgkvx._on_alter_table() RETURNS event_trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'pgkvx_on_alter_table';
+CREATE EVENT TRIGGER pgkvx_alter_table ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION pgkvx._on_alter_table();

@@ -8,6 +8,7 @@
 //! latches nothing on a table that is not latched).
 
 use crate::args::Regclass;
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 /// Gives the partitions of latched partitioned table `rel` the triggers
@@ -45,4 +46,76 @@ CREATE EVENT TRIGGER pgkvx_ddl_end ON ddl_command_end
 "#,
     name = "partition_ddl",
     requires = ["catalog", enable_partitions],
+);
+
+#[no_mangle]
+pub extern "C" fn pg_finfo_pgkvx_on_alter_table() -> &'static pg_sys::Pg_finfo_record {
+    static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// `ddl_command_start` event trigger for ALTER TABLE: ATTACH PARTITION into
+/// a latched partition tree takes ACCESS EXCLUSIVE on its root first, as
+/// CREATE TABLE ... PARTITION OF and DETACH do.  PostgreSQL's own ATTACH
+/// takes only SHARE UPDATE EXCLUSIVE on the parent, so a tail planned
+/// before it commits keeps reading the old set of partitions; a writer in
+/// flight at the tail's snapshot could then commit into the new partition a
+/// key the tail, after waiting for other writers and reading again, moves
+/// past.  With the root locked, no tail runs across the ATTACH.
+///
+/// # Safety
+/// Called by the function manager as an event trigger.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: the event trigger protocol: context is EventTriggerData and
+    // its parse tree is checked by tag before each cast.
+    unsafe {
+        let ctx = (*fcinfo).context;
+        if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_EventTriggerData {
+            return pg_sys::Datum::from(0);
+        }
+        let tree = (*(ctx as *mut pg_sys::EventTriggerData)).parsetree;
+        if tree.is_null() || (*tree).type_ != pg_sys::NodeTag::T_AlterTableStmt {
+            return pg_sys::Datum::from(0);
+        }
+        let stmt = &*(tree as *mut pg_sys::AlterTableStmt);
+        let attaches = crate::pg::list_iter::<pg_sys::AlterTableCmd>(stmt.cmds).any(|c| {
+            (*c).type_ == pg_sys::NodeTag::T_AlterTableCmd && (*c).subtype == pg_sys::AlterTableType::AT_AttachPartition
+        });
+        if !attaches || stmt.relation.is_null() {
+            return pg_sys::Datum::from(0);
+        }
+        // Resolved without a lock, as the ALTER itself will resolve it.
+        let relid = pg_sys::RangeVarGetRelidExtended(
+            stmt.relation,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        );
+        if relid == pg_sys::InvalidOid {
+            return pg_sys::Datum::from(0);
+        }
+        let root = crate::registry::latch_identity(relid);
+        let latched = crate::registry::registration(root).is_some();
+        // Only for the table's owner (whom the ALTER requires): no one
+        // else may make a latched table wait by trying.
+        if latched && pg_sys::pg_class_ownercheck(relid, pg_sys::GetUserId()) {
+            pg_sys::LockRelationOid(root, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE);
+        }
+        pg_sys::Datum::from(0)
+    }
+}
+
+extension_sql!(
+    r#"
+-- ATTACH PARTITION into a latched partition tree locks its root first.
+CREATE FUNCTION pgkvx._on_alter_table() RETURNS event_trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'pgkvx_on_alter_table';
+CREATE EVENT TRIGGER pgkvx_alter_table ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION pgkvx._on_alter_table();
+"#,
+    name = "partition_attach",
+    requires = ["catalog"],
 );
