@@ -8,7 +8,11 @@ back.  Consumers of many kinds tail the table by key — plainly, by category
 through a (category, id) index, through a filter subquery, through a
 semi-join, with generic plans prepared under every scan mode, with cursors,
 under REPEATABLE READ and SERIALIZABLE, and through arrow_scan — each
-moving its cursor to the last key it got.
+moving its cursor to the last key it got.  A second gapless table,
+`pevents`, is partitioned by category (LIST, two partitions, primary key
+(id, category)): writers insert into it and move rows between its
+partitions (keeping the key, or drawing a new one), and its consumers tail
+the parent, by category, and through arrow_scan.
 
 The oracle: every row committed and never deleted or moved must be
 delivered to every consumer whose predicate it matches, once, in key order;
@@ -33,12 +37,18 @@ CATEGORIES = ["c0", "c1", "c2", "c3"]
 SUBSCRIBED = {"c1", "c3"}
 
 SETUP = """
-DROP TABLE IF EXISTS events, orders, subscriptions;
+DROP TABLE IF EXISTS events, orders, subscriptions, pevents;
 CREATE TABLE orders (id bigint PRIMARY KEY, paid boolean NOT NULL, note text);
 CREATE TABLE events (id bigserial PRIMARY KEY, category text COLLATE "C" NOT NULL,
                      order_id bigint NOT NULL, payload text);
 CREATE INDEX events_category_id ON events (category, id);
 SELECT pgkvx.enable('events', gapless => true);
+CREATE TABLE pevents (id bigserial, category text COLLATE "C" NOT NULL, payload text,
+                      PRIMARY KEY (id, category)) PARTITION BY LIST (category);
+CREATE TABLE pevents_01 PARTITION OF pevents FOR VALUES IN ('c0', 'c1');
+CREATE TABLE pevents_23 PARTITION OF pevents FOR VALUES IN ('c2', 'c3');
+CREATE INDEX pevents_category_id ON pevents (category, id);
+SELECT pgkvx.enable('pevents', gapless => true);
 CREATE TABLE subscriptions (category text COLLATE "C" PRIMARY KEY);
 INSERT INTO subscriptions VALUES ('c1'), ('c3');
 -- statistics that make the planner pick the index plans a tail uses
@@ -124,10 +134,11 @@ class Writer:
 
     KINDS = [("insert", 40), ("savepoint", 10), ("exception_block", 6), ("bulk", 4), ("move", 8),
              ("delete", 6), ("orders", 8), ("disable_rolled_back", 2), ("drop_rolled_back", 1),
-             ("disable_in_exception_block", 1)]
+             ("disable_in_exception_block", 1), ("partitioned", 10), ("partitioned_move", 4)]
 
-    def __init__(self, connect, ledger, report, seed, stop):
+    def __init__(self, connect, ledger, report, seed, stop, pledger=None):
         self.connect, self.ledger, self.report = connect, ledger, report
+        self.pledger = pledger if pledger is not None else Ledger()
         self.rng = random.Random(seed)
         self.stop = stop
 
@@ -154,7 +165,34 @@ class Writer:
     def txn(self, c, kind):
         added, removed = [], []
         rollback = False
-        if kind == "insert":
+        if kind == "partitioned":
+            padded = []
+            for _ in range(self.rng.randint(1, 3)):
+                cat = self.rng.choice(CATEGORIES)
+                (i,) = c.execute("INSERT INTO pevents (category, payload) VALUES (%s, 'w') RETURNING id",
+                                 (cat,)).fetchone()
+                padded.append((i, cat))
+                self.pause()
+            if self.rng.random() < 0.1:
+                return [], [], True
+            self.pending_partitioned = (padded, [])
+        elif kind == "partitioned_move":
+            # A row moved to another partition: with its key (no longer
+            # expected anywhere: consumers past it need not see it again),
+            # or with a new key drawn, which every consumer must get.
+            victim = self.pledger.sample(self.rng)
+            if victim is not None:
+                cat = self.rng.choice(CATEGORIES)
+                if self.rng.random() < 0.5:
+                    r = c.execute("UPDATE pevents SET category = %s WHERE id = %s RETURNING id",
+                                  (cat, victim)).fetchone()
+                    self.pending_partitioned = ([], [victim] if r else [])
+                else:
+                    r = c.execute("UPDATE pevents SET id = pgkvx.next_key('pevents'), category = %s "
+                                  "WHERE id = %s RETURNING id, category", (cat, victim)).fetchone()
+                    self.pending_partitioned = ([(r[0], r[1])] if r else [], [victim] if r else [])
+            self.pause()
+        elif kind == "insert":
             for _ in range(self.rng.randint(1, 3)):
                 self.insert_event(c, added)
                 self.pause()
@@ -220,6 +258,7 @@ class Writer:
                 while not self.stop.is_set():
                     kind = self.pick()
                     try:
+                        self.pending_partitioned = None
                         added, removed, rollback = self.txn(c, kind)
                         if rollback:
                             c.rollback()
@@ -227,6 +266,8 @@ class Writer:
                         else:
                             c.commit()
                             self.ledger.commit(added, removed)
+                            if self.pending_partitioned is not None:
+                                self.pledger.commit(*self.pending_partitioned)
                         self.report.writer_txns += 1
                         self.report.writer_kinds[kind] = self.report.writer_kinds.get(kind, 0) + 1
                     except psycopg.Error as e:
@@ -241,8 +282,9 @@ class Writer:
 class Consumer:
     """One consumer thread: polls the tail, moves its cursor, never looks back."""
 
-    def __init__(self, name, connect, report, seed, stop, drained, setup, poll, matches, iso=None):
+    def __init__(self, name, connect, report, seed, stop, drained, setup, poll, matches, iso=None, table="events"):
         self.name, self.connect, self.report = name, connect, report
+        self.table = table
         self.rng = random.Random(seed)
         self.stop, self.drained = stop, drained
         self.setup, self.poll, self.matches, self.iso = setup, poll, matches, iso
@@ -297,8 +339,9 @@ def consumers(connect, report, seed, stop, drained):
     every = lambda cat: True  # noqa: E731
     out = []
 
-    def add(name, setup, poll, matches=every, iso=None):
-        out.append(Consumer(name, connect, report, seed * 1000 + len(out), stop, drained, setup, poll, matches, iso))
+    def add(name, setup, poll, matches=every, iso=None, table="events"):
+        out.append(Consumer(name, connect, report, seed * 1000 + len(out), stop, drained, setup, poll, matches, iso,
+                            table))
 
     for mode in ("optimistic", "fenced"):
         add(f"tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
@@ -351,6 +394,24 @@ def consumers(connect, report, seed, stop, drained):
             (str(cur + 1), n)).fetchall())
         return pyarrow.ipc.open_stream(stream).read_all().column("id").to_pylist()
     add("arrow_scan", ["SET pgkvx.scan_mode = optimistic"], arrow_poll)
+
+    # The partitioned table: a MergeAppend over its partitions' scans.
+    for mode in ("optimistic", "fenced"):
+        add(f"partitioned tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
+            lambda c, cur, n: _ids(c.execute("SELECT id FROM pevents WHERE id > %s ORDER BY id LIMIT %s",
+                                             (cur, n)).fetchall()), table="pevents")
+    add("partitioned category c1", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute(
+            "SELECT id FROM pevents WHERE category = 'c1' AND id > %s ORDER BY id LIMIT %s", (cur, n)).fetchall()),
+        lambda x: x == "c1", table="pevents")
+
+    def parrow_poll(c, cur, n):
+        cur_ = c.cursor(binary=True)
+        stream = b"".join(r[0] for r in cur_.execute(
+            "SELECT pgkvx.arrow_scan('pevents', '{id}', lower => %s, max_rows => %s)",
+            (str(cur + 1), n)).fetchall())
+        return pyarrow.ipc.open_stream(stream).read_all().column("id").to_pylist()
+    add("partitioned arrow_scan", ["SET pgkvx.scan_mode = optimistic"], parrow_poll, table="pevents")
     return out
 
 
@@ -370,9 +431,10 @@ def run(connect, seed, seconds, writers=4):
     with connect() as c:
         c.execute(SETUP)
     before = _stats(connect)
-    ledger = Ledger()
+    ledger, pledger = Ledger(), Ledger()
+    ledgers = {"events": ledger, "pevents": pledger}
     stop, drained = threading.Event(), threading.Event()
-    ws = [Writer(connect, ledger, report, seed * 100 + i, stop) for i in range(writers)]
+    ws = [Writer(connect, ledger, report, seed * 100 + i, stop, pledger) for i in range(writers)]
     cs = consumers(connect, report, seed, stop, drained)
     threads = [threading.Thread(target=w) for w in ws] + [threading.Thread(target=c) for c in cs]
     for t in threads:
@@ -386,8 +448,9 @@ def run(connect, seed, seconds, writers=4):
         t.join()
     after = _stats(connect)
     report.stats = {k: after.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
-    report.committed_rows = len(ledger.seen_ids)
+    report.committed_rows = len(ledger.seen_ids) + len(pledger.seen_ids)
     for cons in cs:
+        ledger = ledgers[cons.table]
         got = set(cons.delivered)
         report.consumers[cons.name] = len(cons.delivered)
         if len(got) != len(cons.delivered):
