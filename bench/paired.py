@@ -32,6 +32,7 @@ import sys
 
 import append
 import kvbench
+import ptail
 from common import (DURABILITY, add_durable_arg, connect, durability, durability_text, log as _log,
                     machine, pg_bindir, recreate_database, report_base, run_engine, stats_delta,
                     stats_snapshot)
@@ -39,7 +40,8 @@ from common import (DURABILITY, add_durable_arg, connect, durability, durability
 SCHEMAS = ("pgkvx_side_a", "pgkvx_side_b")
 KV_MODES = {m.name: m for m in kvbench.KV_MODES}
 APPEND_MODES = {m.name: m for m in append.MODES}
-WORKLOADS = [*kvbench.WORKLOADS, append.WORKLOAD]
+PTAIL_MODES = {m.name: m for m in ptail.MODES}
+WORKLOADS = [*kvbench.WORKLOADS, append.WORKLOAD, *ptail.WORKLOADS]
 # The comparisons the latch-table, LIMIT-scan and key-draw issues ask about.
 # kv0:plain runs plain against plain: the method's own noise floor.
 DEFAULT_PAIRS = ("kv0:plain,kv0:latched-off,kvS70-L1:optimistic,kvS70-L1:fenced,"
@@ -50,6 +52,8 @@ OWN_CONNECTIONS = 2
 
 def modes_for(workload):
     """The modes a workload runs in; each has a `plain` baseline."""
+    if workload in ptail.WORKLOADS:
+        return PTAIL_MODES
     return APPEND_MODES if workload == append.WORKLOAD else KV_MODES
 
 
@@ -99,6 +103,8 @@ def reset_side(conn, schema, workload, mode):
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     if workload == append.WORKLOAD:
         append.reset_events(conn, mode, schema)
+    elif workload in ptail.WORKLOADS:
+        ptail.reset(conn, workload, mode, schema)
     else:
         kvbench.reset_kv(conn, mode, table=f"{schema}.kv")
 
@@ -144,7 +150,9 @@ def render(result):
     m, cfg = result["machine"], result["config"]
     workloads = {p["workload"] for p in result["pairs"]}
     tables = []
-    if workloads - {append.WORKLOAD}:
+    if workloads & set(ptail.WORKLOADS):
+        tables.append(f"ptail: `events` partitioned by created_at, {ptail.ROWS:,} rows (bench/ptail.py)")
+    if workloads - {append.WORKLOAD} - set(ptail.WORKLOADS):
         tables.append(f"kv workloads: the kv table reloaded from the same {cfg['keys']:,} random keys")
     if append.WORKLOAD in workloads:
         tables.append(f"{append.WORKLOAD}: an empty `events (id bigserial PRIMARY KEY, payload text)`, "

@@ -98,8 +98,23 @@ impl Guards {
     /// `params` are the statement's.
     pub unsafe fn declared_at_start(&self, params: pg_sys::ParamListInfo) -> Footprint {
         let mut fp = Footprint::new();
+        // The partitions of a latched parent read under one bound (`id >
+        // $1` in each partition's scan): their D is one span of the parent,
+        // evaluated once, not once per partition.
+        let mut seen: Vec<(pg_sys::Oid, &GuardPlan, *mut pg_sys::List)> = Vec::new();
         for g in &self.0 {
             let Some(latched) = registry::lookup(g.plan.relid) else { continue };
+            // SAFETY: our plan nodes' expression lists; equal() only reads.
+            let again = seen.iter().any(|&(root, plan, exprs)| unsafe {
+                root == latched.root
+                    && plan.bounds == g.plan.bounds
+                    && pg_sys::equal(exprs as *const std::ffi::c_void, (*g.cs).custom_exprs as *const std::ffi::c_void)
+            });
+            if again {
+                continue;
+            }
+            // SAFETY: as above.
+            seen.push((latched.root, &g.plan, unsafe { (*g.cs).custom_exprs }));
             // SAFETY: per contract; our plan node's expressions.
             let quals: Vec<KeyQual> = unsafe {
                 g.plan
