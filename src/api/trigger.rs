@@ -31,11 +31,21 @@ thread_local! {
     /// A row of a latched partitioned table being moved to another
     /// partition by an UPDATE, which PostgreSQL runs as the UPDATE's BEFORE
     /// ROW trigger, then a DELETE from the old partition and an INSERT into
-    /// the new one, in one command: (xid, command, root, old key, new key,
-    /// whether the DELETE was seen).  The INSERT writes the key the UPDATE
+    /// the new one, in one command.  The INSERT writes the key the UPDATE
     /// already latched (and, on a gapless table, took as drawn).
-    static MOVING_ROW: Cell<Option<(Xid, pg_sys::CommandId, pg_sys::Oid, KeyWriter, KeyWriter, bool)>> =
-        const { Cell::new(None) };
+    static MOVING_ROW: Cell<Option<MovingRow>> = const { Cell::new(None) };
+}
+
+/// See `MOVING_ROW`.
+#[derive(Clone, Copy)]
+struct MovingRow {
+    xid: Xid,
+    cid: pg_sys::CommandId,
+    root: pg_sys::Oid,
+    old: KeyWriter,
+    new: KeyWriter,
+    /// The DELETE half ran.
+    deleted: bool,
 }
 
 /// Remembers a latched key so the row trigger can skip it.
@@ -209,7 +219,8 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_row(fcinfo: pg_sys::FunctionCallInfo
                 // after this trigger): remember it for the INSERT there.
                 // SAFETY: reads the current command id.
                 let cid = pg_sys::GetCurrentCommandId(false);
-                MOVING_ROW.with(|m| m.set(Some((backend::my_xid(), cid, latched.root, old, new, false))));
+                let row = MovingRow { xid: backend::my_xid(), cid, root: latched.root, old, new, deleted: false };
+                MOVING_ROW.with(|m| m.set(Some(row)));
             }
             return Datum::from(td.tg_newtuple);
         }
@@ -221,11 +232,15 @@ pub unsafe extern "C-unwind" fn pgkvx_latch_row(fcinfo: pg_sys::FunctionCallInfo
 /// UPDATE remembered last.
 fn moving_out(latched: &Latched, key: &KeyWriter) {
     MOVING_ROW.with(|m| {
-        if let Some((xid, cid, root, old, new, false)) = m.get() {
+        if let Some(row) = m.get().filter(|r| !r.deleted) {
             // SAFETY: reads the current command id.
             let now = unsafe { pg_sys::GetCurrentCommandId(false) };
-            if xid == backend::my_xid() && cid == now && root == latched.root && old.bytes() == key.bytes() {
-                m.set(Some((xid, cid, root, old, new, true)));
+            if row.xid == backend::my_xid()
+                && row.cid == now
+                && row.root == latched.root
+                && row.old.bytes() == key.bytes()
+            {
+                m.set(Some(MovingRow { deleted: true, ..row }));
                 return;
             }
         }
@@ -240,11 +255,10 @@ fn moving_out(latched: &Latched, key: &KeyWriter) {
 /// UPDATE), so the row is written under its latch.
 fn moved_here(latched: &Latched, key: &KeyWriter) -> bool {
     MOVING_ROW.with(|m| {
-        let found = m.take();
-        let Some((xid, cid, root, _, new, true)) = found else { return false };
+        let Some(row) = m.take().filter(|r| r.deleted) else { return false };
         // SAFETY: reads the current command id.
         let now = unsafe { pg_sys::GetCurrentCommandId(false) };
-        xid == backend::my_xid() && cid == now && root == latched.root && new.bytes() == key.bytes()
+        row.xid == backend::my_xid() && row.cid == now && row.root == latched.root && row.new.bytes() == key.bytes()
     })
 }
 
