@@ -144,4 +144,4 @@ SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgreli
  WHERE c.relname LIKE 'ev%' AND t.tgname LIKE 'zz_pgkvx%';
 SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d WHERE d.adrelid = 'ev_2026'::regclass AND d.adnum = 1;
 DROP TABLE ev, ls, lp, nk;
-SELECT * FROM pgkvx.tables;
+SELECT relid FROM pgkvx.tables WHERE relid::text IN ('ev', 'ls', 'lp', 'lp_1', 'nk');
