@@ -39,13 +39,13 @@ const BTORDER_PROC: i16 = 1;
 
 /// The cursor: a key (or a prefix of the leading key columns), as text
 /// fields and as its encoding.
-struct After {
-    fields: Vec<String>,
-    bytes: Vec<u8>,
-    truncated: bool,
+pub(super) struct After {
+    pub(super) fields: Vec<String>,
+    pub(super) bytes: Vec<u8>,
+    pub(super) truncated: bool,
 }
 
-fn parse_after(key: &KeyDesc, text: &str) -> After {
+pub(super) fn parse_after(key: &KeyDesc, text: &str) -> After {
     let (w, n) = key.parse_bound(text, "after");
     let fields = if key.cols.len() == 1 {
         vec![text.to_string()]
@@ -288,7 +288,7 @@ fn committed_past(relid: Oid, after: Option<&After>) -> bool {
     let latched = registry::require(relid);
     let key = &latched.key;
     let index = OpenRel::open(key.index, pg_sys::AccessShareLock);
-    let (mut keys, _subkeys, exact) = scan_keys(key, &index, after);
+    let (mut keys, _subkeys, exact) = scan_keys(key, &index, after, false);
     // SAFETY: a fresh MVCC snapshot, registered for the probe and released
     // after it; relation and index are open and locked; the keys (and the
     // row members they point to) outlive the scan; the slot belongs to the
@@ -331,17 +331,20 @@ fn committed_past(relid: Oid, after: Option<&After>) -> bool {
 /// leading cursor columns that share the first column's direction, strict
 /// when that is all of them (`exact`: every row the scan returns is past
 /// the cursor), inclusive otherwise (rows are then checked by their
-/// encoding).  The row members are returned too: the header points at them.
-fn scan_keys(
+/// encoding).  `inclusive` asks for the inclusive form always ("from
+/// `after` on").  The row members are returned too: the header points at
+/// them.
+pub(super) fn scan_keys(
     key: &KeyDesc,
     index: &OpenRel,
     after: Option<&After>,
+    inclusive: bool,
 ) -> (Vec<pg_sys::ScanKeyData>, Box<[pg_sys::ScanKeyData]>, bool) {
     let Some(a) = after else { return (Vec::new(), Box::new([]), true) };
     let m = a.fields.len();
     let desc = key.cols[0].desc;
     let k = key.cols[..m].iter().take_while(|c| c.desc == desc).count();
-    let exact = k == m && !a.truncated;
+    let exact = k == m && !a.truncated && !inclusive;
     let strategy = match (desc, exact) {
         (false, true) => pg_sys::BTGreaterStrategyNumber,
         (false, false) => pg_sys::BTGreaterEqualStrategyNumber,
@@ -411,7 +414,7 @@ fn scan_keys(
 }
 
 /// Whether the caller may see that `relid` is waited on.
-fn visible(relid: Oid) -> bool {
+pub(super) fn visible(relid: Oid) -> bool {
     let attnums: Vec<i16> =
         registry::lookup(relid).map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
     crate::read::admit::may_see(relid, &attnums).0
@@ -439,6 +442,8 @@ fn wait_stats() -> TableIterator<
         name!(wait_micros, i64),
         name!(broadcasts, i64),
         name!(spurious_wakeups, i64),
+        name!(read_waits, i64),
+        name!(read_wait_micros, i64),
     ),
 > {
     let (tables, shared) = wakeups::per_table();
@@ -448,7 +453,7 @@ fn wait_stats() -> TableIterator<
         .filter(|t| t.rel.db() == db && visible(Oid::from(t.rel.rel())))
         .map(|t| (Some(Oid::from(t.rel.rel())), t))
         .collect();
-    if shared.stats.calls > 0 {
+    if shared.stats.calls > 0 || shared.stats.read_waits > 0 {
         rows.push((None, shared));
     }
     TableIterator::new(rows.into_iter().map(|(relid, t)| {
@@ -463,8 +468,44 @@ fn wait_stats() -> TableIterator<
             s.wait_us as i64,
             s.broadcasts as i64,
             s.spurious as i64,
+            s.read_waits as i64,
+            s.read_wait_us as i64,
         )
     }))
+}
+
+/// `pgkvx.stats(rel)`: one table's waits since the server started -- reads
+/// that waited for its writers and `wait_for` calls on it -- as the same
+/// (stat, value) rows `pgkvx.stats()` gives for the whole cluster.  Needs
+/// what `pgkvx.waiters` needs: SELECT on the table, or pg_monitor.
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx", name = "stats")]
+fn table_stats(rel: Option<Regclass>) -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
+    let relid = crate::args::required(rel, "rel");
+    registry::require(relid);
+    if !visible(relid) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {}", rel_name(relid)),
+        );
+    }
+    let (s, waiting) = wakeups::table_stats(backend::rel_id(relid));
+    TableIterator::new(wait_rows(&s, waiting))
+}
+
+/// The rows of `pgkvx.stats()` (all tables) and `pgkvx.stats(rel)`.
+fn wait_rows(t: &wakeups::WaitStats, waiting: u32) -> Vec<(String, i64)> {
+    vec![
+        ("read_waits".to_string(), t.read_waits as i64),
+        ("read_wait_micros".to_string(), t.read_wait_us as i64),
+        ("wait_for_calls".to_string(), t.calls as i64),
+        ("wait_for_immediate".to_string(), t.immediate as i64),
+        ("wait_for_woken".to_string(), t.woken as i64),
+        ("wait_for_timeouts".to_string(), t.timeouts as i64),
+        ("wait_for_micros".to_string(), t.wait_us as i64),
+        ("wait_for_broadcasts".to_string(), t.broadcasts as i64),
+        ("wait_for_spurious_wakeups".to_string(), t.spurious as i64),
+        ("wait_for_waiting".to_string(), i64::from(waiting)),
+    ]
 }
 
 /// Sessions waiting in `pgkvx.wait_for` now, on tables of this database the
@@ -487,16 +528,7 @@ fn wait_list() -> TableIterator<
 /// Global rows for `pgkvx.stats()`.
 pub fn stat_rows() -> Vec<(String, i64)> {
     let (t, waiting) = wakeups::totals();
-    vec![
-        ("wait_for_calls".to_string(), t.calls as i64),
-        ("wait_for_immediate".to_string(), t.immediate as i64),
-        ("wait_for_woken".to_string(), t.woken as i64),
-        ("wait_for_timeouts".to_string(), t.timeouts as i64),
-        ("wait_for_micros".to_string(), t.wait_us as i64),
-        ("wait_for_broadcasts".to_string(), t.broadcasts as i64),
-        ("wait_for_spurious_wakeups".to_string(), t.spurious as i64),
-        ("wait_for_waiting".to_string(), i64::from(waiting)),
-    ]
+    wait_rows(&t, waiting)
 }
 
 extension_sql!(
