@@ -2,7 +2,9 @@
 //! of their table, and a writer's commit broadcasts it.
 //!
 //! Shared memory holds a small open-addressed table of **wait slots**, one
-//! per latched table that anyone ever waited on (keyed by database and
+//! per latched table that anyone ever waited on -- in `wait_for`, or in a
+//! read that waited for a writer (its per-table wait counts live here too,
+//! for `pgkvx.wait_stats()` and `pgkvx.stats(rel)`) -- (keyed by database and
 //! relation oid, claimed by CAS, never freed; slot 0 takes every table
 //! once the others are used up), each with a condition variable, the
 //! number of sessions waiting on it now and cumulative statistics, plus a
