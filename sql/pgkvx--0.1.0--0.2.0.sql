@@ -253,8 +253,9 @@ COMMENT ON VIEW pgkvx.ranges IS 'Latch ranges of tables you may SELECT (all with
 -- generates from src/api/wait_for.rs.
 CREATE FUNCTION pgkvx."wait_for"(
 	"rel" regclass, /* Option < Regclass > */
-	"after" TEXT, /* Option < & str > */
-	"timeout" interval DEFAULT '10 seconds' /* Option < Interval > */
+	"after" TEXT DEFAULT NULL, /* Option < & str > */
+	"timeout" interval DEFAULT '10 seconds', /* Option < Interval > */
+	"before" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */

@@ -115,8 +115,8 @@ fn rows_behind(relid: Oid, key: &KeyDesc, starts: &[KeyBuf], after: Option<&Afte
         truncated: false,
     });
     let (mut keys, _members, _) = match &from_head {
-        Some(h) => scan_keys(key, &index, Some(h), true),
-        None => scan_keys(key, &index, after, false),
+        Some(h) => scan_keys(key, &index, Some(h), true, false),
+        None => scan_keys(key, &index, after, false, false),
     };
     let mut read = 0u64;
     // SAFETY: a fresh MVCC snapshot registered for the scan and released

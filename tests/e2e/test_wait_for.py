@@ -364,3 +364,41 @@ def test_wait_for_works_after_a_restart(db, ev):
             assert w.finish() is True
         finally:
             w.close()
+
+
+def test_before_waits_for_a_key_before_the_cursor(db, table_name):
+    """A tail read in reverse key order (`id < $cursor ORDER BY id DESC`)
+    passes `before`: a commit of a key below the cursor ends the wait, one
+    above it does not."""
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+        c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+        c.execute(f"INSERT INTO {table_name} VALUES (50), (60)")
+        by_name = "SELECT pgkvx.wait_for(%s, before => %s, timeout => %s::interval)"
+        # Rows already before the cursor: true at once; none: false at the timeout.
+        assert c.execute(by_name, (table_name, "55", FOREVER)).fetchone() == (True,)
+        assert c.execute(by_name, (table_name, "50", "0")).fetchone() == (False,)
+        # A commit above the cursor wakes the waiter to nothing; one below ends the wait.
+        w = Waiter(db, by_name, (table_name, "50", FOREVER))
+        w.start()
+        try:
+            wait_until(lambda: w.pid in waiting_on(c, table_name) or not w.is_alive(), f"session {w.pid} to wait")
+            c.execute(f"INSERT INTO {table_name} VALUES (70)")
+            woken = "SELECT coalesce(max(wakeups), 0) FROM pgkvx.waiters WHERE pid = %s"
+            wait_until(lambda: c.execute(woken, (w.pid,)).fetchone()[0] >= 1 or not w.is_alive(),
+                       "the commit above the cursor to wake the waiter")
+            assert w.is_alive(), w.result
+            c.execute(f"INSERT INTO {table_name} VALUES (49)")
+            assert w.finish() is True
+        finally:
+            w.close()
+        # Descending key index: "before" follows the key's order.
+        c.execute(f"CREATE TABLE {table_name}_d (id int NOT NULL)")
+        c.execute(f"CREATE UNIQUE INDEX {table_name}_d_key ON {table_name}_d (id DESC)")
+        c.execute("SELECT pgkvx.enable(%s, %s)", (f"{table_name}_d", f"{table_name}_d_key"))
+        c.execute(f"INSERT INTO {table_name}_d VALUES (50)")
+        assert c.execute(by_name, (f"{table_name}_d", "49", "0")).fetchone() == (True,)
+        assert c.execute(by_name, (f"{table_name}_d", "50", "0")).fetchone() == (False,)
+        assert c.execute(by_name, (f"{table_name}_d", "51", "0")).fetchone() == (False,)
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            c.execute("SELECT pgkvx.wait_for(%s, '1', '0', '2')", (table_name,))
