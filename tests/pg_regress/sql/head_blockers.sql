@@ -43,6 +43,7 @@ DO $$
 BEGIN
   WHILE NOT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query = 'SELECT pg_sleep(600)') LOOP
     PERFORM pg_sleep(0.01);
+    PERFORM pg_stat_clear_snapshot();  -- activity is read once per transaction otherwise
   END LOOP;
 END $$;
 -- The head is 6 (w2, busy); 7 (w1, idle in transaction) is next; five
