@@ -402,3 +402,35 @@ def test_before_waits_for_a_key_before_the_cursor(db, table_name):
         assert c.execute(by_name, (f"{table_name}_d", "51", "0")).fetchone() == (False,)
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             c.execute("SELECT pgkvx.wait_for(%s, '1', '0', '2')", (table_name,))
+
+
+def test_row_level_security_is_refused_clearly(db, table_name):
+    """The look past the cursor reads the index without policies, so a role
+    that row level security filters is refused (0A000, naming the table),
+    or gets PostgreSQL's own 42501 with row_security off; the owner waits."""
+    role = f"{table_name}_tenant"
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, tenant text NOT NULL DEFAULT 'a')")
+        c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+        c.execute(f"INSERT INTO {table_name} VALUES (1)")
+        c.execute(f"ALTER TABLE {table_name} ENABLE ROW LEVEL SECURITY")
+        c.execute(f"CREATE ROLE {role}")
+        try:
+            c.execute(f"GRANT SELECT ON {table_name} TO {role}")
+            c.execute(f"GRANT USAGE ON SCHEMA pgkvx TO {role}")
+            c.execute(f"CREATE POLICY own ON {table_name} TO {role} USING (tenant = 'a')")
+            assert c.execute("SELECT pgkvx.wait_for(%s, NULL, '0')", (table_name,)).fetchone() == (True,)
+            c.execute(f"SET ROLE {role}")
+            with pytest.raises(psycopg.errors.FeatureNotSupported) as e:
+                c.execute("SELECT pgkvx.wait_for(%s, NULL, '0')", (table_name,))
+            assert table_name in e.value.diag.message_primary and "row level security" in e.value.diag.message_primary
+            assert e.value.diag.message_hint
+            c.execute("SET row_security = off")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT pgkvx.wait_for(%s, NULL, '0')", (table_name,))
+        finally:
+            c.execute("RESET ROLE")
+            c.execute("RESET row_security")
+            c.execute(f"DROP TABLE {table_name}")
+            c.execute(f"REVOKE ALL ON SCHEMA pgkvx FROM {role}")
+            c.execute(f"DROP ROLE {role}")
