@@ -256,8 +256,9 @@ COMMENT ON VIEW pgkvx.ranges IS 'Latch ranges of tables you may SELECT (all with
 -- generates from src/api/wait_for.rs.
 CREATE FUNCTION pgkvx."wait_for"(
 	"rel" regclass, /* Option < Regclass > */
-	"after" TEXT, /* Option < & str > */
-	"timeout" interval DEFAULT '10 seconds' /* Option < Interval > */
+	"after" TEXT DEFAULT NULL, /* Option < & str > */
+	"timeout" interval DEFAULT '10 seconds', /* Option < Interval > */
+	"before" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -282,7 +283,9 @@ CREATE FUNCTION pgkvx."wait_stats"() RETURNS TABLE (
 	"timeouts" bigint,  /* i64 */
 	"wait_micros" bigint,  /* i64 */
 	"broadcasts" bigint,  /* i64 */
-	"spurious_wakeups" bigint  /* i64 */
+	"spurious_wakeups" bigint,  /* i64 */
+	"read_waits" bigint,  /* i64 */
+	"read_wait_micros" bigint  /* i64 */
 )
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
@@ -327,3 +330,57 @@ CREATE FUNCTION pgkvx._on_alter_table() RETURNS event_trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'pgkvx_on_alter_table';
 CREATE EVENT TRIGGER pgkvx_alter_table ON ddl_command_start
     WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION pgkvx._on_alter_table();
+
+-- Who blocks the head (issue 23): one table's waits in pgkvx.stats(rel),
+-- and the writers in flight a consumer waits for.  Kept identical to what
+-- the 0.2.0 install script generates from src/api/wait_for.rs and
+-- src/api/head_blockers.rs.
+CREATE FUNCTION pgkvx."stats"(
+	"rel" regclass /* Option < Regclass > */
+) RETURNS TABLE (
+	"stat" TEXT,  /* String */
+	"value" bigint  /* i64 */
+)
+VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'table_stats_wrapper';
+
+CREATE FUNCTION pgkvx."head_blocker_list"(
+	"rel" regclass, /* Option < Regclass > */
+	"after" TEXT /* Option < & str > */
+) RETURNS TABLE (
+	"relid" oid,  /* Oid */
+	"rank" INT,  /* i32 */
+	"holder_pid" INT,  /* i32 */
+	"holder_xid" bigint,  /* i64 */
+	"span" TEXT,  /* Option < String > */
+	"latches" INT,  /* i32 */
+	"latched_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"rows_behind" bigint,  /* Option < i64 > */
+	"rows_behind_capped" bool  /* Option < bool > */
+)
+VOLATILE PARALLEL RESTRICTED
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'head_blocker_list_wrapper';
+
+CREATE FUNCTION pgkvx.head_blockers(rel regclass, after text DEFAULT NULL)
+RETURNS TABLE (relid regclass, rank integer, holder_pid integer, holder_xid bigint, span text,
+               latches integer, state text, wait_event_type text, wait_event text,
+               xact_start timestamp with time zone, latched_at timestamp with time zone,
+               age interval, rows_behind bigint, rows_behind_capped boolean)
+LANGUAGE sql VOLATILE PARALLEL RESTRICTED
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT b.relid::pg_catalog.regclass, b.rank, b.holder_pid, b.holder_xid, b.span, b.latches,
+           a.state, a.wait_event_type, a.wait_event, a.xact_start, b.latched_at,
+           pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) b.latched_at, b.rows_behind,
+           b.rows_behind_capped
+      FROM pgkvx.head_blocker_list(rel, after) AS b
+      LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) b.holder_pid
+     ORDER BY b.relid, b.rank
+$$;
+COMMENT ON FUNCTION pgkvx.head_blockers(regclass, text) IS 'Writers in flight a consumer of rel at cursor after waits for, in the order it meets them (rank 1 is the head), with the committed rows behind each';
+CREATE VIEW pgkvx.head_blockers AS
+    SELECT * FROM pgkvx.head_blockers(NULL::pg_catalog.regclass);
+COMMENT ON VIEW pgkvx.head_blockers IS 'Writers in flight that hold up the head of each latched table you may SELECT (all with pg_monitor); spans and row counts only where you may read every row';
+GRANT SELECT ON pgkvx.head_blockers TO PUBLIC;

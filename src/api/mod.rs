@@ -2,6 +2,7 @@
 //! `next_key`, the views, `stats()` and `check()`.
 
 pub mod enable;
+pub mod head_blockers;
 pub mod key_bytes;
 pub mod latch_span;
 pub mod next_key;

@@ -10,6 +10,10 @@
 //! SELECT pgkvx.wait_for('ev', $cursor::text, '5s');            -- then read again
 //! ```
 //!
+//! A tail read in reverse key order (`WHERE id < $cursor ORDER BY id DESC`)
+//! passes `before => $cursor` instead: it waits for a key before its
+//! cursor, and the look goes backward from it.
+//!
 //! A commit between the empty read and the call is not lost: the call looks
 //! for a committed key past `after` with a fresh snapshot *after* it joined
 //! the table's condition variable, so such a commit is either seen by that
@@ -39,13 +43,13 @@ const BTORDER_PROC: i16 = 1;
 
 /// The cursor: a key (or a prefix of the leading key columns), as text
 /// fields and as its encoding.
-struct After {
-    fields: Vec<String>,
-    bytes: Vec<u8>,
-    truncated: bool,
+pub(super) struct After {
+    pub(super) fields: Vec<String>,
+    pub(super) bytes: Vec<u8>,
+    pub(super) truncated: bool,
 }
 
-fn parse_after(key: &KeyDesc, text: &str) -> After {
+pub(super) fn parse_after(key: &KeyDesc, text: &str) -> After {
     let (w, n) = key.parse_bound(text, "after");
     let fields = if key.cols.len() == 1 {
         vec![text.to_string()]
@@ -60,11 +64,19 @@ fn parse_after(key: &KeyDesc, text: &str) -> After {
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn wait_for(
     rel: Option<Regclass>,
-    after: Option<&str>,
+    after: default!(Option<&str>, "NULL"),
     timeout: default!(Option<Interval>, "'10 seconds'"),
+    before: default!(Option<&str>, "NULL"),
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> bool {
     let relid = crate::args::required(rel, "rel");
+    if after.is_some() && before.is_some() {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "pgkvx.wait_for() takes a cursor after which or before which to wait, not both",
+            "A tail read in key order passes after; one in reverse key order (ORDER BY the key DESC) passes before.",
+        );
+    }
     // SAFETY: plain read of recovery state.
     if unsafe { pg_sys::RecoveryInProgress() } {
         errors::raise_hint(
@@ -135,7 +147,9 @@ fn wait_for(
             Some(i64::try_from(us).unwrap_or(i64::MAX))
         }
     };
-    let after = after.map(|t| parse_after(&latched.key, t));
+    // A tail read in reverse key order waits for keys before its cursor.
+    let backward = before.is_some();
+    let after = after.or(before).map(|t| parse_after(&latched.key, t));
     // SAFETY: a function call's FunctionCallInfo has its FmgrInfo.
     let fn_oid = unsafe {
         if fcinfo.is_null() || (*fcinfo).flinfo.is_null() {
@@ -146,7 +160,7 @@ fn wait_for(
     };
     let may_drop_xmin = sole_statement(fn_oid);
     drop(latched);
-    wait(relid, after.as_ref(), timeout_us, may_drop_xmin)
+    wait(relid, after.as_ref(), backward, timeout_us, may_drop_xmin)
 }
 
 fn now_us() -> i64 {
@@ -156,7 +170,7 @@ fn now_us() -> i64 {
 
 /// Registers, prepares to sleep, then looks and sleeps until a key past
 /// `after` is committed or the time is up.
-fn wait(relid: Oid, after: Option<&After>, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
+fn wait(relid: Oid, after: Option<&After>, backward: bool, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
     let start = now_us();
     let deadline = timeout_us.map(|t| start.saturating_add(t));
     // Writers of a partition are noted under its latched parent.
@@ -169,7 +183,7 @@ fn wait(relid: Oid, after: Option<&After>, timeout_us: Option<i64>, may_drop_xmi
     let mut slept = false;
     let mut woken = false;
     let outcome = loop {
-        if committed_past(relid, after) {
+        if committed_past(relid, after, backward) {
             break if slept { Outcome::Woken } else { Outcome::Immediate };
         }
         if woken {
@@ -277,9 +291,10 @@ fn sole_statement(fn_oid: Oid) -> bool {
     }
 }
 
-/// Whether a row with a key past `after` (any row when None) is visible to
-/// a fresh snapshot: one index probe of the key index.
-fn committed_past(relid: Oid, after: Option<&After>) -> bool {
+/// Whether a row with a key past `after` (before it when `backward`; any
+/// row when None) is visible to a fresh snapshot: one index probe of the
+/// key index.
+fn committed_past(relid: Oid, after: Option<&After>, backward: bool) -> bool {
     let Some(heap) = OpenRel::try_open(relid, pg_sys::AccessShareLock) else {
         errors::raise(
             PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
@@ -303,7 +318,13 @@ fn committed_past(relid: Oid, after: Option<&After>) -> bool {
         return true;
     }
     let index = OpenRel::open(key.index, pg_sys::AccessShareLock);
-    let (mut keys, _subkeys, exact) = scan_keys(key, &index, after);
+    let (mut keys, _subkeys, exact) = scan_keys(key, &index, after, false, backward);
+    // Backward from the cursor: the first row is the nearest before it.
+    let direction = if backward {
+        pg_sys::ScanDirection::BackwardScanDirection
+    } else {
+        pg_sys::ScanDirection::ForwardScanDirection
+    };
     // SAFETY: a fresh MVCC snapshot, registered for the probe and released
     // after it; relation and index are open and locked; the keys (and the
     // row members they point to) outlive the scan; the slot belongs to the
@@ -314,7 +335,7 @@ fn committed_past(relid: Oid, after: Option<&After>) -> bool {
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
         let mut found = false;
-        while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+        while pg_sys::index_getnext_slot(scan, direction, slot) {
             let Some(a) = after else {
                 found = true;
                 break;
@@ -330,7 +351,7 @@ fn committed_past(relid: Oid, after: Option<&After>) -> bool {
             // stands for; a truncated key that ties with it cannot be
             // ordered (the next one can).
             let tie = kb.starts_with(ab) || ((k.truncated() || a.truncated) && ab.starts_with(kb));
-            if kb > ab && !tie {
+            if (if backward { kb < ab } else { kb > ab }) && !tie {
                 found = true;
                 break;
             }
@@ -346,18 +367,22 @@ fn committed_past(relid: Oid, after: Option<&After>) -> bool {
 /// leading cursor columns that share the first column's direction, strict
 /// when that is all of them (`exact`: every row the scan returns is past
 /// the cursor), inclusive otherwise (rows are then checked by their
-/// encoding).  The row members are returned too: the header points at them.
-fn scan_keys(
+/// encoding).  `inclusive` asks for the inclusive form always ("from
+/// `after` on"); `before` mirrors it all ("before `after`").  The row
+/// members are returned too: the header points at them.
+pub(super) fn scan_keys(
     key: &KeyDesc,
     index: &OpenRel,
     after: Option<&After>,
+    inclusive: bool,
+    before: bool,
 ) -> (Vec<pg_sys::ScanKeyData>, Box<[pg_sys::ScanKeyData]>, bool) {
     let Some(a) = after else { return (Vec::new(), Box::new([]), true) };
     let m = a.fields.len();
     let desc = key.cols[0].desc;
     let k = key.cols[..m].iter().take_while(|c| c.desc == desc).count();
-    let exact = k == m && !a.truncated;
-    let strategy = match (desc, exact) {
+    let exact = k == m && !a.truncated && !inclusive;
+    let strategy = match (desc != before, exact) {
         (false, true) => pg_sys::BTGreaterStrategyNumber,
         (false, false) => pg_sys::BTGreaterEqualStrategyNumber,
         (true, true) => pg_sys::BTLessStrategyNumber,
@@ -426,7 +451,7 @@ fn scan_keys(
 }
 
 /// Whether the caller may see that `relid` is waited on.
-fn visible(relid: Oid) -> bool {
+pub(super) fn visible(relid: Oid) -> bool {
     let attnums: Vec<i16> =
         registry::lookup(relid).map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
     crate::read::admit::may_see(relid, &attnums).0
@@ -454,6 +479,8 @@ fn wait_stats() -> TableIterator<
         name!(wait_micros, i64),
         name!(broadcasts, i64),
         name!(spurious_wakeups, i64),
+        name!(read_waits, i64),
+        name!(read_wait_micros, i64),
     ),
 > {
     let (tables, shared) = wakeups::per_table();
@@ -463,7 +490,7 @@ fn wait_stats() -> TableIterator<
         .filter(|t| t.rel.db() == db && visible(Oid::from(t.rel.rel())))
         .map(|t| (Some(Oid::from(t.rel.rel())), t))
         .collect();
-    if shared.stats.calls > 0 {
+    if shared.stats.calls > 0 || shared.stats.read_waits > 0 {
         rows.push((None, shared));
     }
     TableIterator::new(rows.into_iter().map(|(relid, t)| {
@@ -478,8 +505,44 @@ fn wait_stats() -> TableIterator<
             s.wait_us as i64,
             s.broadcasts as i64,
             s.spurious as i64,
+            s.read_waits as i64,
+            s.read_wait_us as i64,
         )
     }))
+}
+
+/// `pgkvx.stats(rel)`: one table's waits since the server started -- reads
+/// that waited for its writers and `wait_for` calls on it -- as the same
+/// (stat, value) rows `pgkvx.stats()` gives for the whole cluster.  Needs
+/// what `pgkvx.waiters` needs: SELECT on the table, or pg_monitor.
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx", name = "stats")]
+fn table_stats(rel: Option<Regclass>) -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
+    let relid = crate::args::required(rel, "rel");
+    registry::require(relid);
+    if !visible(relid) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {}", rel_name(relid)),
+        );
+    }
+    let (s, waiting) = wakeups::table_stats(backend::rel_id(relid));
+    TableIterator::new(wait_rows(&s, waiting))
+}
+
+/// The rows of `pgkvx.stats()` (all tables) and `pgkvx.stats(rel)`.
+fn wait_rows(t: &wakeups::WaitStats, waiting: u32) -> Vec<(String, i64)> {
+    vec![
+        ("read_waits".to_string(), t.read_waits as i64),
+        ("read_wait_micros".to_string(), t.read_wait_us as i64),
+        ("wait_for_calls".to_string(), t.calls as i64),
+        ("wait_for_immediate".to_string(), t.immediate as i64),
+        ("wait_for_woken".to_string(), t.woken as i64),
+        ("wait_for_timeouts".to_string(), t.timeouts as i64),
+        ("wait_for_micros".to_string(), t.wait_us as i64),
+        ("wait_for_broadcasts".to_string(), t.broadcasts as i64),
+        ("wait_for_spurious_wakeups".to_string(), t.spurious as i64),
+        ("wait_for_waiting".to_string(), i64::from(waiting)),
+    ]
 }
 
 /// Sessions waiting in `pgkvx.wait_for` now, on tables of this database the
@@ -502,16 +565,7 @@ fn wait_list() -> TableIterator<
 /// Global rows for `pgkvx.stats()`.
 pub fn stat_rows() -> Vec<(String, i64)> {
     let (t, waiting) = wakeups::totals();
-    vec![
-        ("wait_for_calls".to_string(), t.calls as i64),
-        ("wait_for_immediate".to_string(), t.immediate as i64),
-        ("wait_for_woken".to_string(), t.woken as i64),
-        ("wait_for_timeouts".to_string(), t.timeouts as i64),
-        ("wait_for_micros".to_string(), t.wait_us as i64),
-        ("wait_for_broadcasts".to_string(), t.broadcasts as i64),
-        ("wait_for_spurious_wakeups".to_string(), t.spurious as i64),
-        ("wait_for_waiting".to_string(), i64::from(waiting)),
-    ]
+    wait_rows(&t, waiting)
 }
 
 extension_sql!(

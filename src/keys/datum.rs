@@ -172,6 +172,21 @@ impl KeyDesc {
         self.decode_text(bytes).map_or_else(|| format!("{bytes:02x?}"), |(s, _)| s)
     }
 
+    /// The text of each whole column `bytes` encode (a key or a prefix of
+    /// its columns), as `parse_bound` takes them back; `None` when the
+    /// bytes end inside a column or hold none.
+    pub fn key_fields(&self, bytes: &[u8]) -> Option<Vec<String>> {
+        let mut pos = 0;
+        let mut fields = Vec::new();
+        for c in &self.cols {
+            if pos == bytes.len() {
+                break;
+            }
+            fields.push(output_value(c.typid, &decode_col(c.kind, c.desc, bytes, &mut pos)?));
+        }
+        (pos == bytes.len() && !fields.is_empty()).then_some(fields)
+    }
+
     /// Decodes `bytes` as a key or a prefix of whole columns; `None` when
     /// they end inside a column (e.g. a bound that was incremented).
     fn decode_text(&self, bytes: &[u8]) -> Option<(String, bool)> {

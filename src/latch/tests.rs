@@ -1163,3 +1163,24 @@ mod escalation {
         t.acquire(0, RelId::new(1, 1), &pt(2), &h(10, 77)).unwrap();
     }
 }
+
+#[test]
+fn latches_of_one_table_over_a_span() {
+    let t = small();
+    t.acquire(0, REL, &pt(10), &holder(7)).unwrap();
+    t.acquire(1, REL, &sp(20, 30), &holder(8)).unwrap();
+    t.acquire(2, OTHER_REL, &pt(25), &holder(9)).unwrap();
+    let of = |span: &Span| {
+        let mut xs = BTreeSet::new();
+        t.for_each_latch_of(REL, span, &mut |l| {
+            assert_eq!(l.rel, REL);
+            xs.insert(l.xid.0);
+        });
+        xs
+    };
+    assert_eq!(of(&Span::ALL), set(&[7, 8]));
+    assert_eq!(of(&sp(11, 40)), set(&[8]), "a span past the point latch");
+    assert_eq!(of(&pt(25)), set(&[8]), "the other table's latch is not shown");
+    assert_eq!(of(&sp(30, 40)), set(&[]), "half-open: [20, 30) ends before 30");
+    assert_eq!(of(&Span::EMPTY), set(&[]));
+}

@@ -11,7 +11,7 @@ use super::snapshot::{self, BaseSnapshot};
 use crate::errors;
 use crate::guc::{self, ScanMode};
 use crate::latch::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
-use crate::latch::{Check, Conflict, Footprint, RelId, Stat, Xid};
+use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
 use crate::pg::rel_name;
 use crate::shmem::{backend, table};
 use pgrx::PgSqlErrorCode;
@@ -74,13 +74,34 @@ pub struct ProtocolResult {
     /// The base snapshot the result was read (or is to be read) at: the one
     /// given, or a fresh one the protocol took (release it when done).
     pub base: BaseSnapshot,
+    /// The writers it waited for (the first [`MAX_WAITED`]).
+    pub waited: Vec<Waited>,
 }
+
+/// A writer a read waited for, for EXPLAIN ANALYZE: the holder's xid, the
+/// table, and the span the read checked when it met the holder's latch
+/// (EXPLAIN looks the latch itself up: the holder's tombstone outlives the
+/// statement's snapshot).
+#[derive(Clone, Copy, Debug)]
+pub struct Waited {
+    pub xid: Xid,
+    pub rel: RelId,
+    pub checked: Span,
+    pub wait_us: i64,
+}
+
+/// Writers a read remembers having waited for; the count of waits goes on.
+pub const MAX_WAITED: usize = 16;
 
 /// The protocol's view of one read: the reader's reads, our checks and waits.
 struct ReadEnv<'a, R> {
     reader: &'a mut R,
     base: BaseSnapshot,
     wait_us: i64,
+    /// The conflicts of the last check that found any: where the holders
+    /// the protocol then waits for were met.
+    met: Vec<Conflict>,
+    waited: Vec<Waited>,
 }
 
 impl<R: Reader> Env for ReadEnv<'_, R> {
@@ -91,11 +112,25 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
         self.base.reading(fp.iter().map(|(r, _)| *r));
         let view = self.base.view(pulled);
-        table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c))
+        let before = out.len();
+        let c = table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
+        if out.len() > before {
+            self.met.clear();
+            self.met.extend_from_slice(&out[before..]);
+        }
+        c
     }
 
     fn wait(&mut self, xid: Xid) {
-        self.wait_us += snapshot::wait_for(xid);
+        let us = snapshot::wait_for(xid);
+        self.wait_us += us;
+        // Counted against the table where the holder was met, for the
+        // per-table wait statistics; named in EXPLAIN ANALYZE.
+        let Some(c) = self.met.iter().find(|c| c.xid == xid) else { return };
+        crate::shmem::wakeups::count_read_wait(c.rel, u64::try_from(us).unwrap_or(0));
+        if self.waited.len() < MAX_WAITED {
+            self.waited.push(Waited { xid, rel: c.rel, checked: c.span, wait_us: us });
+        }
     }
 
     fn can_pull(&mut self, pulled: &[Xid]) -> bool {
@@ -145,16 +180,16 @@ pub fn run_protocol<R: Reader>(
         may_refresh: !snapshot::fixed_snapshot(),
     };
     let mut report = ReadReport::default();
-    let mut env = ReadEnv { reader, base, wait_us: 0 };
+    let mut env = ReadEnv { reader, base, wait_us: 0, met: Vec::new(), waited: Vec::new() };
     let outcome = protocol::run(&mut env, declared, &params, &mut report);
-    let (base, wait_us) = (env.base, env.wait_us);
+    let (base, wait_us, waited) = (env.base, env.wait_us, env.waited);
     count(&report);
     let decision = match outcome {
         ReadOutcome::Emit => ReadDecision::Emit,
         ReadOutcome::Stream { pulled } => ReadDecision::Stream { pulled },
         ReadOutcome::SerializationFailure { xid, rel, .. } => serialization_failure(xid, rel, what),
     };
-    ProtocolResult { decision, report, wait_us, base }
+    ProtocolResult { decision, report, wait_us, base, waited }
 }
 
 /// Raises 40001 for a write by `xid` to `rel` that a fixed

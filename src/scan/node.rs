@@ -69,6 +69,8 @@ pub struct StatementReport {
     pub mode: ReadPath,
     pub report: ReadReport,
     pub wait_us: i64,
+    /// The writers the statement waited for, named by EXPLAIN ANALYZE.
+    pub waited: Vec<crate::read::run::Waited>,
 }
 
 pub static SCAN_METHODS: StaticMethods<pg_sys::CustomScanMethods> =
@@ -434,6 +436,8 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
                 let mut st = st.borrow_mut();
                 st.report.add(&ran.report);
                 st.wait_us += ran.wait_us;
+                let room = crate::read::run::MAX_WAITED.saturating_sub(st.waited.len());
+                st.waited.extend(ran.waited.iter().take(room));
             }
         })
     }
@@ -739,5 +743,30 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         if (*es).timing {
             pg_sys::ExplainPropertyFloat(c"Wait Time".as_ptr(), c"ms".as_ptr(), st.wait_us as f64 / 1000.0, 3, es);
         }
+        let mine: Vec<_> = st.waited.iter().filter(|w| w.rel == rt.rel).collect();
+        if !mine.is_empty() {
+            let named: Vec<String> = mine.iter().map(|w| waited_for(&key, w, keys_visible)).collect();
+            prop_text(es, c"Waited For", &named.join("; "));
+        }
+    }
+}
+
+/// One writer a statement waited for, as EXPLAIN ANALYZE names it: its xid
+/// (as `pg_locks` and `pg_stat_activity.backend_xid` show it), its pid and
+/// its first latch in the span the read checked -- looked up now: the
+/// holder's released latch is kept while this statement's snapshot lives,
+/// unless it was coalesced under pressure (then the checked span is shown).
+/// Spans only when the caller may see keys (`keys_visible`).
+fn waited_for(key: &KeyDesc, w: &crate::read::run::Waited, keys_visible: bool) -> String {
+    let mut first: Option<(i32, Span)> = None;
+    crate::shmem::table().for_each_latch_of(w.rel, &w.checked, &mut |l| {
+        if l.xid == w.xid && first.is_none_or(|(_, s)| l.span.start < s.start) {
+            first = Some((l.pid, l.span));
+        }
+    });
+    let at = |span: &Span| if keys_visible { key.format_span(span) } else { "(keys hidden)".to_string() };
+    match first {
+        Some((pid, span)) => format!("pid {pid} xid {} at {}", w.xid.0, at(&span)),
+        None => format!("xid {} in {}", w.xid.0, at(&w.checked)),
     }
 }

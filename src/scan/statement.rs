@@ -278,6 +278,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 let st = attach(qd, eflags, guards, Reads::plan(ReadPath::Fenced, swapped));
                 st.borrow_mut().report = ran.report;
                 st.borrow_mut().wait_us = ran.wait_us;
+                st.borrow_mut().waited = ran.waited;
             }
             ReadMode::Optimistic
                 if strategy.declared_first && {
@@ -503,7 +504,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         let mut declared = || -> Footprint { guards.declared_at_start((*qd).params) };
         let first_fixed_read = (*st).first_fixed_read;
         let strategy = ReadStrategy { mode: ReadMode::Optimistic, declared_first: false, first_fixed_read };
-        let run::ProtocolResult { decision, report, wait_us, base } =
+        let run::ProtocolResult { decision, report, wait_us, base, waited } =
             run::run_protocol(&mut reader, base, &mut declared, strategy, "LIMIT scan");
         let mode = if report.overflowed {
             ReadPath::Overflowed
@@ -541,6 +542,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         r.mode = mode;
         r.report = report;
         r.wait_us = wait_us;
+        r.waited = waited;
     }
 }
 

@@ -2,7 +2,9 @@
 //! of their table, and a writer's commit broadcasts it.
 //!
 //! Shared memory holds a small open-addressed table of **wait slots**, one
-//! per latched table that anyone ever waited on (keyed by database and
+//! per latched table that anyone ever waited on -- in `wait_for`, or in a
+//! read that waited for a writer (its per-table wait counts live here too,
+//! for `pgkvx.wait_stats()` and `pgkvx.stats(rel)`) -- (keyed by database and
 //! relation oid, claimed by CAS, never freed; slot 0 takes every table
 //! once the others are used up), each with a condition variable, the
 //! number of sessions waiting on it now and cumulative statistics, plus a
@@ -52,6 +54,11 @@ pub struct WaitStats {
     pub broadcasts: u64,
     /// Wake-ups after which there was still nothing past the cursor.
     pub spurious: u64,
+    /// Waits of reads (LIMIT scans, key-order reads, `arrow_scan`) for a
+    /// writer in flight in this table.
+    pub read_waits: u64,
+    /// Microseconds those reads waited.
+    pub read_wait_us: u64,
 }
 
 #[repr(C)]
@@ -75,6 +82,8 @@ struct Slot {
     wait_us: AtomicU64,
     broadcasts: AtomicU64,
     spurious: AtomicU64,
+    read_waits: AtomicU64,
+    read_wait_us: AtomicU64,
 }
 
 /// One backend's wait, for the `pgkvx.waiters` view.
@@ -388,6 +397,16 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     unregister();
 }
 
+/// Counts a read's wait of `us` microseconds for a writer in `rel`, in
+/// the table's slot (claimed if need be, as a waiter would): the
+/// per-table wait statistics of `pgkvx.wait_stats()`.  Atomics only.
+pub fn count_read_wait(rel: RelId, us: u64) {
+    let Some(r) = region() else { return };
+    let s = &r.slots[find_or_claim(r, key_of(rel)) as usize];
+    s.read_waits.fetch_add(1, SeqCst);
+    s.read_wait_us.fetch_add(us, SeqCst);
+}
+
 /// One table's wait statistics and its waiters now.
 pub struct TableWaits {
     pub rel: RelId,
@@ -404,6 +423,8 @@ fn slot_stats(s: &Slot) -> WaitStats {
         wait_us: s.wait_us.load(SeqCst),
         broadcasts: s.broadcasts.load(SeqCst),
         spurious: s.spurious.load(SeqCst),
+        read_waits: s.read_waits.load(SeqCst),
+        read_wait_us: s.read_wait_us.load(SeqCst),
     }
 }
 
@@ -425,6 +446,19 @@ pub fn per_table() -> (Vec<TableWaits>, TableWaits) {
     (out, TableWaits { rel: RelId::new(0, 0), waiting: s0.waiters.load(SeqCst), stats: slot_stats(s0) })
 }
 
+/// One table's statistics and the sessions waiting on it now; zeros for a
+/// table that never had a slot of its own.
+pub fn table_stats(rel: RelId) -> (WaitStats, u32) {
+    let Some(r) = region() else { return (WaitStats::default(), 0) };
+    match find(r, key_of(rel)) {
+        Some(i) => {
+            let s = &r.slots[i as usize];
+            (slot_stats(s), s.waiters.load(SeqCst))
+        }
+        None => (WaitStats::default(), 0),
+    }
+}
+
 /// Totals over all tables, and the sessions waiting now.
 pub fn totals() -> (WaitStats, u32) {
     let mut t = WaitStats::default();
@@ -438,6 +472,8 @@ pub fn totals() -> (WaitStats, u32) {
         t.wait_us += x.wait_us;
         t.broadcasts += x.broadcasts;
         t.spurious += x.spurious;
+        t.read_waits += x.read_waits;
+        t.read_wait_us += x.read_wait_us;
     }
     (t, r.hdr.waiting.load(SeqCst))
 }

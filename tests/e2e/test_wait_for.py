@@ -364,3 +364,73 @@ def test_wait_for_works_after_a_restart(db, ev):
             assert w.finish() is True
         finally:
             w.close()
+
+
+def test_before_waits_for_a_key_before_the_cursor(db, table_name):
+    """A tail read in reverse key order (`id < $cursor ORDER BY id DESC`)
+    passes `before`: a commit of a key below the cursor ends the wait, one
+    above it does not."""
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+        c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+        c.execute(f"INSERT INTO {table_name} VALUES (50), (60)")
+        by_name = "SELECT pgkvx.wait_for(%s, before => %s, timeout => %s::interval)"
+        # Rows already before the cursor: true at once; none: false at the timeout.
+        assert c.execute(by_name, (table_name, "55", FOREVER)).fetchone() == (True,)
+        assert c.execute(by_name, (table_name, "50", "0")).fetchone() == (False,)
+        # A commit above the cursor wakes the waiter to nothing; one below ends the wait.
+        w = Waiter(db, by_name, (table_name, "50", FOREVER))
+        w.start()
+        try:
+            wait_until(lambda: w.pid in waiting_on(c, table_name) or not w.is_alive(), f"session {w.pid} to wait")
+            c.execute(f"INSERT INTO {table_name} VALUES (70)")
+            woken = "SELECT coalesce(max(wakeups), 0) FROM pgkvx.waiters WHERE pid = %s"
+            wait_until(lambda: c.execute(woken, (w.pid,)).fetchone()[0] >= 1 or not w.is_alive(),
+                       "the commit above the cursor to wake the waiter")
+            assert w.is_alive(), w.result
+            c.execute(f"INSERT INTO {table_name} VALUES (49)")
+            assert w.finish() is True
+        finally:
+            w.close()
+        # Descending key index: "before" follows the key's order.
+        c.execute(f"CREATE TABLE {table_name}_d (id int NOT NULL)")
+        c.execute(f"CREATE UNIQUE INDEX {table_name}_d_key ON {table_name}_d (id DESC)")
+        c.execute("SELECT pgkvx.enable(%s, %s)", (f"{table_name}_d", f"{table_name}_d_key"))
+        c.execute(f"INSERT INTO {table_name}_d VALUES (50)")
+        assert c.execute(by_name, (f"{table_name}_d", "49", "0")).fetchone() == (True,)
+        assert c.execute(by_name, (f"{table_name}_d", "50", "0")).fetchone() == (False,)
+        assert c.execute(by_name, (f"{table_name}_d", "51", "0")).fetchone() == (False,)
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            c.execute("SELECT pgkvx.wait_for(%s, '1', '0', '2')", (table_name,))
+
+
+def test_row_level_security_is_refused_clearly(db, table_name):
+    """The look past the cursor reads the index without policies, so a role
+    that row level security filters is refused (0A000, naming the table),
+    or gets PostgreSQL's own 42501 with row_security off; the owner waits."""
+    role = f"{table_name}_tenant"
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, tenant text NOT NULL DEFAULT 'a')")
+        c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+        c.execute(f"INSERT INTO {table_name} VALUES (1)")
+        c.execute(f"ALTER TABLE {table_name} ENABLE ROW LEVEL SECURITY")
+        c.execute(f"CREATE ROLE {role}")
+        try:
+            c.execute(f"GRANT SELECT ON {table_name} TO {role}")
+            c.execute(f"GRANT USAGE ON SCHEMA pgkvx TO {role}")
+            c.execute(f"CREATE POLICY own ON {table_name} TO {role} USING (tenant = 'a')")
+            assert c.execute("SELECT pgkvx.wait_for(%s, NULL, '0')", (table_name,)).fetchone() == (True,)
+            c.execute(f"SET ROLE {role}")
+            with pytest.raises(psycopg.errors.FeatureNotSupported) as e:
+                c.execute("SELECT pgkvx.wait_for(%s, NULL, '0')", (table_name,))
+            assert table_name in e.value.diag.message_primary and "row level security" in e.value.diag.message_primary
+            assert e.value.diag.message_hint
+            c.execute("SET row_security = off")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT pgkvx.wait_for(%s, NULL, '0')", (table_name,))
+        finally:
+            c.execute("RESET ROLE")
+            c.execute("RESET row_security")
+            c.execute(f"DROP TABLE {table_name}")
+            c.execute(f"REVOKE ALL ON SCHEMA pgkvx FROM {role}")
+            c.execute(f"DROP ROLE {role}")
