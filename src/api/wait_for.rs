@@ -307,7 +307,7 @@ fn committed_past(relid: Oid, after: Option<&After>, backward: bool) -> bool {
         return registry::partitions::members(relid).into_iter().any(|m| {
             // SAFETY: a syscache probe.
             let leaf = unsafe { pg_sys::get_rel_relkind(m) as u8 == pg_sys::RELKIND_RELATION };
-            leaf && committed_past(m, after)
+            leaf && committed_past(m, after, backward)
         });
     }
     let latched = registry::require(relid);
