@@ -20,6 +20,7 @@ WORKLOADS = {
     "kv95": "95% point reads, 5% upserts",
     "kvS70-L1": "70% span reads LIMIT 1 from a random key, 30% upserts",
     "kvS70-L5": "70% span reads LIMIT 5 from a random key, 30% upserts",
+    "kvS70-L100": "70% span reads LIMIT 100 from a random key, 30% upserts",
     "kvS70-L1000": "70% span reads LIMIT 1000 from a random key, 30% upserts",
     "kvS70-L1-first": "kvS70-L1 with every span read starting at the table's first key",
 }

@@ -64,6 +64,11 @@ pub mod raw {
     use pgrx::pg_sys;
     extern "C-unwind" {
         pub fn pg_re_throw() -> !;
+        // Reads of backend state that cannot raise, asked by every guarded
+        // statement: without pgrx's guard they cost no jump buffer.
+        pub fn GetUserId() -> pg_sys::Oid;
+        pub fn GetOuterUserId() -> pg_sys::Oid;
+        pub fn RecoveryInProgress() -> bool;
         pub fn standard_ExecutorStart(qd: *mut pg_sys::QueryDesc, eflags: i32);
         pub fn standard_ExecutorRun(
             qd: *mut pg_sys::QueryDesc,

@@ -89,6 +89,11 @@ impl<L: LockSet> LatchTable<'_, L> {
         committed: &dyn Fn(Xid) -> bool,
         on_conflict: &mut dyn FnMut(Conflict),
     ) -> Check {
+        // One guarded scan, one span: nearly every read.  Checked as is,
+        // with no lists built for it.
+        if let [(rel, span)] = fp {
+            return self.check_spans(*rel, std::slice::from_ref(span), snap, committed, on_conflict);
+        }
         let mut out = Check::default();
         let mut rels: Vec<RelId> = fp.iter().map(|(r, _)| *r).collect();
         rels.sort_unstable_by_key(|r| r.0);

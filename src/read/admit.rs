@@ -26,8 +26,8 @@ use pgrx::{pg_sys, PgSqlErrorCode};
 /// default, `optimistic`.
 pub fn effective_mode() -> ScanMode {
     let mode = guc::SCAN_MODE.get();
-    // SAFETY: plain reads of the backend's user ids.
-    let as_another_user = unsafe { pg_sys::GetUserId() != pg_sys::GetOuterUserId() };
+    // SAFETY: plain reads of the backend's user ids, which cannot raise.
+    let as_another_user = unsafe { errors::raw::GetUserId() != errors::raw::GetOuterUserId() };
     if mode == ScanMode::Off && as_another_user {
         ScanMode::Optimistic
     } else {

@@ -213,10 +213,18 @@ pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
 
 /// Counts one protocol run in `pgkvx.stats()`.
 pub fn count(r: &ReadReport) {
-    backend::count(Stat::Validations, u64::from(r.validations));
-    backend::count(Stat::Conflicts, u64::from(r.conflicts));
-    backend::count(Stat::Retries, u64::from(r.retries));
-    backend::count(Stat::FreshSnapshots, u64::from(r.fresh_snapshots));
+    // Most reads validate once and meet nothing: counters that did not
+    // move are not touched (each is a shared-memory write).
+    for (stat, n) in [
+        (Stat::Validations, r.validations),
+        (Stat::Conflicts, r.conflicts),
+        (Stat::Retries, r.retries),
+        (Stat::FreshSnapshots, r.fresh_snapshots),
+    ] {
+        if n > 0 {
+            backend::count(stat, u64::from(n));
+        }
+    }
     if r.fell_back {
         backend::count(Stat::Fallbacks, 1);
     }

@@ -46,12 +46,16 @@ pub(super) struct FirstAttempt {
 /// # Safety
 /// `qd` is a started, optimistic, not yet run statement of ours.
 #[inline(never)]
-pub(super) unsafe fn first_attempt(qd: *mut QueryDesc, once: bool) -> FirstAttempt {
+pub(super) unsafe fn first_attempt(
+    qd: *mut QueryDesc,
+    once: bool,
+    nodes: &[*mut pg_sys::CustomScanState],
+) -> FirstAttempt {
     // SAFETY: per contract.
     unsafe {
         let buffer = new_buffer(qd);
         run_into(qd, (*buffer).as_dest(), once);
-        let footprint = (!(*buffer).overflowed()).then(|| footprint(qd));
+        let footprint = (!(*buffer).overflowed()).then(|| footprint_of(nodes));
         FirstAttempt { buffer, footprint }
     }
 }
@@ -164,12 +168,21 @@ pub(super) struct OptimisticAttempts {
 ///
 /// # Safety
 /// `qd` has been started (and run).
-#[inline(never)]
 unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
+    // SAFETY: per contract.
+    unsafe { footprint_of(&guards::guard_nodes(qd)) }
+}
+
+/// The footprint of `nodes`, the guarded scans of an executor that has run.
+///
+/// # Safety
+/// `nodes` are the guard nodes of a started executor.
+#[inline(never)]
+unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> Footprint {
     let mut fp = Footprint::new();
     // SAFETY: per contract.
     unsafe {
-        for n in guards::guard_nodes(qd) {
+        for &n in nodes {
             let rt = node::runtime(n);
             let rel = rt.rel;
             for s in rt.touched(n) {

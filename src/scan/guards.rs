@@ -220,6 +220,10 @@ pub unsafe fn guard_nodes(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScanStat
 /// # Safety
 /// `expr` is a valid expression; `params` the statement's (or NULL).
 unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
+    // SAFETY: per contract.
+    if let Some(v) = unsafe { direct_value(expr, params) } {
+        return Some(v);
+    }
     // SAFETY: per contract; a standalone context, freed before returning.
     unsafe {
         if !known_at_start(expr) {
@@ -238,6 +242,44 @@ unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) 
     }
 }
 
+/// The value of the bounds nearly every tail read has, a constant or a
+/// query parameter with no fetch hook (`k > $1` from a client), read
+/// where it lives instead of through an expression context built and freed
+/// for it: that costs a memory context and a few guarded calls per
+/// statement.  None for anything else, and for a parameter whose type does
+/// not match the plan's (the general path raises the executor's error).
+/// A by-reference value points into the plan or the parameter list, which
+/// live as long as the statement; callers use it at once.
+///
+/// # Safety
+/// `expr` is a valid expression; `params` the statement's (or NULL).
+unsafe fn direct_value(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
+    // SAFETY: per contract; each cast follows a tag check, and a parameter
+    // is read only within numParams.
+    unsafe {
+        match node_tag(expr as *const Node) {
+            pg_sys::NodeTag::T_Const => {
+                let c = expr as *mut pg_sys::Const;
+                Some(((*c).constvalue, (*c).constisnull))
+            }
+            pg_sys::NodeTag::T_Param => {
+                let p = expr as *mut pg_sys::Param;
+                if (*p).paramkind != pg_sys::ParamKind::PARAM_EXTERN
+                    || params.is_null()
+                    || (*params).paramFetch.is_some()
+                    || (*p).paramid < 1
+                    || (*p).paramid > (*params).numParams
+                {
+                    return None;
+                }
+                let prm = &*(*params).params.as_ptr().add((*p).paramid as usize - 1);
+                (prm.ptype == (*p).paramtype).then_some((prm.value, prm.isnull))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Whether `expr` needs nothing the statement computes (no PARAM_EXEC --
 /// an init plan's or a CTE's result --, no subplan, no Vars).
 ///
@@ -246,9 +288,16 @@ unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) 
 unsafe fn known_at_start(expr: *mut pg_sys::Expr) -> bool {
     // SAFETY: per contract; the walkers only read.
     unsafe {
-        pg_sys::pull_paramids(expr).is_null()
-            && !pg_sys::contain_subplans(expr as *mut Node)
-            && !pg_sys::contain_var_clause(expr as *mut Node)
+        // A constant or a client's parameter: no tree to walk.
+        let simple = match node_tag(expr as *const Node) {
+            pg_sys::NodeTag::T_Const => true,
+            pg_sys::NodeTag::T_Param => (*(expr as *mut pg_sys::Param)).paramkind == pg_sys::ParamKind::PARAM_EXTERN,
+            _ => false,
+        };
+        simple
+            || pg_sys::pull_paramids(expr).is_null()
+                && !pg_sys::contain_subplans(expr as *mut Node)
+                && !pg_sys::contain_var_clause(expr as *mut Node)
     }
 }
 

@@ -65,20 +65,27 @@ impl GuardPlan {
     /// # Safety
     /// `list` is a valid List (or NULL).
     pub unsafe fn from_list(list: *mut List) -> Option<GuardPlan> {
+        // Read at every executor start of a guarded statement: straight
+        // from the list, with one allocation (the bounds).
         // SAFETY: per contract; every element is checked to be an Integer.
-        let ints: Vec<i32> = unsafe {
+        let mut ints = unsafe {
             list_iter::<pg_sys::Node>(list)
                 .map(|n| ((*n).type_ == pg_sys::NodeTag::T_Integer).then(|| (*(n as *mut pg_sys::Integer)).ival))
-                .collect::<Option<Vec<i32>>>()?
         };
-        let (&[layout, relid, restartable, n], rest) = ints.split_first_chunk::<4>()?;
-        if layout != LAYOUT || rest.len() != 3 * n as usize {
+        let mut next = || ints.next().flatten();
+        let (layout, relid, restartable, n) = (next()?, next()?, next()?, next()?);
+        if layout != LAYOUT || n < 0 {
             return None;
         }
-        let bounds = rest
-            .chunks_exact(3)
-            .map(|c| BoundQual { col: c[0] as u16, strategy: c[1] as u16, typid: Oid::from(c[2] as u32) })
-            .collect();
+        let mut bounds = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let (col, strategy, typid) = (next()?, next()?, next()?);
+            bounds.push(BoundQual { col: col as u16, strategy: strategy as u16, typid: Oid::from(typid as u32) });
+        }
+        // Also refuses a list with elements left over, as before.
+        if ints.next().is_some() {
+            return None;
+        }
         Some(GuardPlan { relid: Oid::from(relid as u32), restartable: restartable != 0, bounds })
     }
 }

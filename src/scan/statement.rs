@@ -71,6 +71,8 @@ struct GuardedStatement {
     first_fixed_read: bool,
     /// Its guarded scans, decoded at executor start.
     guards: Guards,
+    /// Their nodes in its executor, found once when it started.
+    nodes: Vec<*mut pg_sys::CustomScanState>,
 }
 
 thread_local! {
@@ -183,8 +185,8 @@ unsafe fn prev_end(qd: *mut QueryDesc) {
 /// Refuses to pretend on a hot standby: its latch table is empty, and its
 /// snapshots keep in-progress xids where reads of ours do not look.
 fn refuse_on_standby() {
-    // SAFETY: a plain read of recovery state.
-    if unsafe { pg_sys::RecoveryInProgress() } {
+    // SAFETY: a plain read of recovery state, which cannot raise.
+    if unsafe { raw::RecoveryInProgress() } {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             "pgkvx cannot protect LIMIT scans of latched tables on a hot standby",
@@ -254,8 +256,8 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 pg_sys::UnregisterSnapshot((*qd).snapshot);
                 (*qd).snapshot = private;
                 errors::pass(|| prev_start(qd, eflags));
-                attach(qd, eflags, guards, Reads::plan(ReadPath::FencedAtScan, true));
-                for n in guards::guard_nodes(qd) {
+                let st = attach(qd, eflags, guards, Reads::plan(ReadPath::FencedAtScan, true));
+                for &n in &(*st).nodes {
                     node::runtime(n).fence_at_start = Some(after);
                 }
             }
@@ -276,9 +278,10 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 b.release();
                 errors::pass(|| prev_start(qd, eflags));
                 let st = attach(qd, eflags, guards, Reads::plan(ReadPath::Fenced, swapped));
-                st.borrow_mut().report = ran.report;
-                st.borrow_mut().wait_us = ran.wait_us;
-                st.borrow_mut().waited = ran.waited;
+                let mut r = (*st).report.borrow_mut();
+                r.report = ran.report;
+                r.wait_us = ran.wait_us;
+                r.waited = ran.waited;
             }
             ReadMode::Optimistic
                 if strategy.declared_first && {
@@ -291,8 +294,9 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             {
                 errors::pass(|| prev_start(qd, eflags));
                 let st = attach(qd, eflags, guards, Reads::plan(ReadPath::Streamed, false));
-                st.borrow_mut().report.validations = 1;
-                st.borrow_mut().report.streamed = true;
+                let mut r = (*st).report.borrow_mut();
+                r.report.validations = 1;
+                r.report.streamed = true;
             }
             ReadMode::Optimistic => {
                 errors::pass(|| prev_start(qd, eflags));
@@ -335,12 +339,14 @@ impl Reads {
 ///
 /// # Safety
 /// `qd` has been started.
-unsafe fn attach(qd: *mut QueryDesc, eflags: i32, guards: Guards, reads: Reads) -> Rc<RefCell<StatementReport>> {
+unsafe fn attach(qd: *mut QueryDesc, eflags: i32, guards: Guards, reads: Reads) -> *mut GuardedStatement {
     let Reads { source, mode, base, swapped, first_fixed_read } = reads;
     let report = Rc::new(RefCell::new(StatementReport { mode, ..Default::default() }));
     // SAFETY: per contract.
+    let nodes = unsafe { guards::guard_nodes(qd) };
+    // SAFETY: per contract.
     unsafe {
-        for n in guards::guard_nodes(qd) {
+        for &n in &nodes {
             node::runtime(n).statement = Some(report.clone());
         }
         let cb = pg_sys::MemoryContextAlloc(
@@ -355,15 +361,15 @@ unsafe fn attach(qd: *mut QueryDesc, eflags: i32, guards: Guards, reads: Reads) 
     add_statement(GuardedStatement {
         qd,
         source,
-        report: report.clone(),
+        report,
         base,
         swapped,
         second_finished: false,
         eflags,
         first_fixed_read,
         guards,
-    });
-    report
+        nodes,
+    })
 }
 
 /// The first statement to read at a REPEATABLE READ transaction's snapshot
@@ -444,7 +450,7 @@ unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, co
                 // protocol: functions the statement calls may recurse
                 // through another guarded read, and the protocol's frames
                 // would cost the stack at every level.
-                let first = attempts::first_attempt(qd, once);
+                let first = attempts::first_attempt(qd, once, &(*st).nodes);
                 validate(qd, st, first);
                 run_statement(qd, dir, count, once);
             }
