@@ -1,7 +1,10 @@
 """A randomized, seeded torture test of the tail guarantee, with an oracle.
 
 Writers of many kinds append to, move within and delete from a gapless
-`events` table (and write to an `orders` table the readers' filters read),
+`events` table (and write to an `orders` table the readers' filters read)
+and append to a gapless identity-keyed `ident_events` table (its identity
+default drawn through several statement shapes: VALUES, INSERT ...
+SELECT, a generic plan, PL/pgSQL),
 roll back whole transactions, savepoints and PL/pgSQL exception blocks,
 load in bulk, and disable the table or drop it inside savepoints they roll
 back.  Consumers of many kinds tail the table by key — plainly, by category
@@ -33,7 +36,8 @@ CATEGORIES = ["c0", "c1", "c2", "c3"]
 SUBSCRIBED = {"c1", "c3"}
 
 SETUP = """
-DROP TABLE IF EXISTS events, orders, subscriptions;
+DROP TABLE IF EXISTS events, orders, subscriptions, ident_events;
+DROP FUNCTION IF EXISTS ident_insert(text);
 CREATE TABLE orders (id bigint PRIMARY KEY, paid boolean NOT NULL, note text);
 CREATE TABLE events (id bigserial PRIMARY KEY, category text COLLATE "C" NOT NULL,
                      order_id bigint NOT NULL, payload text);
@@ -41,6 +45,11 @@ CREATE INDEX events_category_id ON events (category, id);
 SELECT pgkvx.enable('events', gapless => true);
 CREATE TABLE subscriptions (category text COLLATE "C" PRIMARY KEY);
 INSERT INTO subscriptions VALUES ('c1'), ('c3');
+CREATE TABLE ident_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, category text COLLATE "C" NOT NULL);
+SELECT pgkvx.enable('ident_events', gapless => true);
+CREATE FUNCTION ident_insert(cat text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE k bigint;
+BEGIN INSERT INTO ident_events (category) VALUES (cat) RETURNING id INTO k; RETURN k; END $$;
 -- statistics that make the planner pick the index plans a tail uses
 INSERT INTO orders SELECT g, true, NULL FROM generate_series(-5000, -1) g;
 ANALYZE orders, subscriptions;
@@ -124,10 +133,22 @@ class Writer:
 
     KINDS = [("insert", 40), ("savepoint", 10), ("exception_block", 6), ("bulk", 4), ("move", 8),
              ("delete", 6), ("orders", 8), ("disable_rolled_back", 2), ("drop_rolled_back", 1),
-             ("disable_in_exception_block", 1)]
+             ("disable_in_exception_block", 1), ("identity", 12), ("identity_savepoint", 3)]
 
-    def __init__(self, connect, ledger, report, seed, stop):
+    # Ways a statement leaves ident_events' key to its identity default.
+    IDENTITY_SHAPES = [
+        "INSERT INTO ident_events (category) VALUES (%(cat)s) RETURNING id",
+        "INSERT INTO ident_events (category) VALUES (%(cat)s), (%(cat)s) RETURNING id",
+        "INSERT INTO ident_events (category) SELECT %(cat)s FROM generate_series(1, 3) RETURNING id",
+        # A server-side prepared statement, run with a generic plan.
+        "PREPARED INSERT INTO ident_events (category) VALUES (%(cat)s), (%(cat)s) RETURNING id",
+        "SELECT ident_insert(%(cat)s)",
+    ]
+
+    def __init__(self, connect, ledger, report, seed, stop, ident_ledger=None):
         self.connect, self.ledger, self.report = connect, ledger, report
+        self.ident_ledger = ident_ledger if ident_ledger is not None else Ledger()
+        self.ident_added = []
         self.rng = random.Random(seed)
         self.stop = stop
 
@@ -148,13 +169,33 @@ class Writer:
                          (cat, order)).fetchone()
         added.append((i, cat))
 
+    def insert_identity(self, c, added):
+        cat = self.rng.choice(CATEGORIES)
+        shape = self.rng.choice(self.IDENTITY_SHAPES)
+        prepared = shape.startswith("PREPARED ")
+        rows = c.execute(shape.removeprefix("PREPARED "), {"cat": cat}, prepare=prepared).fetchall()
+        added += [(i, cat) for (i,) in rows]
+
     def pause(self):
         time.sleep(self.rng.random() * 0.004)
 
     def txn(self, c, kind):
         added, removed = [], []
+        self.ident_added = []
         rollback = False
-        if kind == "insert":
+        if kind == "identity":
+            for _ in range(self.rng.randint(1, 3)):
+                self.insert_identity(c, self.ident_added)
+                self.pause()
+            rollback = self.rng.random() < 0.1
+        elif kind == "identity_savepoint":
+            self.insert_identity(c, self.ident_added)
+            c.execute("SAVEPOINT s")
+            self.insert_identity(c, [])
+            self.pause()
+            c.execute("ROLLBACK TO SAVEPOINT s")
+            self.insert_identity(c, self.ident_added)
+        elif kind == "insert":
             for _ in range(self.rng.randint(1, 3)):
                 self.insert_event(c, added)
                 self.pause()
@@ -217,6 +258,8 @@ class Writer:
     def __call__(self):
         try:
             with self.connect(autocommit=False) as c:
+                c.execute("SET plan_cache_mode = force_generic_plan")
+                c.commit()
                 while not self.stop.is_set():
                     kind = self.pick()
                     try:
@@ -227,6 +270,7 @@ class Writer:
                         else:
                             c.commit()
                             self.ledger.commit(added, removed)
+                            self.ident_ledger.commit(self.ident_added, [])
                         self.report.writer_txns += 1
                         self.report.writer_kinds[kind] = self.report.writer_kinds.get(kind, 0) + 1
                     except psycopg.Error as e:
@@ -241,8 +285,8 @@ class Writer:
 class Consumer:
     """One consumer thread: polls the tail, moves its cursor, never looks back."""
 
-    def __init__(self, name, connect, report, seed, stop, drained, setup, poll, matches, iso=None):
-        self.name, self.connect, self.report = name, connect, report
+    def __init__(self, name, connect, report, seed, stop, drained, setup, poll, matches, iso=None, table="events"):
+        self.name, self.connect, self.report, self.table = name, connect, report, table
         self.rng = random.Random(seed)
         self.stop, self.drained = stop, drained
         self.setup, self.poll, self.matches, self.iso = setup, poll, matches, iso
@@ -297,8 +341,9 @@ def consumers(connect, report, seed, stop, drained):
     every = lambda cat: True  # noqa: E731
     out = []
 
-    def add(name, setup, poll, matches=every, iso=None):
-        out.append(Consumer(name, connect, report, seed * 1000 + len(out), stop, drained, setup, poll, matches, iso))
+    def add(name, setup, poll, matches=every, iso=None, table="events"):
+        out.append(Consumer(name, connect, report, seed * 1000 + len(out), stop, drained, setup, poll, matches, iso,
+                            table))
 
     for mode in ("optimistic", "fenced"):
         add(f"tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
@@ -351,6 +396,16 @@ def consumers(connect, report, seed, stop, drained):
             (str(cur + 1), n)).fetchall())
         return pyarrow.ipc.open_stream(stream).read_all().column("id").to_pylist()
     add("arrow_scan", ["SET pgkvx.scan_mode = optimistic"], arrow_poll)
+    for mode in ("optimistic", "fenced"):
+        add(f"identity tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
+            lambda c, cur, n: _ids(c.execute("SELECT id FROM ident_events WHERE id > %s ORDER BY id LIMIT %s",
+                                             (cur, n)).fetchall()),
+            table="ident_events")
+    add("identity category c1", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute(
+            "SELECT id FROM ident_events WHERE id > %s AND category = 'c1' ORDER BY id LIMIT %s",
+            (cur, n)).fetchall()),
+        lambda x: x == "c1", table="ident_events")
     return out
 
 
@@ -370,9 +425,10 @@ def run(connect, seed, seconds, writers=4):
     with connect() as c:
         c.execute(SETUP)
     before = _stats(connect)
-    ledger = Ledger()
+    ledger, ident_ledger = Ledger(), Ledger()
+    ledgers = {"events": ledger, "ident_events": ident_ledger}
     stop, drained = threading.Event(), threading.Event()
-    ws = [Writer(connect, ledger, report, seed * 100 + i, stop) for i in range(writers)]
+    ws = [Writer(connect, ledger, report, seed * 100 + i, stop, ident_ledger) for i in range(writers)]
     cs = consumers(connect, report, seed, stop, drained)
     threads = [threading.Thread(target=w) for w in ws] + [threading.Thread(target=c) for c in cs]
     for t in threads:
@@ -386,13 +442,14 @@ def run(connect, seed, seconds, writers=4):
         t.join()
     after = _stats(connect)
     report.stats = {k: after.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
-    report.committed_rows = len(ledger.seen_ids)
+    report.committed_rows = len(ledger.seen_ids) + len(ident_ledger.seen_ids)
     for cons in cs:
+        led = ledgers[cons.table]
         got = set(cons.delivered)
         report.consumers[cons.name] = len(cons.delivered)
         if len(got) != len(cons.delivered):
             report.disorder.append((cons.name, "duplicates"))
-        expected = {i for i, cat in ledger.rows.items() if cons.matches(cat)}
+        expected = {i for i, cat in led.rows.items() if cons.matches(cat)}
         report.skipped[cons.name] = sorted(expected - got)
-        report.phantoms[cons.name] = sorted(got - ledger.seen_ids)
+        report.phantoms[cons.name] = sorted(got - led.seen_ids)
     return report
