@@ -7,7 +7,7 @@ import threading
 import psycopg
 import pytest
 
-from conftest import connect
+from conftest import connect, wait_until
 from test_tail import run_tail
 
 
@@ -130,8 +130,9 @@ def test_restart_is_refused(db, conn, ident):
     assert conn.execute(f"INSERT INTO {ident} (payload) VALUES ('y') RETURNING id").fetchone() == (100,)
 
 
-def test_restart_waits_for_draws_in_flight(db, conn, ident):
-    """A RESTART checked while a draw is in flight is checked against it."""
+def test_restart_is_checked_after_draws_in_flight(db, conn, ident):
+    """A RESTART waits for the transactions drawing from the sequence and
+    is checked against what they drew meanwhile."""
     conn.execute(f"INSERT INTO {ident} (payload) VALUES ('x')")
     with connect(db, autocommit=False) as p:
         k = p.execute(f"INSERT INTO {ident} (payload) VALUES ('in flight') RETURNING id").fetchone()[0]
@@ -140,13 +141,17 @@ def test_restart_waits_for_draws_in_flight(db, conn, ident):
         def restart():
             try:
                 with connect(db) as c:
-                    c.execute(f"ALTER TABLE {ident} ALTER COLUMN id RESTART WITH {k}")
+                    c.execute(f"ALTER TABLE {ident} ALTER COLUMN id RESTART WITH {k + 1}")
                 result.append("ok")
             except psycopg.errors.ObjectNotInPrerequisiteState:
                 result.append("refused")
         t = threading.Thread(target=restart)
         t.start()
-        t.join(0.5)
+        wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE%%'"
+        ).fetchone()[0] == 1, "the RESTART to wait for the drawing transaction")
+        # Drawn while the RESTART waits: k + 1 is taken now.
+        assert p.execute(f"INSERT INTO {ident} (payload) VALUES ('meanwhile') RETURNING id").fetchone()[0] == k + 1
         p.commit()
         t.join()
     assert result == ["refused"]
