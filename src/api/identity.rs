@@ -103,17 +103,51 @@ pub fn is_identity(relid: Oid, attnum: i16) -> bool {
     }
 }
 
+/// The key column (number, name) of `relid` when it is registered gapless
+/// with a one-column key.  Read from its registration, not the registry's
+/// lookup, which raises for a table that lost its key index: the hooks
+/// asking this run for every write and DDL (a restore copies rows in before
+/// it creates the primary key), and must leave those errors to the writes
+/// that need the key.
+fn gapless_key(relid: Oid) -> Option<(i16, String)> {
+    let reg = registry::registration(relid).filter(|r| r.gapless)?;
+    let attnum = match reg.key_columns.as_deref() {
+        Some(&[attnum]) => attnum,
+        Some(_) => return None,
+        // Registered through 0.1.0's SQL, whose table has no key_columns.
+        None => {
+            let rel = OpenRel::try_open(relid, pg_sys::AccessShareLock)?;
+            let index = reg.key_index.or_else(|| rel.primary_key_index())?;
+            let ir = OpenRel::try_open(index, pg_sys::AccessShareLock)?;
+            let ind = ir.index()?;
+            if ind.indnkeyatts != 1 {
+                return None;
+            }
+            // SAFETY: indkey holds at least indnkeyatts entries.
+            unsafe { ind.indkey.values.as_slice(1)[0] }
+        }
+    };
+    // SAFETY: a syscache lookup; NULL for a missing column.
+    let name = unsafe {
+        let name = pg_sys::get_attname(relid, attnum, true);
+        (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
+    }?;
+    Some((attnum, name))
+}
+
 /// The identity sequence of `relid`'s key column when `relid` is latched
 /// gapless and its key is an identity column.
 fn gapless_identity_sequence(relid: Oid) -> Option<Oid> {
     if let Some(hit) = IDENTITY_SEQUENCES.with(|c| c.borrow().get(&relid).copied()) {
         return hit;
     }
-    let found = registry::lookup(relid).filter(|l| l.gapless && l.key.cols.len() == 1).and_then(|l| {
-        let attnum = l.key.cols[0].attnum;
-        // SAFETY: catalog lookups; InvalidOid when there is none.
+    let found = gapless_key(relid).and_then(|(attnum, _)| {
+        if !is_identity(relid, attnum) {
+            return None;
+        }
+        // SAFETY: a pg_depend lookup; InvalidOid when there is none.
         let seq = unsafe { pg_sys::getIdentitySequence(relid, attnum, true) };
-        (is_identity(relid, attnum) && seq != pg_sys::InvalidOid).then_some(seq)
+        (seq != pg_sys::InvalidOid).then_some(seq)
     });
     IDENTITY_SEQUENCES.with(|c| c.borrow_mut().insert(relid, found));
     found
@@ -394,8 +428,7 @@ fn gapless_table_of(seq: Oid) -> Option<Oid> {
     if !owned {
         return None;
     }
-    let latched = registry::lookup(table)?;
-    (latched.gapless && latched.key.cols.len() == 1 && i32::from(latched.key.cols[0].attnum) == col).then_some(table)
+    gapless_key(table).is_some_and(|(attnum, _)| i32::from(attnum) == col).then_some(table)
 }
 
 /// Where a sequence stands: the last value it handed out (or one step
@@ -534,22 +567,22 @@ unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
             pg_sys::NodeTag::T_AlterTableStmt => {
                 let s = &*(stmt as *mut pg_sys::AlterTableStmt);
                 let Some(relid) = resolve(s.relation) else { return };
-                let Some(latched) = registry::lookup(relid).filter(|l| l.gapless && l.key.cols.len() == 1) else {
-                    return;
-                };
-                if !pg_sys::pg_class_ownercheck(relid, pg_sys::GetUserId()) {
+                // Only identity options name the key's sequence here.
+                let touches_identity = list_iter::<pg_sys::AlterTableCmd>(s.cmds)
+                    .any(|c| (*c).subtype == pg_sys::AlterTableType::AT_SetIdentity);
+                if !touches_identity || !pg_sys::pg_class_ownercheck(relid, pg_sys::GetUserId()) {
                     return;
                 }
-                let key = &latched.key.cols[0];
+                let Some((attnum, key)) = gapless_key(relid) else { return };
                 for cmd in list_iter::<pg_sys::AlterTableCmd>(s.cmds) {
                     let c = &*cmd;
                     if c.subtype != pg_sys::AlterTableType::AT_SetIdentity
                         || c.name.is_null()
-                        || CStr::from_ptr(c.name).to_str() != Ok(key.name.as_str())
+                        || CStr::from_ptr(c.name).to_str() != Ok(key.as_str())
                     {
                         continue;
                     }
-                    let seq = pg_sys::getIdentitySequence(relid, key.attnum, true);
+                    let seq = pg_sys::getIdentitySequence(relid, attnum, true);
                     if seq != pg_sys::InvalidOid {
                         check_sequence_options(relid, seq, c.def as *mut pg_sys::List);
                     }
@@ -562,7 +595,7 @@ unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
                 }
                 for rv in list_iter::<pg_sys::RangeVar>(s.relations) {
                     let Some(relid) = resolve(rv) else { continue };
-                    if registry::lookup(relid).is_some_and(|l| l.gapless) {
+                    if registry::registration(relid).is_some_and(|r| r.gapless) {
                         let name = quote_literal(&crate::pg::regclass_text(relid));
                         errors::raise_full(
                             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -598,12 +631,11 @@ unsafe fn check_copy(s: &pg_sys::CopyStmt) {
     if gapless_identity_sequence(relid).is_none() {
         return;
     }
-    let Some(latched) = registry::lookup(relid) else { return };
-    let key = &latched.key.cols[0];
+    let Some((_, key)) = gapless_key(relid) else { return };
     // SAFETY: attlist is a List of String nodes.
     let listed = s.attlist.is_null()
         || unsafe {
-            list_iter::<pg_sys::String>(s.attlist).any(|n| CStr::from_ptr((*n).sval).to_str() == Ok(key.name.as_str()))
+            list_iter::<pg_sys::String>(s.attlist).any(|n| CStr::from_ptr((*n).sval).to_str() == Ok(key.as_str()))
         };
     if listed {
         return;
@@ -611,11 +643,11 @@ unsafe fn check_copy(s: &pg_sys::CopyStmt) {
     let name = crate::pg::regclass_text(relid);
     errors::raise_full(
         PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-        format!("COPY into gapless table \"{}\" cannot draw its identity key {}", rel_name(relid), quote_ident(&key.name)),
+        format!("COPY into gapless table \"{}\" cannot draw its identity key {}", rel_name(relid), quote_ident(&key)),
         Some("COPY draws identity values without the planner, so the keys it draws would not be latched."),
         Some(format!(
             "COPY into a staging table and INSERT INTO {name} (...) SELECT ... FROM it, or list {} in COPY with keys drawn by pgkvx.next_key({}) in the same transaction.",
-            quote_ident(&key.name),
+            quote_ident(&key),
             quote_literal(&name)
         )),
     )
@@ -631,18 +663,9 @@ unsafe fn check_copy(s: &pg_sys::CopyStmt) {
 /// Rows deleted since (an outbox emptied behind its consumers) are not
 /// seen: a sequence moved back past them is not reported.
 pub fn sequence_behind(relid: Oid) -> Option<String> {
-    // The registration, not the registry's lookup: check() must also get
-    // through tables whose key index is gone (which it reports).
-    let reg = registry::registration(relid).filter(|r| r.gapless)?;
-    let attnum = match reg.key_columns.as_deref() {
-        Some(&[attnum]) => attnum,
-        _ => return None,
-    };
-    // SAFETY: a syscache lookup; NULL for a missing column.
-    let col = unsafe {
-        let name = pg_sys::get_attname(relid, attnum, true);
-        (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
-    }?;
+    // check() must also get through tables whose key index is gone (which
+    // it reports).
+    let (attnum, col) = gapless_key(relid)?;
     let seq = crate::pg::with_pinned_settings(|| {
         Spi::get_one_with_args::<Oid>(
             "SELECT pg_catalog.pg_get_serial_sequence($1, $2)::pg_catalog.regclass::pg_catalog.oid",
