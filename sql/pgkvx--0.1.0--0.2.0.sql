@@ -209,11 +209,12 @@ CREATE OR REPLACE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem 
                                    AND (i.indkey::int2[])[0:i.indnkeyatts - 1] = t.key_columns)
            END
     UNION ALL
-    -- Gapless keys come from next_key(); any other default is refused.
+    -- Gapless keys come from next_key(); any other default is refused
+    -- (an identity key keeps its own: the planner draws it through next_key).
     SELECT t.relid, format('gapless key column %I does not default to pgkvx.next_key(): inserts that leave it to its default are refused; run pgkvx.enable(%L, gapless => true) again', a.attname, t.relid::text)
       FROM pgkvx.tables t
       JOIN pg_attribute a ON a.attrelid = t.relid AND a.attnum = t.key_columns[1]
-     WHERE t.gapless AND NOT EXISTS (
+     WHERE t.gapless AND a.attidentity = '' AND NOT EXISTS (
            SELECT 1 FROM pg_attrdef d JOIN pg_depend dep
                 ON dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid
                AND dep.refclassid = 'pg_proc'::regclass

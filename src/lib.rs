@@ -53,6 +53,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::backend::init();
     registry::init();
     read::snapshot::init();
+    api::identity::init();
     scan::init();
     maintenance::worker::register();
 }

@@ -181,14 +181,10 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     if gapless {
         let seq = gapless_sequence(&key);
         check_sequence_cache(seq);
-        if r.attrs()[key.cols[0].attnum as usize - 1].identity != 0 {
-            errors::raise_hint(
-                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                format!("key column \"{}\" of \"{}\" is an identity column", key.cols[0].name, key.relname),
-                "An identity column's default cannot be replaced; use bigserial (a sequence DEFAULT) for gapless keys.",
-            );
-        }
     }
+    // An identity key keeps its identity default: the planner draws it
+    // through next_key (identity.rs).
+    let identity = gapless && r.attrs()[key.cols[0].attnum as usize - 1].identity != 0;
     let columns: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
     let present = [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some());
     r.close();
@@ -211,7 +207,7 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     if partitioned {
         enable_members(rel);
     }
-    if gapless {
+    if gapless && !identity {
         run_ddl(&format!(
             "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key({}::pg_catalog.regclass)",
             quote_ident(&key.cols[0].name),
@@ -261,6 +257,10 @@ pub fn restore_sequence_default(rel: Oid) {
     // SAFETY: a syscache probe.
     let index = reg.key_index.filter(|&i| unsafe { !pg_sys::get_rel_name(i).is_null() });
     let key = partitions::narrow(KeyDesc::resolve(rel, index), reg.key_columns.as_deref());
+    // An identity key kept its own default throughout.
+    if super::identity::is_identity(rel, key.cols[0].attnum) {
+        return;
+    }
     if let Some(seq) = key_sequence(&key) {
         run_ddl(&format!(
             "ALTER TABLE {} ALTER COLUMN {} SET DEFAULT pg_catalog.nextval({}::pg_catalog.regclass)",

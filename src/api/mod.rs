@@ -3,6 +3,7 @@
 
 pub mod enable;
 pub mod head_blockers;
+pub mod identity;
 pub mod key_bytes;
 pub mod latch_span;
 pub mod next_key;
@@ -27,6 +28,8 @@ fn _exposures(rel: crate::args::Regclass) -> SetOfIterator<'static, String> {
                 drop(r);
                 found.extend(crate::registry::partitions::member_exposures(relid));
             }
+            // check() only: readers cannot see a sequence moved back.
+            found.extend(identity::sequence_behind(relid));
             found
         }
         _ => Vec::new(),
@@ -120,11 +123,12 @@ CREATE FUNCTION pgkvx.check() RETURNS TABLE (relid regclass, problem text)
                                    AND (i.indkey::int2[])[0:i.indnkeyatts - 1] = t.key_columns)
            END
     UNION ALL
-    -- Gapless keys come from next_key(); any other default is refused.
+    -- Gapless keys come from next_key(); any other default is refused
+    -- (an identity key keeps its own: the planner draws it through next_key).
     SELECT t.relid, format('gapless key column %I does not default to pgkvx.next_key(): inserts that leave it to its default are refused; run pgkvx.enable(%L, gapless => true) again', a.attname, t.relid::text)
       FROM pgkvx.tables t
       JOIN pg_attribute a ON a.attrelid = t.relid AND a.attnum = t.key_columns[1]
-     WHERE t.gapless AND NOT EXISTS (
+     WHERE t.gapless AND a.attidentity = '' AND NOT EXISTS (
            SELECT 1 FROM pg_attrdef d JOIN pg_depend dep
                 ON dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid
                AND dep.refclassid = 'pg_proc'::regclass

@@ -39,9 +39,24 @@ unsafe extern "C-unwind" {
 }
 
 thread_local! {
-    /// Key sequence per table (the relcache callback does not reach this,
-    /// so entries are re-checked against the registry on each call).
-    static KEY_SEQUENCES: RefCell<HashMap<Oid, Oid>> = RefCell::new(HashMap::new());
+    /// Key sequence per table, and whether it is the key's identity
+    /// sequence; dropped with the table's relcache entry (identity.rs).
+    static KEY_SEQUENCES: RefCell<HashMap<Oid, (Oid, bool)>> = RefCell::new(HashMap::new());
+}
+
+/// Forgets `relid`'s key sequence (all tables' for InvalidOid): its key
+/// column may have another sequence now.  Runs inside invalidation
+/// processing, so it only touches the map.
+pub fn forget_sequence(relid: Oid) {
+    let _ = KEY_SEQUENCES.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            if relid == pg_sys::InvalidOid {
+                s.clear();
+            } else {
+                s.remove(&relid);
+            }
+        }
+    });
 }
 
 fn has_table_privilege(relid: Oid, mode: u32) -> bool {
@@ -98,16 +113,19 @@ fn next_key(rel: Regclass) -> i64 {
     } else {
         relid
     };
-    let seq = match KEY_SEQUENCES.with(|s| s.borrow().get(&relid).copied()) {
-        Some(seq) => seq,
+    let (seq, identity) = match KEY_SEQUENCES.with(|s| s.borrow().get(&relid).copied()) {
+        Some(found) => found,
         None => {
             let seq = gapless_sequence(&latched.key);
-            KEY_SEQUENCES.with(|s| s.borrow_mut().insert(relid, seq));
-            seq
+            let identity = super::identity::is_identity(relid, latched.key.cols[0].attnum);
+            KEY_SEQUENCES.with(|s| s.borrow_mut().insert(relid, (seq, identity)));
+            (seq, identity)
         }
     };
     check_sequence_cache(seq);
-    if !has_table_privilege(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
+    // An identity sequence is the table's own: writing the table is the
+    // right to draw from it, as for Postgres's own identity default.
+    if !identity && !has_table_privilege(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("permission denied for sequence {}", rel_name(seq)),

@@ -75,6 +75,9 @@ unsafe extern "C-unwind" fn planner_hook(
     cursor_options: i32,
     params: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: the Query about to be planned; identity draws into gapless
+    // tables become pgkvx.next_key calls before anything reads it.
+    let parse = unsafe { crate::api::identity::draw_through_next_key(parse) };
     // SAFETY: the planner's own arguments, read before planning changes them.
     let restartable = unsafe { super::restartable::statement(parse, cursor_options) };
     // SAFETY: chaining the previous hook (or the standard planner) with the

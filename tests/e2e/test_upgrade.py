@@ -97,6 +97,36 @@ def test_update_from_0_1_0(db010):
         assert c.execute("SELECT pgkvx.version()").fetchone() == ("0.2.0",)
 
 
+def test_identity_tables_enabled_before_gapless_identity_keys(db010):
+    """Tables enabled before identity keys could be gapless: an identity
+    table latched under 0.1.0 becomes gapless after the update, and a serial
+    gapless table of 0.1.0 gets the new refusals (a sequence moved back)."""
+    import psycopg
+    with connect(db010) as c:
+        c.execute("CREATE EXTENSION pgkvx VERSION '0.1.0'")
+        c.execute("CREATE TABLE ident (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, payload text)")
+        c.execute("SELECT pgkvx.enable('ident')")
+        c.execute("CREATE TABLE events (id bigserial PRIMARY KEY, payload text)")
+        c.execute("SELECT pgkvx.enable('events', gapless => true)")
+        c.execute("INSERT INTO ident (payload) SELECT 'before' FROM generate_series(1, 10)")
+        c.execute("INSERT INTO events (payload) SELECT 'before' FROM generate_series(1, 10)")
+        c.execute("ALTER EXTENSION pgkvx UPDATE")
+        c.execute("SELECT pgkvx.enable('ident', gapless => true)")
+        assert c.execute("SELECT * FROM pgkvx.check()").fetchall() == []
+        plan = "\n".join(r[0] for r in c.execute(
+            "EXPLAIN (VERBOSE, COSTS OFF) INSERT INTO ident (payload) VALUES ('x')").fetchall())
+        assert "pgkvx.next_key('ident'::regclass)" in plan, plan
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            c.execute("ALTER SEQUENCE events_id_seq RESTART")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            c.execute("ALTER TABLE ident ALTER COLUMN id RESTART")
+        c.execute("SELECT setval('events_id_seq', 3)")
+        assert [r[0] for r in c.execute("SELECT relid::text FROM pgkvx.check()")] == ["events"]
+        c.execute("SELECT setval('events_id_seq', 10)")
+    committed, skipped = run_tail(db010, "ident", "optimistic", seed=11)
+    assert len(committed) > 50 and skipped == [[]] * len(skipped), skipped
+
+
 def test_installing_a_new_library_keeps_running_backends_alive(conn, tmp_path):
     lib = os.path.join(LIBDIR, "pgkvx.so")
     stage = tmp_path / "stage"

@@ -1,7 +1,10 @@
 """A randomized, seeded torture test of the tail guarantee, with an oracle.
 
 Writers of many kinds append to, move within and delete from a gapless
-`events` table (and write to an `orders` table the readers' filters read),
+`events` table (and write to an `orders` table the readers' filters read)
+and append to a gapless identity-keyed `ident_events` table (its identity
+default drawn through several statement shapes: VALUES, INSERT ...
+SELECT, a generic plan, PL/pgSQL),
 roll back whole transactions, savepoints and PL/pgSQL exception blocks,
 load in bulk, and disable the table or drop it inside savepoints they roll
 back.  Consumers of many kinds tail the table by key — plainly, by category
@@ -37,7 +40,8 @@ CATEGORIES = ["c0", "c1", "c2", "c3"]
 SUBSCRIBED = {"c1", "c3"}
 
 SETUP = """
-DROP TABLE IF EXISTS events, orders, subscriptions, pevents;
+DROP TABLE IF EXISTS events, orders, subscriptions, pevents, ident_events;
+DROP FUNCTION IF EXISTS ident_insert(text);
 CREATE TABLE orders (id bigint PRIMARY KEY, paid boolean NOT NULL, note text);
 CREATE TABLE events (id bigserial PRIMARY KEY, category text COLLATE "C" NOT NULL,
                      order_id bigint NOT NULL, payload text);
@@ -51,6 +55,11 @@ CREATE INDEX pevents_category_id ON pevents (category, id);
 SELECT pgkvx.enable('pevents', gapless => true);
 CREATE TABLE subscriptions (category text COLLATE "C" PRIMARY KEY);
 INSERT INTO subscriptions VALUES ('c1'), ('c3');
+CREATE TABLE ident_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, category text COLLATE "C" NOT NULL);
+SELECT pgkvx.enable('ident_events', gapless => true);
+CREATE FUNCTION ident_insert(cat text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE k bigint;
+BEGIN INSERT INTO ident_events (category) VALUES (cat) RETURNING id INTO k; RETURN k; END $$;
 -- statistics that make the planner pick the index plans a tail uses
 INSERT INTO orders SELECT g, true, NULL FROM generate_series(-5000, -1) g;
 ANALYZE orders, subscriptions;
@@ -134,11 +143,24 @@ class Writer:
 
     KINDS = [("insert", 40), ("savepoint", 10), ("exception_block", 6), ("bulk", 4), ("move", 8),
              ("delete", 6), ("orders", 8), ("disable_rolled_back", 2), ("drop_rolled_back", 1),
-             ("disable_in_exception_block", 1), ("partitioned", 10), ("partitioned_move", 4)]
+             ("disable_in_exception_block", 1), ("partitioned", 10), ("partitioned_move", 4),
+             ("identity", 12), ("identity_savepoint", 3)]
 
-    def __init__(self, connect, ledger, report, seed, stop, pledger=None):
+    # Ways a statement leaves ident_events' key to its identity default.
+    IDENTITY_SHAPES = [
+        "INSERT INTO ident_events (category) VALUES (%(cat)s) RETURNING id",
+        "INSERT INTO ident_events (category) VALUES (%(cat)s), (%(cat)s) RETURNING id",
+        "INSERT INTO ident_events (category) SELECT %(cat)s FROM generate_series(1, 3) RETURNING id",
+        # A server-side prepared statement, run with a generic plan.
+        "PREPARED INSERT INTO ident_events (category) VALUES (%(cat)s), (%(cat)s) RETURNING id",
+        "SELECT ident_insert(%(cat)s)",
+    ]
+
+    def __init__(self, connect, ledger, report, seed, stop, pledger=None, ident_ledger=None):
         self.connect, self.ledger, self.report = connect, ledger, report
         self.pledger = pledger if pledger is not None else Ledger()
+        self.ident_ledger = ident_ledger if ident_ledger is not None else Ledger()
+        self.ident_added = []
         self.rng = random.Random(seed)
         self.stop = stop
 
@@ -159,11 +181,19 @@ class Writer:
                          (cat, order)).fetchone()
         added.append((i, cat))
 
+    def insert_identity(self, c, added):
+        cat = self.rng.choice(CATEGORIES)
+        shape = self.rng.choice(self.IDENTITY_SHAPES)
+        prepared = shape.startswith("PREPARED ")
+        rows = c.execute(shape.removeprefix("PREPARED "), {"cat": cat}, prepare=prepared).fetchall()
+        added += [(i, cat) for (i,) in rows]
+
     def pause(self):
         time.sleep(self.rng.random() * 0.004)
 
     def txn(self, c, kind):
         added, removed = [], []
+        self.ident_added = []
         rollback = False
         if kind == "partitioned":
             padded = []
@@ -192,6 +222,18 @@ class Writer:
                                   "WHERE id = %s RETURNING id, category", (cat, victim)).fetchone()
                     self.pending_partitioned = ([(r[0], r[1])] if r else [], [victim] if r else [])
             self.pause()
+        elif kind == "identity":
+            for _ in range(self.rng.randint(1, 3)):
+                self.insert_identity(c, self.ident_added)
+                self.pause()
+            rollback = self.rng.random() < 0.1
+        elif kind == "identity_savepoint":
+            self.insert_identity(c, self.ident_added)
+            c.execute("SAVEPOINT s")
+            self.insert_identity(c, [])
+            self.pause()
+            c.execute("ROLLBACK TO SAVEPOINT s")
+            self.insert_identity(c, self.ident_added)
         elif kind == "insert":
             for _ in range(self.rng.randint(1, 3)):
                 self.insert_event(c, added)
@@ -255,6 +297,8 @@ class Writer:
     def __call__(self):
         try:
             with self.connect(autocommit=False) as c:
+                c.execute("SET plan_cache_mode = force_generic_plan")
+                c.commit()
                 while not self.stop.is_set():
                     kind = self.pick()
                     try:
@@ -268,6 +312,7 @@ class Writer:
                             self.ledger.commit(added, removed)
                             if self.pending_partitioned is not None:
                                 self.pledger.commit(*self.pending_partitioned)
+                            self.ident_ledger.commit(self.ident_added, [])
                         self.report.writer_txns += 1
                         self.report.writer_kinds[kind] = self.report.writer_kinds.get(kind, 0) + 1
                     except psycopg.Error as e:
@@ -412,6 +457,16 @@ def consumers(connect, report, seed, stop, drained):
             (str(cur + 1), n)).fetchall())
         return pyarrow.ipc.open_stream(stream).read_all().column("id").to_pylist()
     add("partitioned arrow_scan", ["SET pgkvx.scan_mode = optimistic"], parrow_poll, table="pevents")
+    for mode in ("optimistic", "fenced"):
+        add(f"identity tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
+            lambda c, cur, n: _ids(c.execute("SELECT id FROM ident_events WHERE id > %s ORDER BY id LIMIT %s",
+                                             (cur, n)).fetchall()),
+            table="ident_events")
+    add("identity category c1", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute(
+            "SELECT id FROM ident_events WHERE id > %s AND category = 'c1' ORDER BY id LIMIT %s",
+            (cur, n)).fetchall()),
+        lambda x: x == "c1", table="ident_events")
     return out
 
 
@@ -431,10 +486,10 @@ def run(connect, seed, seconds, writers=4):
     with connect() as c:
         c.execute(SETUP)
     before = _stats(connect)
-    ledger, pledger = Ledger(), Ledger()
-    ledgers = {"events": ledger, "pevents": pledger}
+    ledger, pledger, ident_ledger = Ledger(), Ledger(), Ledger()
+    ledgers = {"events": ledger, "pevents": pledger, "ident_events": ident_ledger}
     stop, drained = threading.Event(), threading.Event()
-    ws = [Writer(connect, ledger, report, seed * 100 + i, stop, pledger) for i in range(writers)]
+    ws = [Writer(connect, ledger, report, seed * 100 + i, stop, pledger, ident_ledger) for i in range(writers)]
     cs = consumers(connect, report, seed, stop, drained)
     threads = [threading.Thread(target=w) for w in ws] + [threading.Thread(target=c) for c in cs]
     for t in threads:
@@ -448,14 +503,14 @@ def run(connect, seed, seconds, writers=4):
         t.join()
     after = _stats(connect)
     report.stats = {k: after.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
-    report.committed_rows = len(ledger.seen_ids) + len(pledger.seen_ids)
+    report.committed_rows = len(ledger.seen_ids) + len(pledger.seen_ids) + len(ident_ledger.seen_ids)
     for cons in cs:
-        ledger = ledgers[cons.table]
+        led = ledgers[cons.table]
         got = set(cons.delivered)
         report.consumers[cons.name] = len(cons.delivered)
         if len(got) != len(cons.delivered):
             report.disorder.append((cons.name, "duplicates"))
-        expected = {i for i, cat in ledger.rows.items() if cons.matches(cat)}
+        expected = {i for i, cat in led.rows.items() if cons.matches(cat)}
         report.skipped[cons.name] = sorted(expected - got)
-        report.phantoms[cons.name] = sorted(got - ledger.seen_ids)
+        report.phantoms[cons.name] = sorted(got - led.seen_ids)
     return report
