@@ -135,3 +135,14 @@ def test_interrupted_wake_run_stops_pgqd_and_resets_the_server(tmp_path):
         assert json.load(f)["interrupted"]
     with open(found[:-len(".json")] + ".md") as f:
         assert "**Interrupted**" in f.read()
+
+
+def test_wake_latency_counts_waits_a_commit_ended():
+    commit = {1: 10.000, 2: 10.004, 3: None}
+    # woken 1 ms after id 1; ended before any commit (left out); woken 0.5
+    # ms after id 2, which committed during the wait; a wait past every commit.
+    waits = [(9.990, 10.001), (9.980, 9.985), (10.002, 10.0045), (10.005, 10.006)]
+    got = wake.wake_latency(commit, waits)
+    assert got["wake_n"] == 2, got
+    assert got["wake_p50_ms"] == pytest.approx(0.75)
+    assert got["wake_p99_ms"] == pytest.approx(0.5 + 0.99 * 0.5)
