@@ -663,11 +663,17 @@ def run_wake(cfg, wake):
     wake["pgq_missing"] = None if ok or "pgq" not in cfg.kinds else why
     if wake["pgq_missing"]:
         log(f"wake: PgQ left out: {why}")
-    cells = [(rep, "steady", c, k) for rep in range(cfg.reps) for c in cfg.configs
-             for k in kinds]
-    if "wait_for" in kinds:
-        cells += [(rep, "idle-in-tx", c, "wait_for") for rep in range(cfg.reps)
-                  for c in cfg.idle_configs]
+    # The idle-in-transaction cell right after the same configuration's
+    # steady cells: compared with them, under the same load of the machine.
+    cells = []
+    for rep in range(cfg.reps):
+        for c in cfg.configs:
+            cells += [(rep, "steady", c, k) for k in kinds]
+            if "wait_for" in kinds and c in cfg.idle_configs:
+                cells.append((rep, "idle-in-tx", c, "wait_for"))
+        if "wait_for" in kinds:
+            cells += [(rep, "idle-in-tx", c, "wait_for") for c in cfg.idle_configs
+                      if c not in cfg.configs]
     with tempfile.TemporaryDirectory(prefix="pgkvx-wake-") as workdir:
         for n, (rep, sc, (p, r, d), k) in enumerate(cells, 1):
             tag = f"[{n}/{len(cells)}] wake {sc} {p}x{r}@{d:g}ms {k}"
