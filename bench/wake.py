@@ -310,7 +310,7 @@ def consumer(kind, cfg, limit, ready, go, done, final_count, final_max, out):
             finished = done.is_set()   # before the read: it then sees every commit
             if finished and deadline is None:
                 deadline = time.monotonic() + cfg.drain_timeout
-            started = time.monotonic()
+            started, read_wall = time.monotonic(), time.time()
             try:
                 if kind == "pgq":
                     got, q = _pgq_batch(conn)
@@ -366,7 +366,7 @@ def consumer(kind, cfg, limit, ready, go, done, final_count, final_max, out):
                 for _ in conn.notifies(timeout=cfg.wait_timeout_s, stop_after=1):
                     pass
             if kind != "pgq":   # its pause is not what delays it: the tick is
-                waits.append((wait_start, time.time()))
+                waits.append((read_wall, wait_start, time.time()))
         conn.close()
         out.put(("consumer", 0, {"ids": ids, "times": times, "queries": queries,
                                  "wakeups": wakeups, "timeouts": timeouts, "batches": batches,
@@ -436,17 +436,19 @@ def lag_stats(commit_ts, ids, times):
 
 
 def wake_latency(commit_ts, waits):
-    """How long after a commit a waiting consumer woke: for each wait
-    (start, end) during which some transaction committed, end minus the
-    first commit at or after its start.  Waits that ended before any commit
-    (wait_for answering at once for a row committed earlier, timeouts) say
-    nothing about waking and are left out.  This is the wake-up mechanism
-    alone; the lag adds the read that follows."""
+    """How long after a commit a sleeping consumer woke.  A wait (read
+    start, wait start, wait end) counts when nothing committed between the
+    start of the read before it and the start of the wait (so nothing was
+    pending that could end it at once: a NOTIFY queued during the read, a
+    row wait_for finds already committed) and something committed during
+    it: end minus that first commit.  The others say nothing about waking
+    and are left out.  This is the wake-up mechanism alone; the lag adds
+    the read that follows."""
     ts = sorted({t for t in commit_ts.values() if t is not None})
     out = []
-    for start, end in waits:
+    for read_start, start, end in waits:
         i = bisect.bisect_left(ts, start)
-        if i < len(ts) and ts[i] <= end:
+        if i < len(ts) and ts[i] <= end and (i == 0 or ts[i - 1] < read_start):
             out.append((end - ts[i]) * 1000.0)
     return {"wake_p50_ms": percentile(out, 50), "wake_p99_ms": percentile(out, 99),
             "wake_n": len(out)}

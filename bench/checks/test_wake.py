@@ -138,10 +138,11 @@ def test_interrupted_wake_run_stops_pgqd_and_resets_the_server(tmp_path):
 
 
 def test_wake_latency_counts_waits_a_commit_ended():
-    commit = {1: 10.000, 2: 10.004, 3: None}
-    # woken 1 ms after id 1; ended before any commit (left out); woken 0.5
-    # ms after id 2, which committed during the wait; a wait past every commit.
-    waits = [(9.990, 10.001), (9.980, 9.985), (10.002, 10.0045), (10.005, 10.006)]
+    commit = {1: 10.000, 2: 10.004, 3: 10.0061, 4: None}
+    waits = [(9.985, 9.990, 10.001),     # woken 1 ms after id 1
+             (9.975, 9.980, 9.985),      # ended before any commit: left out
+             (10.0005, 10.002, 10.0045),  # woken 0.5 ms after id 2
+             (9.999, 10.005, 10.0062)]   # id 2 committed after its read began: left out
     got = wake.wake_latency(commit, waits)
     assert got["wake_n"] == 2, got
     assert got["wake_p50_ms"] == pytest.approx(0.75)
