@@ -481,7 +481,7 @@ def wake_goals(wake):
 def wake_markdown(wake):
     cfg = wake.get("config") or {}
     out = ["## wake-ups: consumers side by side", ""]
-    if wake.get("pgq_missing"):
+    if wake.get("pgq_missing") and wake["cells"]:
         out += [f"**PgQ left out**: {wake['pgq_missing']}.", ""]
     if not cfg:
         return out + ["(no part of the wake workload ran)", ""]

@@ -662,7 +662,7 @@ def run_wake(cfg, wake):
         raise RuntimeError("track_commit_timestamp is off: bench/run turns it on for the "
                            "wake workload (lag is measured against commit timestamps)")
     kinds = [k for k in cfg.kinds if k != "pgq" or ok]
-    wake["pgq_missing"] = None if ok or "pgq" not in cfg.kinds else why
+    wake["pgq_missing"] = None if ok or "pgq" not in cfg.kinds or not cfg.reps else why
     if wake["pgq_missing"]:
         log(f"wake: PgQ left out: {why}")
     # The idle-in-transaction cell right after the same configuration's
