@@ -161,8 +161,10 @@ class Pgbench:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def stop(self):
+        # SIGTERM, not SIGINT: a shell starting the harness in the
+        # background leaves SIGINT ignored, and pgbench inherits that.
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGTERM)
 
     def __enter__(self):
         return self
