@@ -15,6 +15,7 @@ import psycopg
 import kvbench
 import report
 import tail
+import wake
 from common import (add_durable_arg, connect, durability, log as _log, machine, pg_bindir,
                     recreate_database, report_base, run_engine)
 
@@ -41,10 +42,11 @@ def parse_args(argv):
     ap.add_argument("--keys", type=int, default=100_000, help="kv preload (random keys)")
     ap.add_argument("--tail-duration", type=float, help="seconds producers run (15; quick 5)")
     ap.add_argument("--tail-reps", type=int, help="repetitions of each tail round (2; quick 1)")
-    ap.add_argument("--workloads", help="comma list of kv workloads and/or 'tail' "
-                                        f"(default all: {', '.join(kvbench.WORKLOADS)}, tail)")
+    ap.add_argument("--workloads", help="comma list of kv workloads, 'tail' and/or 'wake' "
+                                        f"(default all: {', '.join(kvbench.WORKLOADS)}, tail, wake)")
     ap.add_argument("--modes", help="comma list of modes to run (default all: "
                                     "plain, latched-off, fenced, optimistic, horizon)")
+    wake.add_args(ap)
     add_durable_arg(ap)
     args = ap.parse_args(argv)
     quick = args.quick
@@ -52,7 +54,7 @@ def parse_args(argv):
     args.reps = args.reps or (1 if quick else 3)
     args.tail_duration = args.tail_duration or (5.0 if quick else 15.0)
     args.tail_reps = args.tail_reps or (1 if quick else 2)
-    known = list(kvbench.WORKLOADS) + ["tail"]
+    known = list(kvbench.WORKLOADS) + ["tail", "wake"]
     args.workloads = _pick(args.workloads, known, "workload")
     known_modes = {m.name for m in kvbench.KV_MODES} | {m.name for m in tail.TAIL_MODES}
     args.modes = _pick(args.modes, sorted(known_modes), "mode")
@@ -172,8 +174,9 @@ def _run(args):
                            drain_timeout=10.0 if args.quick else 20.0)
     kv_modes = _modes(kvbench.KV_MODES, args.modes)
     tail_modes = _modes(tail.TAIL_MODES, args.modes)
-    workloads = [w for w in args.workloads if w != "tail"]
+    workloads = [w for w in args.workloads if w not in ("tail", "wake")]
     do_tail = "tail" in args.workloads
+    wcfg = wake.config_from_args(args) if "wake" in args.workloads else None
     result = {
         "started": started.strftime("%Y-%m-%d %H:%M:%S"),
         "config": {"quick": args.quick, **durability(args), "kv": asdict(kvcfg),
@@ -184,12 +187,14 @@ def _run(args):
         "scenarios": list(tail.SCENARIOS) if do_tail else [],
         "tail_modes": [{"name": m.name, "label": m.label} for m in tail_modes] if do_tail else [],
         "plans": {}, "kv": [], "tail": [], "interrupted": False,
+        "wake": wake.new_result() if wcfg else None,
     }
     n_kv = len(workloads) * args.reps * len(kv_modes)
     n_tail = len(tail.SCENARIOS) * args.tail_reps * len(tail_modes) if do_tail else 0
+    wake_s = wake.estimate_s(wcfg) if wcfg else 0
     _log(f"pgkvx {mach['pgkvx_version']}; {n_kv} pgbench runs of {args.duration}s, {n_tail} tail runs "
-         f"of {args.tail_duration:g}s; about "
-         f"{(n_kv * (args.duration + 3) + n_tail * (args.tail_duration + 5)) / 60:.0f} min")
+         f"of {args.tail_duration:g}s" + (f", the wake workload (~{wake_s / 60:.0f} min)" if wcfg else "")
+         + f"; about {(n_kv * (args.duration + 3) + n_tail * (args.tail_duration + 5) + wake_s) / 60:.0f} min")
 
     try:
         if workloads:
@@ -197,6 +202,11 @@ def _run(args):
                 run_kv(result, kv_modes, kvcfg, pg_bindir(), logdir)
         if do_tail:
             run_tail(result, tail_modes, tcfg, args.tail_reps)
+        if wcfg:
+            # Lag is read off commit timestamps: on for this part only (a
+            # server restart each way).
+            with wake.commit_timestamps(wake.restart_cluster):
+                wake.run_wake(wcfg, result["wake"])
     except KeyboardInterrupt:
         result["interrupted"] = True
         _log("interrupted: writing what has finished")
