@@ -39,13 +39,15 @@ pub(super) struct FirstAttempt {
 
 /// Runs an optimistic statement's own executor into a new buffer, at the
 /// statement's snapshot.  The run is on the stack of every level of
-/// recursion through a guarded read, so the frames around it make no
-/// guarded pgrx call (each inlines a jump buffer): the buffer is made, and
-/// the footprint read, in functions of their own.
+/// recursion through a guarded read: it is inlined into its caller (with
+/// `run_into`), so that recursion pays for one frame of ours per level, and
+/// the frames around it make no guarded pgrx call (each inlines a jump
+/// buffer): the buffer is made, and the footprint read, in functions of
+/// their own.
 ///
 /// # Safety
 /// `qd` is a started, optimistic, not yet run statement of ours.
-#[inline(never)]
+#[inline(always)]
 pub(super) unsafe fn first_attempt(
     qd: *mut QueryDesc,
     once: bool,
@@ -94,7 +96,7 @@ unsafe fn new_buffer(qd: *mut QueryDesc) -> *mut BufferDest {
 ///
 /// # Safety
 /// `qd` is started and not yet run; `dest` a live receiver.
-#[inline(never)]
+#[inline(always)]
 unsafe fn run_into(qd: *mut QueryDesc, dest: *mut pg_sys::DestReceiver, once: bool) {
     // SAFETY: per contract.
     unsafe {
