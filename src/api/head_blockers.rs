@@ -108,6 +108,29 @@ fn rows_behind(relid: Oid, key: &KeyDesc, starts: &[KeyBuf], after: Option<&Afte
     let mut segments = vec![0i64; starts.len()];
     let Some(head) = starts.first() else { return (segments, false) };
     let Some(heap) = OpenRel::try_open(relid, pg_sys::AccessShareLock) else { return (segments, false) };
+    if heap.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE {
+        // A partitioned table's index has no storage to scan: count in each
+        // leaf (whose key encodes into the parent's key space), each leaf
+        // up to the limit.
+        drop(heap);
+        let mut capped = false;
+        for m in registry::partitions::members(relid) {
+            // SAFETY: a syscache probe.
+            if unsafe { pg_sys::get_rel_relkind(m) as u8 } != pg_sys::RELKIND_RELATION {
+                continue;
+            }
+            let Some(leaf) = registry::lookup(m) else { continue };
+            if leaf.key.index == pg_sys::InvalidOid {
+                continue;
+            }
+            let (counts, c) = rows_behind(m, &leaf.key, starts, after);
+            for (total, n) in segments.iter_mut().zip(counts) {
+                *total += n;
+            }
+            capped |= c;
+        }
+        return (segments, capped);
+    }
     let index = OpenRel::open(key.index, pg_sys::AccessShareLock);
     let from_head = key.key_fields(head.as_bytes()).map(|fields| After {
         fields,

@@ -95,6 +95,23 @@ SELECT dblink_exec('w1', 'COMMIT');
 SELECT count(*) FROM pgkvx.head_blockers;
 SELECT dblink_disconnect('w1');
 SELECT dblink_disconnect('w2');
+-- A latched partitioned table: rows behind a blocker are counted in each
+-- partition (the parent's index has no storage to scan).
+CREATE TABLE hbp (id bigint GENERATED ALWAYS AS IDENTITY, c int NOT NULL, PRIMARY KEY (id, c))
+    PARTITION BY LIST (c);
+CREATE TABLE hbp1 PARTITION OF hbp FOR VALUES IN (1);
+CREATE TABLE hbp2 PARTITION OF hbp FOR VALUES IN (2);
+SELECT pgkvx.enable('hbp', gapless => true);
+INSERT INTO hbp (c) VALUES (1), (2);
+SELECT dblink_connect('w3', :'conn');
+SELECT dblink_exec('w3', 'BEGIN; INSERT INTO hbp (c) VALUES (2)');
+INSERT INTO hbp (c) VALUES (1), (2), (1);
+SELECT rank, span, latches, rows_behind, rows_behind_capped FROM pgkvx.head_blockers('hbp');
+SELECT relid, rank, rows_behind FROM pgkvx.head_blockers WHERE relid = 'hbp'::regclass;
+SELECT dblink_exec('w3', 'COMMIT');
+SELECT dblink_disconnect('w3');
+SELECT count(*) FROM pgkvx.head_blockers('hbp');
+DROP TABLE hbp;
 -- pgkvx.stats(rel): one table's waits, as pgkvx.stats() has them for all.
 SELECT stat FROM pgkvx.stats('hb');
 SELECT pgkvx.stats(NULL);
