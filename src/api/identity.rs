@@ -497,6 +497,54 @@ fn refuse_move(table: Oid, seq: Oid, what: String) -> ! {
     )
 }
 
+/// Refuses a change to which sequence feeds gapless table `table`'s key.
+fn refuse_key_sequence_change(table: Oid, what: &str) -> ! {
+    let name = quote_literal(&crate::pg::regclass_text(table));
+    errors::raise_full(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("cannot {what} of gapless table \"{}\"", rel_name(table)),
+        Some("Another sequence for the key, or one no longer tied to it, can draw keys behind consumers' cursors, and consumers never see those rows.".to_string()),
+        Some(format!("SELECT pgkvx.disable({name}) first and pgkvx.enable({name}, gapless => true) after.")),
+    )
+}
+
+/// The OWNED BY option of a sequence statement's options, if any.
+///
+/// # Safety
+/// `options` is a List of DefElem.
+unsafe fn owned_by(options: *mut pg_sys::List) -> Option<*mut pg_sys::List> {
+    // SAFETY: per contract; OWNED BY's argument is a List of names.
+    unsafe {
+        list_iter::<pg_sys::DefElem>(options)
+            .find(|&d| CStr::from_ptr((*d).defname).to_bytes() == b"owned_by")
+            .map(|d| (*d).arg as *mut pg_sys::List)
+    }
+}
+
+/// Refuses OWNED BY naming a gapless table's key column: a second sequence
+/// tied to the key (or one swapped in for it) is one consumers' cursors do
+/// not follow.
+///
+/// # Safety
+/// `options` is a List of DefElem.
+unsafe fn refuse_owned_by_gapless_key(options: *mut pg_sys::List) {
+    // SAFETY: per contract; the names are String nodes, the last the column.
+    unsafe {
+        let Some(names) = owned_by(options) else { return };
+        let n = pg_sys::list_length(names);
+        if n < 2 {
+            return; // OWNED BY NONE
+        }
+        let col = pg_sys::list_nth(names, n - 1) as *mut pg_sys::String;
+        let Ok(col) = CStr::from_ptr((*col).sval).to_str() else { return };
+        let table = pg_sys::list_truncate(pg_sys::list_copy(names), n - 1);
+        let Some(relid) = resolve(pg_sys::makeRangeVarFromNameList(table)) else { return };
+        if gapless_key(relid).is_some_and(|(_, key)| key == col) {
+            refuse_key_sequence_change(relid, "tie another sequence (OWNED BY) to the key");
+        }
+    }
+}
+
 /// Refuses sequence options that move `seq` (the key sequence of gapless
 /// table `table`) backwards, now or later: RESTART at or below the last
 /// value handed out, a negative INCREMENT and CYCLE.  (A CACHE other than 1
@@ -561,25 +609,49 @@ unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
                     return; // Postgres refuses it
                 }
                 if let Some(table) = gapless_table_of(seq) {
+                    if owned_by(s.options).is_some() {
+                        // Moved off the key, the sequence could be restarted
+                        // (and moved back) unchecked.
+                        refuse_key_sequence_change(table, "change OWNED BY of the key sequence");
+                    }
                     check_sequence_options(table, seq, s.options);
                 }
+                refuse_owned_by_gapless_key(s.options);
+            }
+            pg_sys::NodeTag::T_CreateSeqStmt => {
+                let s = &*(stmt as *mut pg_sys::CreateSeqStmt);
+                refuse_owned_by_gapless_key(s.options);
             }
             pg_sys::NodeTag::T_AlterTableStmt => {
                 let s = &*(stmt as *mut pg_sys::AlterTableStmt);
                 let Some(relid) = resolve(s.relation) else { return };
                 // Only identity options name the key's sequence here.
-                let touches_identity = list_iter::<pg_sys::AlterTableCmd>(s.cmds)
-                    .any(|c| (*c).subtype == pg_sys::AlterTableType::AT_SetIdentity);
+                let touches_identity = list_iter::<pg_sys::AlterTableCmd>(s.cmds).any(|c| {
+                    matches!(
+                        (*c).subtype,
+                        pg_sys::AlterTableType::AT_SetIdentity
+                            | pg_sys::AlterTableType::AT_DropIdentity
+                            | pg_sys::AlterTableType::AT_AddIdentity
+                    )
+                });
                 if !touches_identity || !pg_sys::pg_class_ownercheck(relid, pg_sys::GetUserId()) {
                     return;
                 }
                 let Some((attnum, key)) = gapless_key(relid) else { return };
                 for cmd in list_iter::<pg_sys::AlterTableCmd>(s.cmds) {
                     let c = &*cmd;
-                    if c.subtype != pg_sys::AlterTableType::AT_SetIdentity
-                        || c.name.is_null()
-                        || CStr::from_ptr(c.name).to_str() != Ok(key.as_str())
-                    {
+                    if c.name.is_null() || CStr::from_ptr(c.name).to_str() != Ok(key.as_str()) {
+                        continue;
+                    }
+                    if matches!(
+                        c.subtype,
+                        pg_sys::AlterTableType::AT_DropIdentity | pg_sys::AlterTableType::AT_AddIdentity
+                    ) {
+                        // A new identity starts a new sequence at its start
+                        // value: keys behind every consumer's cursor.
+                        refuse_key_sequence_change(relid, "drop or add the identity of the key");
+                    }
+                    if c.subtype != pg_sys::AlterTableType::AT_SetIdentity {
                         continue;
                     }
                     let seq = pg_sys::getIdentitySequence(relid, attnum, true);
@@ -593,8 +665,7 @@ unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
                 if !s.restart_seqs {
                     return;
                 }
-                for rv in list_iter::<pg_sys::RangeVar>(s.relations) {
-                    let Some(relid) = resolve(rv) else { continue };
+                for relid in truncated_relations(s) {
                     if registry::registration(relid).is_some_and(|r| r.gapless) {
                         let name = quote_literal(&crate::pg::regclass_text(relid));
                         errors::raise_full(
@@ -611,6 +682,56 @@ unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
             _ => {}
         }
     }
+}
+
+/// Every table a TRUNCATE restarts the sequences of, as ExecuteTruncate
+/// collects them: the named ones, their inheritance children and
+/// partitions (unless ONLY), and with CASCADE every table referencing one
+/// of them by a foreign key, until no new one turns up.  A gapless table
+/// reached any of these ways would have its key sequence restarted.
+///
+/// # Safety
+/// `s` is a valid TruncateStmt.
+unsafe fn truncated_relations(s: &pg_sys::TruncateStmt) -> Vec<Oid> {
+    let mut out: Vec<Oid> = Vec::new();
+    let add = |out: &mut Vec<Oid>, relid: Oid, inh: bool| {
+        if !out.contains(&relid) {
+            out.push(relid);
+        }
+        if inh {
+            for m in registry::partitions::members(relid) {
+                if !out.contains(&m) {
+                    out.push(m);
+                }
+            }
+        }
+    };
+    // SAFETY: per contract; RangeVars of the statement.
+    unsafe {
+        for rv in list_iter::<pg_sys::RangeVar>(s.relations) {
+            if let Some(relid) = resolve(rv) {
+                add(&mut out, relid, (*rv).inh);
+            }
+        }
+    }
+    if s.behavior == pg_sys::DropBehavior::DROP_CASCADE {
+        loop {
+            let before = out.len();
+            let list = out.iter().fold(std::ptr::null_mut(), |l, &o| {
+                // SAFETY: appends to a fresh OidList.
+                unsafe { pg_sys::lappend_oid(l, o) }
+            });
+            // SAFETY: a pg_constraint scan returning a fresh OidList.
+            let referencing: Vec<Oid> = unsafe { crate::pg::list_oids(pg_sys::heap_truncate_find_FKs(list)).collect() };
+            for relid in referencing {
+                add(&mut out, relid, true);
+            }
+            if out.len() == before {
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// `COPY FROM` evaluates column defaults itself, without the planner: an

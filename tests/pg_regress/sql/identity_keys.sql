@@ -93,6 +93,26 @@ SELECT pgkvx.enable('ser', gapless => true);
 INSERT INTO ser (v) VALUES ('a'), ('b');
 ALTER SEQUENCE ser_id_seq RESTART WITH 1;
 TRUNCATE ser RESTART IDENTITY;
+-- ... nor through a TRUNCATE that reaches the table by CASCADE or inheritance
+CREATE TABLE ser_ref (id int PRIMARY KEY);
+CREATE TABLE ser_child (id bigserial PRIMARY KEY, r int REFERENCES ser_ref);
+SELECT pgkvx.enable('ser_child', gapless => true);
+TRUNCATE ser_ref RESTART IDENTITY CASCADE;
+TRUNCATE ser_ref CONTINUE IDENTITY CASCADE;
+CREATE TABLE ser_inh_parent (v text);
+CREATE TABLE ser_inh (id bigserial PRIMARY KEY) INHERITS (ser_inh_parent);
+SELECT pgkvx.enable('ser_inh', gapless => true);
+TRUNCATE ser_inh_parent RESTART IDENTITY;
+TRUNCATE ONLY ser_inh_parent RESTART IDENTITY;
+-- ... nor by a new identity, or another sequence tied to the key
+ALTER TABLE ev ALTER COLUMN id DROP IDENTITY;
+ALTER TABLE ev ALTER COLUMN v SET DEFAULT 'x', ALTER COLUMN id DROP IDENTITY IF EXISTS;
+ALTER SEQUENCE ser_id_seq OWNED BY NONE;
+CREATE SEQUENCE ser_other OWNED BY ser.id;
+CREATE SEQUENCE ser_free;
+ALTER SEQUENCE ser_free OWNED BY ser.id;
+ALTER SEQUENCE ser_free OWNED BY ser_ref.id;
+DROP TABLE ser_child, ser_ref, ser_inh, ser_inh_parent;
 -- forwards is fine
 ALTER TABLE ev ALTER COLUMN id RESTART WITH 1000;
 ALTER SEQUENCE ser_id_seq RESTART WITH 100;
