@@ -8,7 +8,9 @@
 //! latches nothing on a table that is not latched).
 
 use crate::args::Regclass;
-use pgrx::pg_sys;
+use crate::errors;
+use crate::pg::{rel_name, OpenRel};
+use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 
 /// Gives the partitions of latched partitioned table `rel` the triggers
@@ -103,8 +105,84 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
         // else may make a latched table wait by trying.
         if latched && pg_sys::pg_class_ownercheck(relid, pg_sys::GetUserId()) {
             pg_sys::LockRelationOid(root, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE);
+            if crate::registry::registration(root).is_some_and(|r| r.gapless) {
+                for c in crate::pg::list_iter::<pg_sys::AlterTableCmd>(stmt.cmds) {
+                    if (*c).subtype == pg_sys::AlterTableType::AT_AttachPartition && !(*c).def.is_null() {
+                        refuse_attaching_rows(root, (*((*c).def as *mut pg_sys::PartitionCmd)).name);
+                    }
+                }
+            }
         }
         pg_sys::Datum::from(0)
+    }
+}
+
+/// Refuses to attach a table holding rows into the gapless tree of `root`.
+/// Its keys were not drawn by the tree's `next_key`: they may repeat keys
+/// the tree has or will draw (its primary key holds the partition key, so
+/// nothing else stops a repeat), and a consumer whose cursor stands on one
+/// of two equal keys skips the other.
+///
+/// # Safety
+/// `rv` is the ATTACH's partition name, or null.
+unsafe fn refuse_attaching_rows(root: Oid, rv: *mut pg_sys::RangeVar) {
+    // SAFETY: per contract; a name lookup that returns InvalidOid if missing.
+    let part = unsafe {
+        if rv.is_null() {
+            return;
+        }
+        pg_sys::RangeVarGetRelidExtended(
+            rv,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    if part == pg_sys::InvalidOid {
+        return;
+    }
+    let mut leaves = crate::registry::partitions::members(part);
+    leaves.push(part);
+    if let Some(&full) = leaves.iter().find(|&&m| has_rows(m)) {
+        errors::raise_full(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "cannot attach \"{}\" to gapless partitioned table \"{}\": \"{}\" holds rows",
+                rel_name(part),
+                rel_name(root),
+                rel_name(full)
+            ),
+            Some("Its keys were not drawn by the table's pgkvx.next_key: they may repeat keys of the table, and a tail consumer skips one of two equal keys.".to_string()),
+            Some("Attach it empty and move its rows in through the parent (INSERT INTO parent (...) SELECT ... FROM it), which draws their keys.".to_string()),
+        );
+    }
+}
+
+/// Whether the plain table `relid` holds a row visible to a fresh snapshot
+/// (read under AccessShareLock, which the ATTACH's own lock follows).
+fn has_rows(relid: Oid) -> bool {
+    // SAFETY: a syscache probe.
+    if unsafe { pg_sys::get_rel_relkind(relid) as u8 } != pg_sys::RELKIND_RELATION {
+        return false;
+    }
+    let Some(rel) = OpenRel::try_open(relid, pg_sys::AccessShareLock) else { return false };
+    // SAFETY: the relation is open and locked; the snapshot is registered
+    // for the scan and released after it; one tuple is read, none kept.
+    unsafe {
+        let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::heap_beginscan(
+            rel.as_ptr(),
+            snap,
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            pg_sys::ScanOptions::SO_TYPE_SEQSCAN | pg_sys::ScanOptions::SO_ALLOW_PAGEMODE,
+        );
+        let found = !pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection).is_null();
+        pg_sys::heap_endscan(scan);
+        pg_sys::UnregisterSnapshot(snap);
+        found
     }
 }
 

@@ -95,6 +95,12 @@ SELECT id FROM ev WHERE id > 0 ORDER BY id LIMIT 10;
 SELECT pgkvx.key_bytes('ev', '5') = pgkvx.key_bytes('ev_2025', '5') AS same_encoding;
 -- Partitions created or attached later are latched too.
 CREATE TABLE ev_2027 PARTITION OF ev FOR VALUES FROM ('2027-01-01') TO ('2028-01-01');
+-- A table holding rows is refused: its keys were never drawn, and may
+-- repeat the tree's.
+CREATE TABLE ev_2029 (LIKE ev);
+INSERT INTO ev_2029 (id, created_at, cat, v) VALUES (1, '2029-06-01', 0, 'a key the tree has drawn');
+ALTER TABLE ev ATTACH PARTITION ev_2029 FOR VALUES FROM ('2029-01-01') TO ('2030-01-01');
+DROP TABLE ev_2029;
 CREATE TABLE ev_2028 (LIKE ev INCLUDING DEFAULTS);
 ALTER TABLE ev ATTACH PARTITION ev_2028 FOR VALUES FROM ('2028-01-01') TO ('2029-01-01');
 SELECT c.relname, t.tgname, t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
