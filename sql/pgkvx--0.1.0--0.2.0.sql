@@ -314,7 +314,7 @@ CREATE FUNCTION pgkvx._on_ddl_end() RETURNS event_trigger
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT DISTINCT u.relid
+    FOR r IN SELECT DISTINCT c.objid AS relid
                FROM pg_catalog.pg_event_trigger_ddl_commands() c,
                     LATERAL pg_catalog.pg_partition_ancestors(c.objid) a,
                     pgkvx.tables u

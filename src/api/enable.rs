@@ -187,8 +187,12 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     let identity = gapless && r.attrs()[key.cols[0].attnum as usize - 1].identity != 0;
     let columns: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
     let present = [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some());
+    // The primary key is registered as no index (the key columns name the
+    // key): pg_restore loads pgkvx.tables before it creates indexes, and a
+    // regclass naming one not yet there fails the whole table's COPY.
+    let stored_index = index.filter(|&i| Some(i) != r.primary_key_index());
     r.close();
-    registry::register(rel, index, &columns, gapless);
+    registry::register(rel, stored_index, &columns, gapless);
     for (i, (trigger, timing)) in [
         (ROW_TRIGGER, "BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_row()"),
         (TRUNCATE_TRIGGER, "BEFORE TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION pgkvx.latch_truncate()"),
@@ -223,7 +227,14 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
 /// later, with the parent's firing mode); TRUNCATE of a partition fires
 /// only the partition's own statement triggers, so each leaf gets one.
 pub fn enable_members(rel: Oid) {
-    for m in partitions::members(rel) {
+    enable_new_members(&partitions::members(rel));
+}
+
+/// Gives each of `members` (partitions of a latched tree) the latch
+/// triggers, always enabled; each one's state is read just before it is
+/// changed (the DDL below fires the event trigger again).
+pub fn enable_new_members(members: &[Oid]) {
+    for &m in members {
         let name = qualified_name(m);
         let (row, truncate, leaf) = {
             let Some(r) = OpenRel::try_open(m, pg_sys::AccessShareLock) else { continue };

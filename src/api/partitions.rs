@@ -13,15 +13,63 @@ use crate::pg::{rel_name, OpenRel};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 
-/// Gives the partitions of latched partitioned table `rel` the triggers
-/// they lack (called by the event trigger below).
+thread_local! {
+    /// Tables an ALTER TABLE ... ATTACH PARTITION of this backend is
+    /// attaching to a latched tree (recorded at its start, used at its end).
+    static ATTACHING: std::cell::RefCell<Vec<Oid>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Set while our own DDL runs (it fires the event trigger again).
+    static REPAIRING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives the partitions this statement added to a latched tree the
+/// triggers they lack: `rel`, when it is a partition of a latched table
+/// created in this transaction (CREATE TABLE ... PARTITION OF), and the
+/// tables an ATTACH of this statement attached.  Nothing else is touched:
+/// a partition whose trigger its owner disabled stays disabled (check()
+/// reports it), another role's partitions are left alone, and a restore,
+/// which creates the triggers itself after the data, is not raced.
+/// Called by the event trigger below, with each table the DDL named.
 #[pg_extern(volatile, parallel_unsafe, strict, name = "_enable_partitions", schema = "pgkvx")]
 fn enable_partitions(rel: Regclass) {
-    let relid = rel.0;
-    if crate::registry::registration(relid).is_none() {
+    if REPAIRING.with(|r| r.get()) {
         return;
     }
-    super::enable::enable_members(relid);
+    let relid = rel.0;
+    let mut fresh: Vec<Oid> = ATTACHING.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    // Registrations only, never the registry's lookup, which raises for a
+    // table whose key is not there yet (a restore adds it later).
+    let latched_tree = |t: Oid| {
+        crate::registry::partitions::ancestors(t).into_iter().any(|a| crate::registry::registration(a).is_some())
+    };
+    if latched_tree(relid) && created_in_this_transaction(relid) {
+        fresh.push(relid);
+    }
+    let mut tables = Vec::new();
+    for t in fresh {
+        tables.push(t);
+        tables.extend(crate::registry::partitions::members(t));
+    }
+    // SAFETY: an ownership probe of an existing relation.
+    tables.retain(|&t| latched_tree(t) && unsafe { pg_sys::pg_class_ownercheck(t, pg_sys::GetUserId()) });
+    tables.dedup();
+    REPAIRING.with(|r| r.set(true));
+    pgrx::PgTryBuilder::new(|| super::enable::enable_new_members(&tables))
+        .finally(|| REPAIRING.with(|r| r.set(false)))
+        .execute();
+}
+
+/// Whether `relid`'s pg_class row was written by this transaction.
+fn created_in_this_transaction(relid: Oid) -> bool {
+    // SAFETY: a syscache probe; the tuple is released before returning.
+    unsafe {
+        let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(relid));
+        if t.is_null() {
+            return false;
+        }
+        let xmin = (*(*t).t_data).t_choice.t_heap.t_xmin;
+        pg_sys::ReleaseSysCache(t);
+        pg_sys::TransactionIdIsCurrentTransactionId(xmin)
+    }
 }
 
 extension_sql!(
@@ -33,7 +81,7 @@ CREATE FUNCTION pgkvx._on_ddl_end() RETURNS event_trigger
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT DISTINCT u.relid
+    FOR r IN SELECT DISTINCT c.objid AS relid
                FROM pg_catalog.pg_event_trigger_ddl_commands() c,
                     LATERAL pg_catalog.pg_partition_ancestors(c.objid) a,
                     pgkvx.tables u
@@ -109,6 +157,25 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
                 for c in crate::pg::list_iter::<pg_sys::AlterTableCmd>(stmt.cmds) {
                     if (*c).subtype == pg_sys::AlterTableType::AT_AttachPartition && !(*c).def.is_null() {
                         refuse_attaching_rows(root, (*((*c).def as *mut pg_sys::PartitionCmd)).name);
+                    }
+                }
+            }
+            for c in crate::pg::list_iter::<pg_sys::AlterTableCmd>(stmt.cmds) {
+                if (*c).subtype == pg_sys::AlterTableType::AT_AttachPartition && !(*c).def.is_null() {
+                    let rv = (*((*c).def as *mut pg_sys::PartitionCmd)).name;
+                    let part = if rv.is_null() {
+                        pg_sys::InvalidOid
+                    } else {
+                        pg_sys::RangeVarGetRelidExtended(
+                            rv,
+                            pg_sys::NoLock as pg_sys::LOCKMODE,
+                            pg_sys::RVROption::RVR_MISSING_OK,
+                            None,
+                            std::ptr::null_mut(),
+                        )
+                    };
+                    if part != pg_sys::InvalidOid {
+                        ATTACHING.with(|a| a.borrow_mut().push(part));
                     }
                 }
             }

@@ -158,3 +158,39 @@ def test_tail_under_partition_ddl(db, mode):
             assert trig == "zz_pgkvx_latch:A,zz_pgkvx_latch_truncate:A", (p, trig)
         c.execute(f"DROP TABLE {table}")
         assert c.execute("SELECT count(*) FROM pgkvx.tables").fetchone()[0] == 0
+
+
+def test_pg_dump_and_pg_restore_keep_the_registration():
+    """pg_restore loads pgkvx.tables before it creates indexes: a
+    registration naming the parent's primary key as a regclass made that
+    COPY fail, and every registration of the database was lost."""
+    import os
+    import subprocess
+    import tempfile
+
+    from conftest import PG_BINDIR, scratch_database
+
+    with scratch_database("e2e_part_dump_src") as src, scratch_database("e2e_part_dump_dst") as dst:
+        with connect(src) as c:
+            c.execute("CREATE EXTENSION pgkvx")
+            c.execute("""CREATE TABLE pev (id bigserial, created_at date NOT NULL, v text,
+                                           PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)""")
+            c.execute("ALTER SEQUENCE pev_id_seq CACHE 1")
+            c.execute("CREATE TABLE pev_2025 PARTITION OF pev FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')")
+            c.execute("SELECT pgkvx.enable('pev', gapless => true)")
+            c.execute("CREATE TABLE plain_ev (id bigserial PRIMARY KEY, v text)")
+            c.execute("SELECT pgkvx.enable('plain_ev', gapless => true)")
+            c.execute("INSERT INTO pev (created_at, v) VALUES ('2025-02-01', 'a'), ('2025-03-01', 'b')")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "dump")
+            dump = subprocess.run([f"{PG_BINDIR}/pg_dump", "-Fc", "-f", path, "-d", src],
+                                  capture_output=True, text=True)
+            assert dump.returncode == 0, dump.stderr
+            restore = subprocess.run([f"{PG_BINDIR}/pg_restore", "--exit-on-error", "-d", dst, path],
+                                     capture_output=True, text=True)
+            assert restore.returncode == 0, restore.stderr
+        with connect(dst) as c:
+            got = sorted(c.execute("SELECT relid::text, gapless FROM pgkvx.tables").fetchall())
+            assert got == [("pev", True), ("plain_ev", True)]
+            c.execute("INSERT INTO pev (created_at, v) VALUES ('2025-04-01', 'c')")
+            assert [i for (i,) in c.execute("SELECT id FROM pev WHERE id > 0 ORDER BY id LIMIT 10")] == [1, 2, 3]

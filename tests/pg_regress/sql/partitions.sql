@@ -113,6 +113,12 @@ SELECT * FROM pgkvx.check();
 SET pgkvx.unprotected_reads = error;
 SELECT id FROM ev WHERE id > 0 ORDER BY id LIMIT 1;
 RESET pgkvx.unprotected_reads;
+-- Other DDL on the tree repairs nothing behind its owner's back: a trigger
+-- disabled stays disabled (check() reports it), a dropped one stays dropped.
+ALTER TABLE ev_2028 DISABLE TRIGGER zz_pgkvx_latch;
+ALTER TABLE ev ADD COLUMN note text;
+SELECT c.relname, t.tgname, t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE c.relname IN ('ev_2027', 'ev_2028') AND t.tgname LIKE 'zz_pgkvx%' ORDER BY 1, 2;
 SELECT pgkvx.enable('ev', gapless => true);
 SELECT * FROM pgkvx.check();
 -- A detached partition is a plain table again.
