@@ -77,6 +77,17 @@ pub mod raw {
             execute_once: bool,
         );
         pub fn standard_ExecutorFinish(qd: *mut pg_sys::QueryDesc);
+        #[allow(clippy::too_many_arguments)]
+        pub fn standard_ProcessUtility(
+            pstmt: *mut pg_sys::PlannedStmt,
+            query_string: *const std::ffi::c_char,
+            read_only_tree: bool,
+            context: pg_sys::ProcessUtilityContext::Type,
+            params: pg_sys::ParamListInfo,
+            query_env: *mut pg_sys::QueryEnvironment,
+            dest: *mut pg_sys::DestReceiver,
+            qc: *mut pg_sys::QueryCompletion,
+        );
         pub fn standard_ExecutorEnd(qd: *mut pg_sys::QueryDesc);
         pub fn standard_planner(
             parse: *mut pg_sys::Query,

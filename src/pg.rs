@@ -431,11 +431,18 @@ impl Drop for OpenRel {
 /// The settings come back when `f` returns; after an ERROR the transaction
 /// abort restores them.
 pub fn with_pinned_settings<R>(f: impl FnOnce() -> R) -> R {
+    with_settings(&[(c"search_path", c"pg_catalog, pg_temp"), (c"row_security", c"on")], f)
+}
+
+/// Runs `f` with `settings` set for its duration, as a function's SET
+/// clauses are; they come back when `f` returns, and after an ERROR the
+/// transaction abort restores them.
+pub fn with_settings<R>(settings: &[(&CStr, &CStr)], f: impl FnOnce() -> R) -> R {
     // SAFETY: the GUC nest-level protocol, as SECURITY DEFINER functions
     // with SET clauses use it.
     unsafe {
         let level = pg_sys::NewGUCNestLevel();
-        for (name, value) in [(c"search_path", c"pg_catalog, pg_temp"), (c"row_security", c"on")] {
+        for (name, value) in settings {
             pg_sys::set_config_option(
                 name.as_ptr(),
                 value.as_ptr(),

@@ -355,7 +355,7 @@ unsafe extern "C-unwind" fn utility_hook(
     unsafe {
         match PREV_UTILITY_HOOK {
             Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
-            None => unguarded::standard_ProcessUtility(
+            None => crate::errors::raw::standard_ProcessUtility(
                 pstmt,
                 query_string,
                 read_only_tree,
@@ -366,24 +366,6 @@ unsafe extern "C-unwind" fn utility_hook(
                 qc,
             ),
         }
-    }
-}
-
-mod unguarded {
-    use pgrx::pg_sys;
-    extern "C-unwind" {
-        /// Postgres's own, without pgrx's error guard (see `utility_hook`).
-        #[allow(clippy::too_many_arguments)]
-        pub fn standard_ProcessUtility(
-            pstmt: *mut pg_sys::PlannedStmt,
-            query_string: *const std::ffi::c_char,
-            read_only_tree: bool,
-            context: pg_sys::ProcessUtilityContext::Type,
-            params: pg_sys::ParamListInfo,
-            query_env: *mut pg_sys::QueryEnvironment,
-            dest: *mut pg_sys::DestReceiver,
-            qc: *mut pg_sys::QueryCompletion,
-        );
     }
 }
 
@@ -827,24 +809,7 @@ pub fn sequence_behind(relid: Oid) -> Option<String> {
 /// its writers nor warn that it did not.  The settings come back when `f`
 /// returns; after an ERROR the transaction abort restores them.
 fn with_plain_reads<R>(f: impl FnOnce() -> R) -> R {
-    // SAFETY: the GUC nest-level protocol, as SECURITY DEFINER functions
-    // with SET clauses use it.
-    unsafe {
-        let level = pg_sys::NewGUCNestLevel();
-        for (name, value) in [(c"pgkvx.scan_mode", c"off"), (c"pgkvx.unprotected_reads", c"allow")] {
-            pg_sys::set_config_option(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-                pg_sys::GucAction::GUC_ACTION_SAVE,
-                true,
-                0,
-                false,
-            );
-        }
-        let r = crate::pg::with_pinned_settings(f);
-        pg_sys::AtEOXact_GUC(true, level);
-        r
-    }
+    crate::pg::with_settings(&[(c"pgkvx.scan_mode", c"off"), (c"pgkvx.unprotected_reads", c"allow")], || {
+        crate::pg::with_pinned_settings(f)
+    })
 }

@@ -111,7 +111,7 @@ unsafe extern "C-unwind" fn after_utility(
     unsafe {
         match PREV_UTILITY_HOOK {
             Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
-            None => unguarded::standard_ProcessUtility(
+            None => crate::errors::raw::standard_ProcessUtility(
                 pstmt,
                 query_string,
                 read_only_tree,
@@ -127,25 +127,6 @@ unsafe extern "C-unwind" fn after_utility(
         note_transaction_snapshot();
         // COPY, an imported snapshot, ...: the snapshot is now read at.
         mark_fixed_read();
-    }
-}
-
-mod unguarded {
-    use pgrx::pg_sys;
-    extern "C-unwind" {
-        /// Postgres's own, declared here without pgrx's error guard (see
-        /// `after_utility`).
-        #[allow(clippy::too_many_arguments)]
-        pub fn standard_ProcessUtility(
-            pstmt: *mut pg_sys::PlannedStmt,
-            query_string: *const std::ffi::c_char,
-            read_only_tree: bool,
-            context: pg_sys::ProcessUtilityContext::Type,
-            params: pg_sys::ParamListInfo,
-            query_env: *mut pg_sys::QueryEnvironment,
-            dest: *mut pg_sys::DestReceiver,
-            qc: *mut pg_sys::QueryCompletion,
-        );
     }
 }
 
