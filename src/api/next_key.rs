@@ -66,12 +66,21 @@ fn has_table_privilege(relid: Oid, mode: u32) -> bool {
     }
 }
 
-/// Whether the current user has any of the privileges in `mode`.
+/// Whether the current user has any of the privileges in `mode`, on the
+/// table or on any of its columns: a role granted INSERT on some columns
+/// inserts rows whose key its default draws, as in PostgreSQL, which asks
+/// no privilege on a column left to its default.
 fn has_any_table_privilege(relid: Oid, mode: u32) -> bool {
-    // SAFETY: a catalog ACL check for the current user.
+    // SAFETY: catalog ACL checks for the current user.
     unsafe {
         pg_sys::pg_class_aclmask(relid, pg_sys::GetUserId(), mode as pg_sys::AclMode, pg_sys::AclMaskHow::ACLMASK_ANY)
             != 0
+            || pg_sys::pg_attribute_aclcheck_all(
+                relid,
+                pg_sys::GetUserId(),
+                mode as pg_sys::AclMode,
+                pg_sys::AclMaskHow::ACLMASK_ANY,
+            ) == pg_sys::AclResult::ACLCHECK_OK
     }
 }
 

@@ -81,6 +81,15 @@ GRANT INSERT ON ev TO pgkvx_ident_writer;
 SET ROLE pgkvx_ident_writer;
 INSERT INTO ev (v) VALUES ('by a writer');
 RESET ROLE;
+-- ... and so does a role granted INSERT on the other columns only
+CREATE ROLE pgkvx_ident_colwriter;
+GRANT INSERT (v) ON ev TO pgkvx_ident_colwriter;
+SET ROLE pgkvx_ident_colwriter;
+INSERT INTO ev (v) VALUES ('by a column writer');
+SELECT pgkvx.next_key('ev') > 0 AS drew;
+RESET ROLE;
+REVOKE ALL ON ev FROM pgkvx_ident_colwriter;
+DROP ROLE pgkvx_ident_colwriter;
 -- the key sequence cannot move backwards (serial keys alike)
 ALTER TABLE ev ALTER COLUMN id RESTART;
 ALTER TABLE ev ALTER COLUMN id RESTART WITH 3;
