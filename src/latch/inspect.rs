@@ -4,7 +4,7 @@
 
 use super::guard::{Directory, RangeAccess};
 use super::locks::LockSet;
-use super::region::{RelId, State};
+use super::region::{EntryData, RelId, State};
 use super::span::{KeyBuf, Span};
 use super::table::LatchTable;
 use super::xid::Xid;
@@ -20,6 +20,21 @@ pub struct LatchInfo {
     pub state: State,
     pub seq: u64,
     pub acquired_at: i64,
+}
+
+impl LatchInfo {
+    fn of(rel: RelId, range: u32, data: &EntryData, state: State) -> LatchInfo {
+        LatchInfo {
+            rel,
+            range,
+            span: data.span,
+            xid: data.xid,
+            pid: data.pid,
+            state,
+            seq: data.seq,
+            acquired_at: data.acquired_at,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -59,17 +74,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                     if state == State::Dead {
                         return;
                     }
-                    let data = g.data(e);
-                    f(&LatchInfo {
-                        rel,
-                        range: r,
-                        span: data.span,
-                        xid: data.xid,
-                        pid: data.pid,
-                        state,
-                        seq: data.seq,
-                        acquired_at: data.acquired_at,
-                    });
+                    f(&LatchInfo::of(rel, r, g.data(e), state));
                 });
             }
         }
@@ -90,17 +95,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             g.for_each_overlap(span, &mut |e| {
                 let state = self.state(e);
                 if state != State::Dead {
-                    let data = g.data(e);
-                    f(&LatchInfo {
-                        rel,
-                        range: r,
-                        span: data.span,
-                        xid: data.xid,
-                        pid: data.pid,
-                        state,
-                        seq: data.seq,
-                        acquired_at: data.acquired_at,
-                    });
+                    f(&LatchInfo::of(rel, r, g.data(e), state));
                 }
                 true
             });
