@@ -145,8 +145,10 @@ pub unsafe fn list_iter<T>(list: *mut pg_sys::List) -> impl Iterator<Item = *mut
 /// # Safety
 /// As for [`list_iter`].
 pub unsafe fn list_nth<T>(list: *mut pg_sys::List, n: usize) -> Option<*mut T> {
-    // SAFETY: per the contract.
-    unsafe { list_iter(list) }.nth(n)
+    // SAFETY: per the contract; the elements array holds `length` cells.
+    let cells: &[pg_sys::ListCell] = unsafe { list_cells(list, pg_sys::NodeTag::T_List) };
+    // SAFETY: the cells of a pointer List hold pointers.
+    cells.get(n).map(|c| unsafe { c.ptr_value } as *mut T)
 }
 
 /// How many elements a `List` has (NIL has none).

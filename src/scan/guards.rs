@@ -29,6 +29,8 @@ unsafe extern "C-unwind" {
 pub struct Guard {
     pub cs: *mut pg_sys::CustomScan,
     pub plan: GuardPlan,
+    /// The statement's range table, which its scans name tables in.
+    rtable: *mut pg_sys::List,
 }
 
 /// Every guarded scan of a statement.
@@ -44,11 +46,15 @@ impl Guards {
     pub unsafe fn of(stmt: *mut pg_sys::PlannedStmt) -> Guards {
         // SAFETY: per contract.
         let plans = unsafe { guard_plans(stmt) };
+        // SAFETY: per contract.
+        let rtable = unsafe { (*stmt).rtable };
         Guards(
             plans
                 .into_iter()
                 // SAFETY: our plan nodes.
-                .filter_map(|cs| unsafe { GuardPlan::from_list((*cs).custom_private) }.map(|plan| Guard { cs, plan }))
+                .filter_map(|cs| {
+                    unsafe { GuardPlan::from_list((*cs).custom_private) }.map(|plan| Guard { cs, plan, rtable })
+                })
                 .collect(),
         )
     }
@@ -78,6 +84,14 @@ impl Guards {
         for g in &self.0 {
             if let Some(latched) = registry::lookup(g.plan.relid) {
                 admit::warn_if_exposed(&latched);
+            }
+            if g.plan.tree {
+                // SAFETY: our plan node, of this statement.
+                for relid in unsafe { scanned_tables((*g.cs).custom_plans, g.rtable) } {
+                    if let Some(latched) = registry::lookup(relid) {
+                        admit::warn_if_exposed(&latched);
+                    }
+                }
             }
         }
     }
@@ -138,53 +152,108 @@ impl Guards {
     }
 }
 
+/// The tables the scans in `plans` (a tree guard's MergeAppend and
+/// everything under it) read: a partitioned table's partitions.
+///
+/// # Safety
+/// `plans` is a list of valid plan trees; `rtable` their statement's.
+unsafe fn scanned_tables(plans: *mut pg_sys::List, rtable: *mut pg_sys::List) -> Vec<pg_sys::Oid> {
+    let mut out = Vec::new();
+    let mut collect = |p: *mut pg_sys::Plan| {
+        use pg_sys::NodeTag::*;
+        // SAFETY: a node of the statement's plan; the cast follows the tag
+        // check.
+        unsafe {
+            if matches!(
+                node_tag(p as *const Node),
+                T_SeqScan
+                    | T_SampleScan
+                    | T_IndexScan
+                    | T_IndexOnlyScan
+                    | T_BitmapHeapScan
+                    | T_TidScan
+                    | T_TidRangeScan
+            ) {
+                let rti = (*(p as *mut pg_sys::Scan)).scanrelid as usize;
+                if let Some(rte) = crate::pg::list_nth::<pg_sys::RangeTblEntry>(rtable, rti.wrapping_sub(1)) {
+                    out.push((*rte).relid);
+                }
+            }
+        }
+    };
+    // SAFETY: per contract.
+    unsafe {
+        for p in list_iter::<pg_sys::Plan>(plans) {
+            walk_plans(p, &mut collect);
+        }
+    }
+    out
+}
+
+/// Whether plan node `p` is a `PgkvxLimitScan`.
+///
+/// # Safety
+/// `p` is a valid plan node.
+pub unsafe fn is_guard_plan(p: *mut pg_sys::Plan) -> bool {
+    // SAFETY: per contract; the cast follows the tag check.
+    unsafe {
+        node_tag(p as *const Node) == pg_sys::NodeTag::T_CustomScan
+            && std::ptr::eq((*(p as *mut pg_sys::CustomScan)).methods, &node::SCAN_METHODS.0)
+    }
+}
+
+/// Calls `f` on every node of plan tree `p` (not into subplans, which the
+/// statement lists apart).
+///
+/// # Safety
+/// `p` is a valid plan tree (or NULL).
+pub unsafe fn walk_plans(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut pg_sys::Plan)) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: per contract; each cast follows a tag check.
+    unsafe {
+        f(p);
+        let lists: &[*mut pg_sys::List] = match node_tag(p as *const Node) {
+            pg_sys::NodeTag::T_CustomScan => &[(*(p as *mut pg_sys::CustomScan)).custom_plans],
+            pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
+            pg_sys::NodeTag::T_MergeAppend => &[(*(p as *mut pg_sys::MergeAppend)).mergeplans],
+            pg_sys::NodeTag::T_BitmapAnd => &[(*(p as *mut pg_sys::BitmapAnd)).bitmapplans],
+            pg_sys::NodeTag::T_BitmapOr => &[(*(p as *mut pg_sys::BitmapOr)).bitmapplans],
+            pg_sys::NodeTag::T_SubqueryScan => {
+                walk_plans((*(p as *mut pg_sys::SubqueryScan)).subplan, f);
+                &[]
+            }
+            _ => &[],
+        };
+        for &l in lists {
+            for c in list_iter::<pg_sys::Plan>(l) {
+                walk_plans(c, f);
+            }
+        }
+        walk_plans((*p).lefttree, f);
+        walk_plans((*p).righttree, f);
+    }
+}
+
 /// Every `PgkvxLimitScan` plan node of a statement.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt.
 unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::CustomScan> {
-    /// # Safety
-    /// `p` is a valid plan tree (or NULL).
-    unsafe fn walk(p: *mut pg_sys::Plan, out: &mut Vec<*mut pg_sys::CustomScan>) {
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: per contract; each cast follows a tag check.
-        unsafe {
-            let lists: &[*mut pg_sys::List] = match node_tag(p as *const Node) {
-                pg_sys::NodeTag::T_CustomScan => {
-                    let cs = p as *mut pg_sys::CustomScan;
-                    if std::ptr::eq((*cs).methods, &node::SCAN_METHODS.0) {
-                        out.push(cs);
-                    }
-                    &[(*cs).custom_plans]
-                }
-                pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
-                pg_sys::NodeTag::T_MergeAppend => &[(*(p as *mut pg_sys::MergeAppend)).mergeplans],
-                pg_sys::NodeTag::T_BitmapAnd => &[(*(p as *mut pg_sys::BitmapAnd)).bitmapplans],
-                pg_sys::NodeTag::T_BitmapOr => &[(*(p as *mut pg_sys::BitmapOr)).bitmapplans],
-                pg_sys::NodeTag::T_SubqueryScan => {
-                    walk((*(p as *mut pg_sys::SubqueryScan)).subplan, out);
-                    &[]
-                }
-                _ => &[],
-            };
-            for &l in lists {
-                for c in list_iter::<pg_sys::Plan>(l) {
-                    walk(c, out);
-                }
-            }
-            walk((*p).lefttree, out);
-            walk((*p).righttree, out);
-        }
-    }
     let mut out = Vec::new();
+    let mut collect = |p: *mut pg_sys::Plan| {
+        // SAFETY: a node of the statement's plan.
+        if unsafe { is_guard_plan(p) } {
+            out.push(p as *mut pg_sys::CustomScan);
+        }
+    };
     // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
     // all in the statement's list.
     unsafe {
-        walk((*stmt).planTree, &mut out);
+        walk_plans((*stmt).planTree, &mut collect);
         for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
-            walk(sp, &mut out);
+            walk_plans(sp, &mut collect);
         }
     }
     out

@@ -7,7 +7,8 @@
 //! executor node (begin/exec/end/rescan, EXPLAIN), which follows how far
 //! its scan got; `statement` runs the read protocol (`read/`) once per
 //! statement from the executor hooks, over the statement's `guards`
-//! (decoded once); `attempts` runs an optimistic statement's attempts, and
+//! (decoded once); `tree` puts one node over a partitioned table's
+//! MergeAppend instead of one per partition; `attempts` runs an optimistic statement's attempts, and
 //! `buffer` holds its rows back until they are valid.
 
 pub mod attempts;
@@ -18,6 +19,7 @@ pub mod plan_data;
 pub mod planner;
 pub mod restartable;
 pub mod statement;
+pub mod tree;
 
 /// Installs the planner and executor hooks and registers the node; called
 /// from `_PG_init`.

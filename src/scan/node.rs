@@ -123,6 +123,10 @@ enum ScanPosition {
         attnos: Vec<i32>,
         forward: bool,
     },
+    /// A partitioned table's Append or MergeAppend in key order: the rows
+    /// it handed up end at the last one (`NodeRuntime::last`), whose key
+    /// columns are at `attnos`.
+    Stream { attnos: Vec<i32>, forward: bool },
     /// Any other scan: it may have looked anywhere in the declared span.
     Anywhere,
 }
@@ -139,6 +143,10 @@ pub struct NodeRuntime {
     static_declared: Option<Span>,
     /// The scan has run since it began or was last rescanned.
     started: bool,
+    /// The row the child handed up last (NULL: none, or it ran out).  It
+    /// stays in its slot until the child is run again, which only this
+    /// node does.
+    last: *mut pg_sys::TupleTableSlot,
     touched: Vec<Span>,
     /// The statement's protocol outcome, for EXPLAIN.
     pub statement: Option<Rc<RefCell<StatementReport>>>,
@@ -333,8 +341,14 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
 
         let latched = registry::lookup(plan.relid);
         let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0;
-        let position = match &latched {
-            Some(l) if !explain_only => position_of(child, &l.key),
+        let position = match (&latched, &plan.stream) {
+            _ if explain_only => ScanPosition::Anywhere,
+            (Some(_), Some(s)) => {
+                ScanPosition::Stream { attnos: s.resnos.iter().map(|&r| i32::from(r)).collect(), forward: s.forward }
+            }
+            // A tree's child is its Append (or, with one partition left, that
+            // partition's scan, whose columns the parent's key does not name).
+            (Some(l), None) if !plan.tree => position_of(child, &l.key),
             _ => ScanPosition::Anywhere,
         };
         let bounds = list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| pg_sys::ExecInitExpr(e, ps)).collect();
@@ -348,6 +362,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             bounds,
             static_declared: None,
             started: false,
+            last: std::ptr::null_mut(),
             touched: Vec::new(),
             statement: None,
             fence_at_start: None,
@@ -401,7 +416,9 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
         if !(*child).chgParam.is_null() {
             rescan_child(child);
         }
-        ((*child).ExecProcNode.unwrap_unchecked())(child)
+        let slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
+        (*rt).last = slot;
+        slot
     }
 }
 
@@ -583,6 +600,18 @@ impl NodeRuntime {
                     } else {
                         let last = key.encode_slot_at(slot, attnos);
                         span::touched(&d, Some(&last), *forward)
+                    }
+                }
+            }
+            ScanPosition::Stream { attnos, forward } => {
+                let slot = self.last;
+                // SAFETY: the slot the child returned last, untouched since
+                // (see `last`).
+                unsafe {
+                    if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                        d
+                    } else {
+                        span::touched(&d, Some(&key.encode_slot_at(slot, attnos)), *forward)
                     }
                 }
             }

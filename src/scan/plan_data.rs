@@ -17,7 +17,7 @@ unsafe impl<T> Sync for StaticMethods<T> {}
 
 /// Bumped whenever the layout changes: a plan cached by an older library
 /// is refused rather than misread.
-const LAYOUT: i32 = 2;
+const LAYOUT: i32 = 3;
 
 /// A qual `key column <strategy> expression` that bounds the declared span,
 /// the expression being the matching entry of `custom_exprs`.  Only
@@ -42,6 +42,20 @@ pub struct GuardPlan {
     /// reads may retry it at another snapshot.
     pub restartable: bool,
     pub bounds: Vec<BoundQual>,
+    /// The node guards a partitioned table's Append or MergeAppend (all
+    /// its partitions' scans), not one table's scan.
+    pub tree: bool,
+    /// For a tree: how its rows come, when they come in key order.
+    pub stream: Option<StreamOrder>,
+}
+
+/// A stream of rows in key order: the key columns' positions in each row
+/// (1-based, in the node's target list) and whether the stream moves up
+/// the key encoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamOrder {
+    pub forward: bool,
+    pub resnos: Vec<i16>,
 }
 
 fn integer_node(v: i32) -> *mut std::ffi::c_void {
@@ -55,6 +69,15 @@ impl GuardPlan {
         let mut v = vec![LAYOUT, self.relid.to_u32() as i32, i32::from(self.restartable), self.bounds.len() as i32];
         for b in &self.bounds {
             v.extend([i32::from(b.col), i32::from(b.strategy), b.typid.to_u32() as i32]);
+        }
+        v.push(i32::from(self.tree));
+        match &self.stream {
+            None => v.push(0),
+            Some(s) => {
+                v.push(if s.forward { 1 } else { 2 });
+                v.push(s.resnos.len() as i32);
+                v.extend(s.resnos.iter().map(|&r| i32::from(r)));
+            }
         }
         make_list(v.into_iter().map(integer_node))
     }
@@ -82,11 +105,21 @@ impl GuardPlan {
             let (col, strategy, typid) = (next()?, next()?, next()?);
             bounds.push(BoundQual { col: col as u16, strategy: strategy as u16, typid: Oid::from(typid as u32) });
         }
+        let tree = next()? != 0;
+        let stream = match next()? {
+            0 => None,
+            order @ (1 | 2) => {
+                let n = next()?;
+                let resnos = (0..n).map(|_| next().map(|r| r as i16)).collect::<Option<Vec<_>>>()?;
+                Some(StreamOrder { forward: order == 1, resnos })
+            }
+            _ => return None,
+        };
         // Also refuses a list with elements left over, as before.
         if ints.next().is_some() {
             return None;
         }
-        Some(GuardPlan { relid: Oid::from(relid as u32), restartable: restartable != 0, bounds })
+        Some(GuardPlan { relid: Oid::from(relid as u32), restartable: restartable != 0, bounds, tree, stream })
     }
 }
 
@@ -105,11 +138,16 @@ mod tests {
                 BoundQual { col: 0, strategy: 5, typid: pg_sys::INT8OID },
                 BoundQual { col: 1, strategy: 3, typid: pg_sys::TEXTOID },
             ],
+            tree: false,
+            stream: None,
         };
         let list = p.to_list();
         // SAFETY: a list we just built, and its copy.
         let copied = unsafe { pg_sys::copyObjectImpl(list as *const std::ffi::c_void) as *mut List };
-        assert_eq!(unsafe { GuardPlan::from_list(copied) }, Some(p));
+        assert_eq!(unsafe { GuardPlan::from_list(copied) }, Some(p.clone()));
+        let tree = GuardPlan { tree: true, stream: Some(StreamOrder { forward: false, resnos: vec![3, 1] }), ..p };
+        // SAFETY: as above.
+        assert_eq!(unsafe { GuardPlan::from_list(tree.to_list()) }, Some(tree));
         // A list of another layout is not misread.
         assert_eq!(unsafe { GuardPlan::from_list(make_list([integer_node(99)])) }, None);
     }

@@ -46,6 +46,10 @@ thread_local! {
     /// Emptied whenever a planning step starts or ends, so no entry outlives
     /// its root.
     static TREE_HAS_GUARDED_MEMBER: RefCell<Vec<(usize, u32, bool)>> = const { RefCell::new(Vec::new()) };
+    /// How many guard nodes this backend has planned: a finished plan is
+    /// looked through for partitioned tables (`tree.rs`) only if its
+    /// planning made one.
+    static GUARDS_PLANNED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 pub fn init() {
@@ -89,10 +93,15 @@ unsafe extern "C-unwind" fn planner_hook(
             RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
             TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().clear());
             let _frame = PlanningFrame;
-            crate::errors::pass(|| match PREV_PLANNER_HOOK {
+            let planned_before = GUARDS_PLANNED.get();
+            let stmt = crate::errors::pass(|| match PREV_PLANNER_HOOK {
                 Some(prev) => prev(parse, query_string, cursor_options, params),
                 None => crate::errors::raw::standard_planner(parse, query_string, cursor_options, params),
-            })
+            });
+            if GUARDS_PLANNED.get() != planned_before {
+                super::tree::guard_merge_appends(stmt);
+            }
+            stmt
         })
     }
 }
@@ -549,7 +558,14 @@ unsafe extern "C-unwind" fn plan_custom_path(
         let latched = registry::require(relid);
         let bounds = key_bounds(root, rti, &latched.key, clauses);
         let restartable = RESTARTABLE.with(|r| r.borrow().last().copied()).unwrap_or(false);
-        let plan = GuardPlan { relid, restartable, bounds: bounds.iter().map(|(b, _)| *b).collect() };
+        GUARDS_PLANNED.set(GUARDS_PLANNED.get().wrapping_add(1));
+        let plan = GuardPlan {
+            relid,
+            restartable,
+            bounds: bounds.iter().map(|(b, _)| *b).collect(),
+            tree: false,
+            stream: None,
+        };
 
         let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;

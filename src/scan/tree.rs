@@ -1,0 +1,319 @@
+//! One node over a partitioned table's MergeAppend instead of one per
+//! partition.
+//!
+//! The planner wraps each partition's scan in its own `PgkvxLimitScan`: it
+//! is the only place a partition's paths can be wrapped, since a
+//! partitioned table that is a query's only relation gets its Append paths
+//! rebuilt from its partitions' paths after every path hook has run.  But
+//! a tail read of a table partitioned by time opens every partition through
+//! a MergeAppend, and a node per partition costs a node's start and
+//! bookkeeping per partition, per poll.
+//!
+//! So once the plan is made, a MergeAppend whose every input is a guarded
+//! partition scan of one latched tree, sorted on the tree's key, is guarded
+//! once: the partitions' nodes are taken out and one node goes over the
+//! MergeAppend.  Its rows come in key order, so the span it touched ends at
+//! the last row it handed up (`node::ScanPosition::Stream`), which is what
+//! the partitions' nodes together recorded, or less.  Every other shape
+//! keeps its nodes per partition: an Append (in partition order, each input
+//! pruned or run on its own), inputs sorted above their scan (a Limit's
+//! bound must reach the sort), a key the MergeAppend does not sort on.
+
+use super::plan_data::{GuardPlan, StreamOrder};
+use crate::pg::{list_iter, list_nth, make_list, node_tag};
+use crate::registry;
+use pgrx::pg_sys::{self, List, Node, Plan};
+
+/// Replaces, everywhere in `stmt`, each MergeAppend over guarded partition
+/// scans by one guard over it.
+///
+/// # Safety
+/// `stmt` is the PlannedStmt the planner just made, not yet shared.
+pub unsafe fn guard_merge_appends(stmt: *mut pg_sys::PlannedStmt) {
+    // SAFETY: per contract; every plan node is ours to rewrite in place.
+    unsafe {
+        let rtable = (*stmt).rtable;
+        let mut next_id = None;
+        (*stmt).planTree = rewrite((*stmt).planTree, rtable, stmt, &mut next_id);
+        let subplans = (*stmt).subplans;
+        if !subplans.is_null() {
+            for i in 0..(*subplans).length as usize {
+                let cell = (*subplans).elements.add(i);
+                (*cell).ptr_value =
+                    rewrite((*cell).ptr_value as *mut Plan, rtable, stmt, &mut next_id) as *mut std::ffi::c_void;
+            }
+        }
+    }
+}
+
+/// `p` with its children rewritten, bottom up, and itself guarded if it is
+/// such a MergeAppend.
+///
+/// # Safety
+/// `p` is a plan tree of `stmt` (or NULL).
+unsafe fn rewrite(
+    p: *mut Plan,
+    rtable: *mut List,
+    stmt: *mut pg_sys::PlannedStmt,
+    next_id: &mut Option<i32>,
+) -> *mut Plan {
+    if p.is_null() {
+        return p;
+    }
+    // SAFETY: per contract; each cast follows a tag check.
+    unsafe {
+        let lists: &[*mut List] = match node_tag(p as *const Node) {
+            pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
+            pg_sys::NodeTag::T_MergeAppend => &[(*(p as *mut pg_sys::MergeAppend)).mergeplans],
+            pg_sys::NodeTag::T_CustomScan => &[(*(p as *mut pg_sys::CustomScan)).custom_plans],
+            pg_sys::NodeTag::T_BitmapAnd => &[(*(p as *mut pg_sys::BitmapAnd)).bitmapplans],
+            pg_sys::NodeTag::T_BitmapOr => &[(*(p as *mut pg_sys::BitmapOr)).bitmapplans],
+            pg_sys::NodeTag::T_SubqueryScan => {
+                let sq = p as *mut pg_sys::SubqueryScan;
+                (*sq).subplan = rewrite((*sq).subplan, rtable, stmt, next_id);
+                &[]
+            }
+            _ => &[],
+        };
+        for &l in lists {
+            if l.is_null() {
+                continue;
+            }
+            for i in 0..(*l).length as usize {
+                let cell = (*l).elements.add(i);
+                (*cell).ptr_value =
+                    rewrite((*cell).ptr_value as *mut Plan, rtable, stmt, next_id) as *mut std::ffi::c_void;
+            }
+        }
+        (*p).lefttree = rewrite((*p).lefttree, rtable, stmt, next_id);
+        (*p).righttree = rewrite((*p).righttree, rtable, stmt, next_id);
+        if node_tag(p as *const Node) != pg_sys::NodeTag::T_MergeAppend {
+            return p;
+        }
+        let ma = p as *mut pg_sys::MergeAppend;
+        let Some(guard) = tree_guard(ma, rtable) else { return p };
+        let id = *next_id.get_or_insert_with(|| max_plan_node_id(stmt) + 1);
+        *next_id = Some(id + 1);
+        guard.build(ma, id)
+    }
+}
+
+/// What one guard over a MergeAppend needs: the partitions' guards it
+/// replaces agree on all of it.
+struct TreeGuard {
+    plan: GuardPlan,
+    /// The partitions' bounds (one guard's `custom_exprs`).
+    exprs: *mut List,
+    /// The first partition guard's target list, to describe columns the
+    /// MergeAppend's inputs compute.
+    first_tlist: *mut List,
+    /// The guards' children, in the MergeAppend's input order.
+    children: Vec<*mut Plan>,
+}
+
+/// The guard `ma` can have, if every input of it is a guarded scan of one
+/// latched partitioned table and it sorts on that table's key.
+///
+/// # Safety
+/// `ma` is a MergeAppend of a finished plan; `rtable` its statement's.
+unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<TreeGuard> {
+    // SAFETY: per contract; plan nodes are checked by tag before each cast.
+    unsafe {
+        let mut parent_rti = 0;
+        if !pg_sys::bms_get_singleton_member((*ma).apprelids, &mut parent_rti) {
+            return None;
+        }
+        let parent_rte = list_nth::<pg_sys::RangeTblEntry>(rtable, parent_rti as usize - 1)?;
+        if (*parent_rte).relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
+            return None;
+        }
+        let parent = registry::lookup((*parent_rte).relid)?;
+        let mut first: Option<(GuardPlan, *mut pg_sys::CustomScan)> = None;
+        let mut children = Vec::new();
+        for input in list_iter::<Plan>((*ma).mergeplans) {
+            if !super::guards::is_guard_plan(input) {
+                return None;
+            }
+            let cs = input as *mut pg_sys::CustomScan;
+            let plan = GuardPlan::from_list((*cs).custom_private)?;
+            if registry::lookup(plan.relid)?.root != parent.root {
+                return None;
+            }
+            match &first {
+                None => first = Some((plan, cs)),
+                Some((p, c)) => {
+                    let same = p.restartable == plan.restartable
+                        && p.bounds == plan.bounds
+                        && pg_sys::equal((**c).custom_exprs as *const _, (*cs).custom_exprs as *const _);
+                    if !same {
+                        return None;
+                    }
+                }
+            }
+            children.push(list_nth::<Plan>((*cs).custom_plans, 0)?);
+        }
+        let (first, first_cs) = first?;
+        let stream = sort_order(ma, parent_rti as u32, &parent.key)?;
+        let plan = GuardPlan {
+            relid: (*parent_rte).relid,
+            restartable: first.restartable,
+            bounds: first.bounds,
+            tree: true,
+            stream: Some(stream),
+        };
+        Some(TreeGuard { plan, exprs: (*first_cs).custom_exprs, first_tlist: (*first_cs).custom_scan_tlist, children })
+    }
+}
+
+/// The order `ma` hands up rows in, as key order: its leading sort columns
+/// are the key's columns, each the parent's own column, all in the key
+/// encoding's direction or all against it.
+///
+/// # Safety
+/// As for [`tree_guard`]; `parent_rti` is `ma`'s partitioned table.
+unsafe fn sort_order(ma: *mut pg_sys::MergeAppend, parent_rti: u32, key: &crate::keys::KeyDesc) -> Option<StreamOrder> {
+    // SAFETY: per contract; the sort arrays hold numCols entries.
+    unsafe {
+        let n = (*ma).numCols as usize;
+        if n < key.cols.len() {
+            return None;
+        }
+        let tlist = (*ma).plan.targetlist;
+        let mut forward = None;
+        let mut resnos = Vec::with_capacity(key.cols.len());
+        for (i, c) in key.cols.iter().enumerate() {
+            let resno = *(*ma).sortColIdx.add(i);
+            let te = list_nth::<pg_sys::TargetEntry>(tlist, resno as usize - 1)?;
+            let var = (*te).expr as *mut Node;
+            if node_tag(var) != pg_sys::NodeTag::T_Var {
+                return None;
+            }
+            let var = var as *mut pg_sys::Var;
+            if (*var).varnosyn != parent_rti || (*var).varattnosyn != c.attnum {
+                return None;
+            }
+            let (mut opfamily, mut opcintype, mut strategy) = (pg_sys::InvalidOid, pg_sys::InvalidOid, 0i16);
+            let op = *(*ma).sortOperators.add(i);
+            if !pg_sys::get_ordering_op_properties(op, &mut opfamily, &mut opcintype, &mut strategy)
+                || opfamily != c.opfamily
+                || !c.orders_like_key(*(*ma).collations.add(i))
+            {
+                return None;
+            }
+            let ascending = strategy as u32 == pg_sys::BTLessStrategyNumber;
+            let f = ascending != c.desc;
+            if forward.is_some_and(|o| o != f) {
+                return None;
+            }
+            forward = Some(f);
+            resnos.push(resno);
+        }
+        Some(StreamOrder { forward: forward?, resnos })
+    }
+}
+
+impl TreeGuard {
+    /// The guard over `ma`, its inputs' guards taken out.
+    ///
+    /// # Safety
+    /// `ma` is the MergeAppend this was found for.
+    unsafe fn build(self, ma: *mut pg_sys::MergeAppend, plan_node_id: i32) -> *mut Plan {
+        // SAFETY: per contract; the new node is palloc'd and filled like
+        // makeNode(CustomScan), with the fields set_plan_references would
+        // have set.
+        unsafe {
+            let l = (*ma).mergeplans;
+            for (i, &child) in self.children.iter().enumerate() {
+                (*(*l).elements.add(i)).ptr_value = child as *mut std::ffi::c_void;
+            }
+            let m = &(*ma).plan;
+            let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
+            let p = &mut (*cs).scan.plan;
+            p.type_ = pg_sys::NodeTag::T_CustomScan;
+            p.startup_cost = m.startup_cost;
+            p.total_cost = m.total_cost;
+            p.plan_rows = m.plan_rows;
+            p.plan_width = m.plan_width;
+            p.plan_node_id = plan_node_id;
+            p.extParam = pg_sys::bms_copy(m.extParam);
+            p.allParam = pg_sys::bms_copy(m.allParam);
+            // The MergeAppend's rows, unchanged: the output refers to the
+            // scan tuple (our child's), column by column.
+            let mut scan_tlist = Vec::new();
+            let mut tlist = Vec::new();
+            for te in list_iter::<pg_sys::TargetEntry>(m.targetlist) {
+                let e = (*te).expr as *mut Node;
+                let described = self.describe(e, (*te).resno);
+                scan_tlist.push(pg_sys::makeTargetEntry(described, (*te).resno, std::ptr::null_mut(), false));
+                let out = pg_sys::makeVar(
+                    pg_sys::INDEX_VAR,
+                    (*te).resno,
+                    pg_sys::exprType(e),
+                    pg_sys::exprTypmod(e),
+                    pg_sys::exprCollation(e),
+                    0,
+                );
+                let out = pg_sys::makeTargetEntry(out as *mut pg_sys::Expr, (*te).resno, (*te).resname, (*te).resjunk);
+                (*out).ressortgroupref = (*te).ressortgroupref;
+                tlist.push(out);
+            }
+            p.targetlist = make_list(tlist);
+            (*cs).custom_scan_tlist = make_list(scan_tlist);
+            (*cs).scan.scanrelid = 0;
+            (*cs).custom_plans = make_list([ma as *mut Plan]);
+            (*cs).custom_exprs = self.exprs;
+            (*cs).custom_private = self.plan.to_list();
+            (*cs).flags = 0;
+            (*cs).methods = &super::node::SCAN_METHODS.0;
+            cs as *mut Plan
+        }
+    }
+
+    /// Column `resno` of the MergeAppend's output as EXPLAIN names it: the
+    /// parent's column it came from, or what the first partition's scan
+    /// computes there.
+    ///
+    /// # Safety
+    /// `e` is the MergeAppend's target entry expression at `resno`.
+    unsafe fn describe(&self, e: *mut Node, resno: i16) -> *mut pg_sys::Expr {
+        // SAFETY: per contract; checked by tag before the cast.
+        unsafe {
+            if node_tag(e) == pg_sys::NodeTag::T_Var {
+                let v = e as *mut pg_sys::Var;
+                if (*v).varnosyn > 0 {
+                    let var = pg_sys::makeVar(
+                        (*v).varnosyn as i32,
+                        (*v).varattnosyn,
+                        (*v).vartype,
+                        (*v).vartypmod,
+                        (*v).varcollid,
+                        0,
+                    );
+                    (*var).varnosyn = (*v).varnosyn;
+                    (*var).varattnosyn = (*v).varattnosyn;
+                    return var as *mut pg_sys::Expr;
+                }
+            }
+            match list_nth::<pg_sys::TargetEntry>(self.first_tlist, resno as usize - 1) {
+                Some(te) => pg_sys::copyObjectImpl((*te).expr as *const _) as *mut pg_sys::Expr,
+                None => pg_sys::copyObjectImpl(e as *const _) as *mut pg_sys::Expr,
+            }
+        }
+    }
+}
+
+/// The largest plan node id in `stmt`: the new guard takes the next.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+unsafe fn max_plan_node_id(stmt: *mut pg_sys::PlannedStmt) -> i32 {
+    let mut max = 0;
+    // SAFETY: per contract.
+    unsafe {
+        super::guards::walk_plans((*stmt).planTree, &mut |p| max = max.max((*p).plan_node_id));
+        for sp in list_iter::<Plan>((*stmt).subplans) {
+            super::guards::walk_plans(sp, &mut |p| max = max.max((*p).plan_node_id));
+        }
+    }
+    max
+}
