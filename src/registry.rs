@@ -80,6 +80,14 @@ type OidMap<V> = HashMap<Oid, V, std::hash::BuildHasherDefault<OidHasher>>;
 
 thread_local! {
     static LATCHED_CACHE: RefCell<OidMap<Cached>> = RefCell::new(OidMap::default());
+    /// Bumped by every relcache invalidation: answers derived from many
+    /// relations (a partition tree's) are kept for one generation.
+    static GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The relcache generation (see GENERATION).
+pub fn generation() -> u64 {
+    GENERATION.get()
 }
 
 /// Installs the relcache callback; called from `_PG_init`.
@@ -91,6 +99,7 @@ pub fn init() {
 #[pg_guard]
 unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
     // Runs inside invalidation processing: no catalog access here.
+    GENERATION.set(GENERATION.get().wrapping_add(1));
     LATCHED_CACHE.with(|c| {
         if let Ok(mut c) = c.try_borrow_mut() {
             if relid == pg_sys::InvalidOid {

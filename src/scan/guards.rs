@@ -13,17 +13,6 @@ use crate::read::span::{self, KeyQual};
 use crate::registry;
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Node, QueryDesc};
-use pgrx::prelude::*;
-
-unsafe extern "C-unwind" {
-    // nodes/nodeFuncs.h; not in pgrx's bindings.  Called only through the
-    // FFI boundary guard.
-    fn planstate_tree_walker(
-        planstate: *mut pg_sys::PlanState,
-        walker: Option<unsafe extern "C-unwind" fn(*mut pg_sys::PlanState, *mut std::ffi::c_void) -> bool>,
-        context: *mut std::ffi::c_void,
-    ) -> bool;
-}
 
 /// One `PgkvxLimitScan` of a statement's plan, its plan data decoded.
 pub struct Guard {
@@ -86,11 +75,16 @@ impl Guards {
                 admit::warn_if_exposed(&latched);
             }
             if g.plan.tree {
+                let exposed = registry::lookup(g.plan.relid)
+                    .map(|l| registry::partitions::exposed_members(l.root))
+                    .unwrap_or_default();
+                if exposed.is_empty() {
+                    continue;
+                }
                 // SAFETY: our plan node, of this statement.
-                for relid in unsafe { scanned_tables((*g.cs).custom_plans, g.rtable) } {
-                    if let Some(latched) = registry::lookup(relid) {
-                        admit::warn_if_exposed(&latched);
-                    }
+                let read = unsafe { scanned_tables((*g.cs).custom_plans, g.rtable) };
+                for latched in exposed.iter().filter(|l| read.contains(&l.key.relid)) {
+                    admit::warn_if_exposed(latched);
                 }
             }
         }
@@ -180,6 +174,7 @@ unsafe fn scanned_tables(plans: *mut pg_sys::List, rtable: *mut pg_sys::List) ->
                 }
             }
         }
+        true
     };
     // SAFETY: per contract.
     unsafe {
@@ -203,17 +198,20 @@ pub unsafe fn is_guard_plan(p: *mut pg_sys::Plan) -> bool {
 }
 
 /// Calls `f` on every node of plan tree `p` (not into subplans, which the
-/// statement lists apart).
+/// statement lists apart), and on the nodes under one only when `f` says
+/// to descend.
 ///
 /// # Safety
 /// `p` is a valid plan tree (or NULL).
-pub unsafe fn walk_plans(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut pg_sys::Plan)) {
+pub unsafe fn walk_plans(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut pg_sys::Plan) -> bool) {
     if p.is_null() {
         return;
     }
     // SAFETY: per contract; each cast follows a tag check.
     unsafe {
-        f(p);
+        if !f(p) {
+            return;
+        }
         let lists: &[*mut pg_sys::List] = match node_tag(p as *const Node) {
             pg_sys::NodeTag::T_CustomScan => &[(*(p as *mut pg_sys::CustomScan)).custom_plans],
             pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
@@ -244,9 +242,15 @@ unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Custom
     let mut out = Vec::new();
     let mut collect = |p: *mut pg_sys::Plan| {
         // SAFETY: a node of the statement's plan.
-        if unsafe { is_guard_plan(p) } {
-            out.push(p as *mut pg_sys::CustomScan);
+        if !unsafe { is_guard_plan(p) } {
+            return true;
         }
+        let cs = p as *mut pg_sys::CustomScan;
+        out.push(cs);
+        // Under a tree's guard are its partitions' scans, none of them
+        // guarded (tree.rs); subplans are walked apart.
+        // SAFETY: our plan node.
+        !unsafe { GuardPlan::from_list((*cs).custom_private) }.is_some_and(|g| g.tree)
     };
     // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
     // all in the statement's list.
@@ -259,14 +263,61 @@ unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Custom
     out
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn collect_nodes(ps: *mut pg_sys::PlanState, cx: *mut std::ffi::c_void) -> bool {
-    // SAFETY: called by planstate_tree_walker with our Vec as context.
+/// Calls `f` on every plan state of an executor's tree, as
+/// `planstate_tree_walker` visits them: init plans, both subtrees, the
+/// members of Append-like nodes and custom scans, subplans.  In Rust, with
+/// no boundary crossed per node: it runs at every guarded statement's start.
+///
+/// # Safety
+/// `ps` is a valid, initialised plan state tree (or NULL).
+unsafe fn walk_planstates(ps: *mut pg_sys::PlanState, f: &mut dyn FnMut(*mut pg_sys::PlanState)) {
+    if ps.is_null() {
+        return;
+    }
+    // SAFETY: per contract; each cast follows a tag check of the plan,
+    // whose state the executor made of the matching kind.
     unsafe {
-        if node::is_ours(ps) {
-            (*(cx as *mut Vec<*mut pg_sys::CustomScanState>)).push(ps as *mut pg_sys::CustomScanState);
+        f(ps);
+        for sp in list_iter::<pg_sys::SubPlanState>((*ps).initPlan) {
+            walk_planstates((*sp).planstate, f);
         }
-        pg_sys::ffi::pg_guard_ffi_boundary(|| planstate_tree_walker(ps, Some(collect_nodes), cx))
+        walk_planstates((*ps).lefttree, f);
+        walk_planstates((*ps).righttree, f);
+        let members = |arr: *mut *mut pg_sys::PlanState, n: i32, f: &mut dyn FnMut(*mut pg_sys::PlanState)| {
+            for i in 0..n.max(0) as usize {
+                walk_planstates(*arr.add(i), f);
+            }
+        };
+        match node_tag((*ps).plan as *const Node) {
+            pg_sys::NodeTag::T_Append => {
+                let a = ps as *mut pg_sys::AppendState;
+                members((*a).appendplans, (*a).as_nplans, f);
+            }
+            pg_sys::NodeTag::T_MergeAppend => {
+                let m = ps as *mut pg_sys::MergeAppendState;
+                members((*m).mergeplans, (*m).ms_nplans, f);
+            }
+            pg_sys::NodeTag::T_BitmapAnd => {
+                let b = ps as *mut pg_sys::BitmapAndState;
+                members((*b).bitmapplans, (*b).nplans, f);
+            }
+            pg_sys::NodeTag::T_BitmapOr => {
+                let b = ps as *mut pg_sys::BitmapOrState;
+                members((*b).bitmapplans, (*b).nplans, f);
+            }
+            pg_sys::NodeTag::T_SubqueryScan => {
+                walk_planstates((*(ps as *mut pg_sys::SubqueryScanState)).subplan, f);
+            }
+            pg_sys::NodeTag::T_CustomScan => {
+                for c in list_iter::<pg_sys::PlanState>((*(ps as *mut pg_sys::CustomScanState)).custom_ps) {
+                    walk_planstates(c, f);
+                }
+            }
+            _ => {}
+        }
+        for sp in list_iter::<pg_sys::SubPlanState>((*ps).subPlan) {
+            walk_planstates((*sp).planstate, f);
+        }
     }
 }
 
@@ -276,8 +327,14 @@ unsafe extern "C-unwind" fn collect_nodes(ps: *mut pg_sys::PlanState, cx: *mut s
 /// `qd` has been started.
 pub unsafe fn guard_nodes(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScanState> {
     let mut out: Vec<*mut pg_sys::CustomScanState> = Vec::new();
-    // SAFETY: per contract; the walker only reads the tree.
-    unsafe { collect_nodes((*qd).planstate, &mut out as *mut _ as *mut std::ffi::c_void) };
+    // SAFETY: per contract; the walk only reads the tree.
+    unsafe {
+        walk_planstates((*qd).planstate, &mut |ps| {
+            if node::is_ours(ps) {
+                out.push(ps as *mut pg_sys::CustomScanState);
+            }
+        })
+    };
     out
 }
 

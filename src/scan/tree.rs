@@ -310,9 +310,15 @@ unsafe fn max_plan_node_id(stmt: *mut pg_sys::PlannedStmt) -> i32 {
     let mut max = 0;
     // SAFETY: per contract.
     unsafe {
-        super::guards::walk_plans((*stmt).planTree, &mut |p| max = max.max((*p).plan_node_id));
+        super::guards::walk_plans((*stmt).planTree, &mut |p| {
+            max = max.max((*p).plan_node_id);
+            true
+        });
         for sp in list_iter::<Plan>((*stmt).subplans) {
-            super::guards::walk_plans(sp, &mut |p| max = max.max((*p).plan_node_id));
+            super::guards::walk_plans(sp, &mut |p| {
+                max = max.max((*p).plan_node_id);
+                true
+            });
         }
     }
     max

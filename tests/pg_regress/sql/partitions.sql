@@ -89,6 +89,13 @@ SELECT relid, span FROM pgkvx.latches;
 ROLLBACK;
 -- Tails on the parent: each partition's scan is guarded, named by both.
 EXPLAIN (COSTS OFF) SELECT id FROM ev WHERE id > 1 ORDER BY id LIMIT 10;
+-- One guard over the MergeAppend, naming the parent's columns; descending
+-- too.  Partitions that compute an expression below the MergeAppend keep a
+-- guard each.
+EXPLAIN (COSTS OFF, VERBOSE) SELECT id, v FROM ev WHERE id > 1 ORDER BY id LIMIT 10;
+EXPLAIN (COSTS OFF) SELECT id FROM ev WHERE id > 1 ORDER BY id DESC LIMIT 10;
+EXPLAIN (COSTS OFF, VERBOSE) SELECT id, upper(v) FROM ev WHERE id > 1 ORDER BY id LIMIT 10;
+SELECT id, upper(v) FROM ev WHERE id > 1 ORDER BY id LIMIT 3;
 EXPLAIN (COSTS OFF) SELECT id FROM ev WHERE cat = 0 AND id > 1 ORDER BY id LIMIT 10;
 EXPLAIN (COSTS OFF) SELECT id FROM ev WHERE created_at >= '2026-01-01' AND id > 1 ORDER BY id LIMIT 10;
 SELECT id FROM ev WHERE id > 0 ORDER BY id LIMIT 10;
@@ -112,6 +119,9 @@ DROP TRIGGER zz_pgkvx_latch_truncate ON ev_2027;
 SELECT * FROM pgkvx.check();
 SET pgkvx.unprotected_reads = error;
 SELECT id FROM ev WHERE id > 0 ORDER BY id LIMIT 1;
+-- A read that prunes that partition away reads only protected ones.
+EXPLAIN (COSTS OFF) SELECT id FROM ev WHERE created_at < '2027-01-01' AND id > 0 ORDER BY id LIMIT 1;
+SELECT id FROM ev WHERE created_at < '2027-01-01' AND id > 0 ORDER BY id LIMIT 1;
 RESET pgkvx.unprotected_reads;
 -- Other DDL on the tree repairs nothing behind its owner's back: a trigger
 -- disabled stays disabled (check() reports it), a dropped one stays dropped.
