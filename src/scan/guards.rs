@@ -10,14 +10,17 @@ use crate::latch::{Footprint, RelId};
 use crate::pg::{list_iter, node_tag};
 use crate::read::admit;
 use crate::read::span::{self, KeyQual};
-use crate::registry;
+use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Node, QueryDesc};
+use std::rc::Rc;
 
 /// One `PgkvxLimitScan` of a statement's plan, its plan data decoded.
 pub struct Guard {
     pub cs: *mut pg_sys::CustomScan,
     pub plan: GuardPlan,
+    /// The table as latched when the statement started (None: no longer).
+    latched: Option<Rc<Latched>>,
     /// The statement's range table, which its scans name tables in.
     rtable: *mut pg_sys::List,
 }
@@ -33,19 +36,32 @@ impl Guards {
     /// # Safety
     /// `stmt` is a valid PlannedStmt.
     pub unsafe fn of(stmt: *mut pg_sys::PlannedStmt) -> Guards {
-        // SAFETY: per contract.
-        let plans = unsafe { guard_plans(stmt) };
+        let mut out = Vec::new();
         // SAFETY: per contract.
         let rtable = unsafe { (*stmt).rtable };
-        Guards(
-            plans
-                .into_iter()
-                // SAFETY: our plan nodes.
-                .filter_map(|cs| {
-                    unsafe { GuardPlan::from_list((*cs).custom_private) }.map(|plan| Guard { cs, plan, rtable })
-                })
-                .collect(),
-        )
+        let mut collect = |p: *mut pg_sys::Plan| {
+            // SAFETY: a node of the statement's plan.
+            if !unsafe { is_guard_plan(p) } {
+                return true;
+            }
+            let cs = p as *mut pg_sys::CustomScan;
+            // SAFETY: our plan node.
+            let Some(plan) = (unsafe { GuardPlan::from_list((*cs).custom_private) }) else { return true };
+            // Under a tree's guard are its partitions' scans, none of them
+            // guarded (tree.rs); subplans are walked apart.
+            let descend = !plan.tree;
+            out.push(Guard { cs, latched: registry::lookup(plan.relid), plan, rtable });
+            descend
+        };
+        // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
+        // all in the statement's list.
+        unsafe {
+            walk_plans((*stmt).planTree, &mut collect);
+            for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
+                walk_plans(sp, &mut collect);
+            }
+        }
+        Guards(out)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -60,7 +76,7 @@ impl Guards {
 
     /// The latched tables the guarded scans read.
     pub fn rels(&self) -> impl Iterator<Item = RelId> + '_ {
-        self.0.iter().map(|g| backend::rel_id(registry::latch_identity(g.plan.relid)))
+        self.0.iter().map(|g| backend::rel_id(g.latched.as_ref().map_or(g.plan.relid, |l| l.root)))
     }
 
     /// Says so (per `pgkvx.unprotected_reads`) when a guarded table's
@@ -71,13 +87,10 @@ impl Guards {
             return;
         }
         for g in &self.0 {
-            if let Some(latched) = registry::lookup(g.plan.relid) {
-                admit::warn_if_exposed(&latched);
-            }
+            let Some(latched) = &g.latched else { continue };
+            admit::warn_if_exposed(latched);
             if g.plan.tree {
-                let exposed = registry::lookup(g.plan.relid)
-                    .map(|l| registry::partitions::exposed_members(l.root))
-                    .unwrap_or_default();
+                let exposed = registry::partitions::exposed_members(latched.root);
                 if exposed.is_empty() {
                     continue;
                 }
@@ -111,7 +124,7 @@ impl Guards {
         // evaluated once, not once per partition.
         let mut seen: Vec<(pg_sys::Oid, &GuardPlan, *mut pg_sys::List)> = Vec::new();
         for g in &self.0 {
-            let Some(latched) = registry::lookup(g.plan.relid) else { continue };
+            let Some(latched) = &g.latched else { continue };
             // SAFETY: our plan nodes' expression lists; equal() only reads.
             let again = seen.iter().any(|&(root, plan, exprs)| unsafe {
                 root == latched.root
@@ -142,7 +155,7 @@ impl Guards {
 
     /// The first guarded table, to name in a message.
     pub fn first_rel(&self) -> RelId {
-        self.0.first().map_or(RelId::EMPTY, |g| backend::rel_id(registry::latch_identity(g.plan.relid)))
+        self.0.first().map_or(RelId::EMPTY, |g| backend::rel_id(g.latched.as_ref().map_or(g.plan.relid, |l| l.root)))
     }
 }
 
@@ -232,35 +245,6 @@ pub unsafe fn walk_plans(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut pg_sys::Pl
         walk_plans((*p).lefttree, f);
         walk_plans((*p).righttree, f);
     }
-}
-
-/// Every `PgkvxLimitScan` plan node of a statement.
-///
-/// # Safety
-/// `stmt` is a valid PlannedStmt.
-unsafe fn guard_plans(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::CustomScan> {
-    let mut out = Vec::new();
-    let mut collect = |p: *mut pg_sys::Plan| {
-        // SAFETY: a node of the statement's plan.
-        if !unsafe { is_guard_plan(p) } {
-            return true;
-        }
-        let cs = p as *mut pg_sys::CustomScan;
-        out.push(cs);
-        // Under a tree's guard are its partitions' scans, none of them
-        // guarded (tree.rs); subplans are walked apart.
-        // SAFETY: our plan node.
-        !unsafe { GuardPlan::from_list((*cs).custom_private) }.is_some_and(|g| g.tree)
-    };
-    // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
-    // all in the statement's list.
-    unsafe {
-        walk_plans((*stmt).planTree, &mut collect);
-        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
-            walk_plans(sp, &mut collect);
-        }
-    }
-    out
 }
 
 /// Calls `f` on every plan state of an executor's tree, as

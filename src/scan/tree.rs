@@ -14,15 +14,18 @@
 //! once: the partitions' nodes are taken out and one node goes over the
 //! MergeAppend.  Its rows come in key order, so the span it touched ends at
 //! the last row it handed up (`node::ScanPosition::Stream`), which is what
-//! the partitions' nodes together recorded, or less.  Every other shape
-//! keeps its nodes per partition: an Append (in partition order, each input
-//! pruned or run on its own), inputs sorted above their scan (a Limit's
-//! bound must reach the sort), a key the MergeAppend does not sort on.
+//! the partitions' nodes together recorded, or less.  An input may be a
+//! Result that computes the query's expressions from its guard's rows (the
+//! guard is taken from under it).  Every other shape keeps its nodes per
+//! partition: an Append (in partition order, each input pruned or run on
+//! its own), inputs sorted above their scan (a Limit's bound must reach the
+//! sort), a key the MergeAppend does not sort on.
 
 use super::plan_data::{GuardPlan, StreamOrder};
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, Plan};
+use pgrx::prelude::*;
 
 /// Replaces, everywhere in `stmt`, each MergeAppend over guarded partition
 /// scans by one guard over it.
@@ -104,11 +107,48 @@ struct TreeGuard {
     plan: GuardPlan,
     /// The partitions' bounds (one guard's `custom_exprs`).
     exprs: *mut List,
-    /// The first partition guard's target list, to describe columns the
-    /// MergeAppend's inputs compute.
-    first_tlist: *mut List,
-    /// The guards' children, in the MergeAppend's input order.
-    children: Vec<*mut Plan>,
+    /// The first input, to describe columns the MergeAppend's inputs
+    /// compute.
+    first: Input,
+    /// Every input, in the MergeAppend's order.
+    inputs: Vec<Input>,
+}
+
+/// One input of the MergeAppend: a partition's guard, straight or under
+/// the Result that computes the query's expressions from its rows.
+#[derive(Clone, Copy)]
+struct Input {
+    guard: *mut pg_sys::CustomScan,
+    projection: Option<*mut pg_sys::Result>,
+}
+
+impl Input {
+    /// `input` as a guarded partition scan, if it is one.
+    ///
+    /// # Safety
+    /// `input` is a node of a finished plan.
+    unsafe fn of(input: *mut Plan) -> Option<Input> {
+        // SAFETY: per contract; checked by tag before the cast.
+        unsafe {
+            if super::guards::is_guard_plan(input) {
+                return Some(Input { guard: input as *mut pg_sys::CustomScan, projection: None });
+            }
+            if node_tag(input as *const Node) != pg_sys::NodeTag::T_Result {
+                return None;
+            }
+            // Only a projection: a Result that also gates (a pseudoconstant
+            // qual) or filters stays as it is, over its guard.
+            let r = input as *mut pg_sys::Result;
+            let p = &(*r).plan;
+            let plain_projection = (*r).resconstantqual.is_null()
+                && p.qual.is_null()
+                && p.initPlan.is_null()
+                && p.righttree.is_null()
+                && !p.lefttree.is_null()
+                && super::guards::is_guard_plan(p.lefttree);
+            plain_projection.then(|| Input { guard: p.lefttree as *mut pg_sys::CustomScan, projection: Some(r) })
+        }
+    }
 }
 
 /// The guard `ma` can have, if every input of it is a guarded scan of one
@@ -128,40 +168,40 @@ unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<
             return None;
         }
         let parent = registry::lookup((*parent_rte).relid)?;
-        let mut first: Option<(GuardPlan, *mut pg_sys::CustomScan)> = None;
-        let mut children = Vec::new();
+        let mut first: Option<(GuardPlan, Input)> = None;
+        let mut inputs = Vec::new();
         for input in list_iter::<Plan>((*ma).mergeplans) {
-            if !super::guards::is_guard_plan(input) {
-                return None;
-            }
-            let cs = input as *mut pg_sys::CustomScan;
+            let input = Input::of(input)?;
+            let cs = input.guard;
             let plan = GuardPlan::from_list((*cs).custom_private)?;
             if registry::lookup(plan.relid)?.root != parent.root {
                 return None;
             }
+            // One child each, as the planner builds them.
+            list_nth::<Plan>((*cs).custom_plans, 0)?;
             match &first {
-                None => first = Some((plan, cs)),
-                Some((p, c)) => {
+                None => first = Some((plan, input)),
+                Some((p, f)) => {
                     let same = p.restartable == plan.restartable
                         && p.bounds == plan.bounds
-                        && pg_sys::equal((**c).custom_exprs as *const _, (*cs).custom_exprs as *const _);
+                        && pg_sys::equal((*f.guard).custom_exprs as *const _, (*cs).custom_exprs as *const _);
                     if !same {
                         return None;
                     }
                 }
             }
-            children.push(list_nth::<Plan>((*cs).custom_plans, 0)?);
+            inputs.push(input);
         }
-        let (first, first_cs) = first?;
+        let (first_plan, first) = first?;
         let stream = sort_order(ma, parent_rti as u32, &parent.key)?;
         let plan = GuardPlan {
             relid: (*parent_rte).relid,
-            restartable: first.restartable,
-            bounds: first.bounds,
+            restartable: first_plan.restartable,
+            bounds: first_plan.bounds,
             tree: true,
             stream: Some(stream),
         };
-        Some(TreeGuard { plan, exprs: (*first_cs).custom_exprs, first_tlist: (*first_cs).custom_scan_tlist, children })
+        Some(TreeGuard { plan, exprs: (*first.guard).custom_exprs, first, inputs })
     }
 }
 
@@ -223,8 +263,13 @@ impl TreeGuard {
         // have set.
         unsafe {
             let l = (*ma).mergeplans;
-            for (i, &child) in self.children.iter().enumerate() {
-                (*(*l).elements.add(i)).ptr_value = child as *mut std::ffi::c_void;
+            for (i, input) in self.inputs.iter().enumerate() {
+                let child = list_nth::<Plan>((*input.guard).custom_plans, 0).expect("checked in tree_guard");
+                match input.projection {
+                    // The Result reads the guard's rows, which are its child's.
+                    Some(r) => (*r).plan.lefttree = child,
+                    None => (*(*l).elements.add(i)).ptr_value = child as *mut std::ffi::c_void,
+                }
             }
             let m = &(*ma).plan;
             let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
@@ -270,8 +315,8 @@ impl TreeGuard {
     }
 
     /// Column `resno` of the MergeAppend's output as EXPLAIN names it: the
-    /// parent's column it came from, or what the first partition's scan
-    /// computes there.
+    /// parent's column it came from, or what the first partition computes
+    /// there.
     ///
     /// # Safety
     /// `e` is the MergeAppend's target entry expression at `resno`.
@@ -294,12 +339,51 @@ impl TreeGuard {
                     return var as *mut pg_sys::Expr;
                 }
             }
-            match list_nth::<pg_sys::TargetEntry>(self.first_tlist, resno as usize - 1) {
-                Some(te) => pg_sys::copyObjectImpl((*te).expr as *const _) as *mut pg_sys::Expr,
-                None => pg_sys::copyObjectImpl(e as *const _) as *mut pg_sys::Expr,
-            }
+            let scan_tlist = (*self.first.guard).custom_scan_tlist;
+            let computed = match self.first.projection {
+                // The Result's expression reads its child's columns as
+                // OUTER_VAR; EXPLAIN finds them in the partition's scan.
+                Some(r) => list_nth::<pg_sys::TargetEntry>((*r).plan.targetlist, resno as usize - 1)
+                    .map(|te| outer_vars_replaced((*te).expr as *mut Node, scan_tlist)),
+                None => list_nth::<pg_sys::TargetEntry>(scan_tlist, resno as usize - 1)
+                    .map(|te| pg_sys::copyObjectImpl((*te).expr as *const _) as *mut Node),
+            };
+            computed.unwrap_or_else(|| pg_sys::copyObjectImpl(e as *const _) as *mut Node) as *mut pg_sys::Expr
         }
     }
+}
+
+/// A copy of `expr` with each OUTER_VAR Var replaced by the expression at
+/// its position in `tlist`.
+///
+/// # Safety
+/// `expr` is a valid expression whose OUTER_VAR Vars index into `tlist`.
+unsafe fn outer_vars_replaced(expr: *mut Node, tlist: *mut List) -> *mut Node {
+    #[pg_guard]
+    unsafe extern "C-unwind" fn mutate(node: *mut Node, cx: *mut std::ffi::c_void) -> *mut Node {
+        // SAFETY: called by expression_tree_mutator on nodes of the
+        // expression, with our target list as the context.
+        unsafe {
+            if node.is_null() {
+                return node;
+            }
+            if node_tag(node) == pg_sys::NodeTag::T_Var {
+                let v = node as *mut pg_sys::Var;
+                if (*v).varno == pg_sys::OUTER_VAR {
+                    if let Some(te) = list_nth::<pg_sys::TargetEntry>(cx as *mut List, (*v).varattno as usize - 1) {
+                        return pg_sys::copyObjectImpl((*te).expr as *const _) as *mut Node;
+                    }
+                }
+            }
+            // SAFETY: expression_tree_mutator's callback takes (node, context).
+            let callback: unsafe extern "C-unwind" fn() -> *mut Node = std::mem::transmute(
+                mutate as unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> *mut Node,
+            );
+            pg_sys::expression_tree_mutator(node, Some(callback), cx)
+        }
+    }
+    // SAFETY: per contract.
+    unsafe { mutate(expr, tlist as *mut std::ffi::c_void) }
 }
 
 /// The largest plan node id in `stmt`: the new guard takes the next.

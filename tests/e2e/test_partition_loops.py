@@ -171,3 +171,22 @@ def test_writer_in_flight_past_the_batch_does_not_hold_it(tl):
         r.execute("SET statement_timeout = 0")
         w.execute("COMMIT")
         assert [i for (i,) in r.execute(tail("ASC", drawn - 20, 100))] == list(range(drawn - 19, drawn + 1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_projected_tail_matches_plain(tl, mode):
+    """Partitions that compute the query's expressions (a Result over each
+    scan) are read under the one guard too, row for row as plain."""
+    sql = "SELECT id, upper(v) || id FROM tl WHERE id > 100 ORDER BY id LIMIT 50"
+    with session(tl, "off") as c:
+        expected = c.execute(sql).fetchall()
+    with session(tl, mode) as c:
+        plan = "\n".join(r for (r,) in c.execute("EXPLAIN (COSTS OFF, VERBOSE) " + sql))
+        got = c.execute(sql).fetchall()
+        with c.transaction():
+            c.execute(f"DECLARE pc NO SCROLL CURSOR FOR {sql}")
+            fetched = []
+            while rows := c.execute("FETCH 7 FROM pc").fetchall():
+                fetched += rows
+    assert plan.count("PgkvxLimitScan") == 1 and "Result" in plan, plan
+    assert got == expected and fetched == expected

@@ -90,8 +90,9 @@ ROLLBACK;
 -- Tails on the parent: each partition's scan is guarded, named by both.
 EXPLAIN (COSTS OFF) SELECT id FROM ev WHERE id > 1 ORDER BY id LIMIT 10;
 -- One guard over the MergeAppend, naming the parent's columns; descending
--- too.  Partitions that compute an expression below the MergeAppend keep a
--- guard each.
+-- too; and over partitions that compute the query's expressions (EXPLAIN
+-- shows them as the first partition computes them).  An Append, below,
+-- keeps a guard per partition.
 EXPLAIN (COSTS OFF, VERBOSE) SELECT id, v FROM ev WHERE id > 1 ORDER BY id LIMIT 10;
 EXPLAIN (COSTS OFF) SELECT id FROM ev WHERE id > 1 ORDER BY id DESC LIMIT 10;
 EXPLAIN (COSTS OFF, VERBOSE) SELECT id, upper(v) FROM ev WHERE id > 1 ORDER BY id LIMIT 10;
