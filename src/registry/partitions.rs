@@ -134,25 +134,26 @@ fn member_key(rel: &OpenRel, relid: Oid, root_key: &KeyDesc) -> KeyDesc {
     key
 }
 
+/// A root's partitions whose writes escape latching.
+type Exposed = Rc<Vec<Rc<Latched>>>;
+
 thread_local! {
-    /// Per root: its partitions whose writes escape latching, as of a
-    /// relcache generation.
-    static EXPOSED: std::cell::RefCell<Vec<(Oid, u64, Rc<Vec<Rc<Latched>>>)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    /// Per root: its exposed partitions, as of a relcache generation.
+    static EXPOSED: std::cell::RefCell<Vec<(Oid, u64, Exposed)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The partitions of latched partitioned table `root` whose reads cannot be
 /// protected (`Latched::exposure`), usually none.  Asked by every guarded
 /// read of the tree: the answer is kept until a relcache invalidation (a
 /// trigger disabled or dropped, a partition attached or detached).
-pub fn exposed_members(root: Oid) -> Rc<Vec<Rc<Latched>>> {
+pub fn exposed_members(root: Oid) -> Exposed {
     let generation = super::generation();
     let hit =
         EXPOSED.with(|e| e.borrow().iter().find(|(r, g, _)| *r == root && *g == generation).map(|(_, _, l)| l.clone()));
     if let Some(l) = hit {
         return l;
     }
-    let exposed: Rc<Vec<Rc<Latched>>> =
+    let exposed: Exposed =
         Rc::new(members(root).into_iter().filter_map(lookup).filter(|l| l.exposure.is_some()).collect());
     // Kept under the generation it started at: an invalidation run while
     // the members were looked up leaves it stale, and asked again.

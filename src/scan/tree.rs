@@ -146,7 +146,7 @@ impl Input {
                 && p.righttree.is_null()
                 && !p.lefttree.is_null()
                 && super::guards::is_guard_plan(p.lefttree);
-            plain_projection.then(|| Input { guard: p.lefttree as *mut pg_sys::CustomScan, projection: Some(r) })
+            plain_projection.then_some(Input { guard: p.lefttree as *mut pg_sys::CustomScan, projection: Some(r) })
         }
     }
 }
