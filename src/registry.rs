@@ -253,7 +253,14 @@ fn load(relid: Oid) -> Option<Rc<Latched>> {
     let reg = registration(relid)?;
     let index = resolve_key_index(&rel, relid, &reg);
     let key = partitions::narrow(KeyDesc::resolve(relid, index), reg.key_columns.as_deref());
-    let found = exposures(&rel, relid);
+    // A partitioned table's own row and TRUNCATE triggers never fire for a
+    // row: their clones on its partitions do, and each partition answers
+    // for its own (partitions.rs).  check() still names the parent's.
+    let found = if rel.form().relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE {
+        subscription_exposure(relid).into_iter().collect()
+    } else {
+        exposures(&rel, relid)
+    };
     let exposure = (!found.is_empty()).then(|| found.join("; "));
     Some(Rc::new(Latched { key, root: relid, gapless: reg.gapless, owner, exposure }))
 }
@@ -323,13 +330,17 @@ pub fn index_on_columns(rel: &OpenRel, cols: &[i16]) -> Option<Oid> {
 /// ask.
 pub fn exposures(rel: &OpenRel, relid: Oid) -> Vec<String> {
     let mut out = trigger_exposures(rel, relid, relid);
-    if is_subscription_target(relid) {
-        out.push(
-            "logical replication writes into it: rows arrive in the publisher's commit order and the publisher's writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)"
-                .into(),
-        );
-    }
+    out.extend(subscription_exposure(relid));
     out
+}
+
+/// Why `relid` cannot be protected as a logical replication target, if it
+/// is one.
+fn subscription_exposure(relid: Oid) -> Option<String> {
+    is_subscription_target(relid).then(|| {
+        "logical replication writes into it: rows arrive in the publisher's commit order and the publisher's writers in flight are invisible here, so a tail read on this database can skip rows (see pgkvx.unprotected_reads)"
+            .into()
+    })
 }
 
 /// How `rel`'s latch triggers let writes through; `enable_target` is the

@@ -171,6 +171,8 @@ unsafe fn scanned_tables(plans: *mut pg_sys::List, rtable: *mut pg_sys::List) ->
         // SAFETY: a node of the statement's plan; the cast follows the tag
         // check.
         unsafe {
+            // Any scan of one table, also another extension's custom scan
+            // (ours over a MergeAppend scans none: scanrelid 0).
             if matches!(
                 node_tag(p as *const Node),
                 T_SeqScan
@@ -180,7 +182,10 @@ unsafe fn scanned_tables(plans: *mut pg_sys::List, rtable: *mut pg_sys::List) ->
                     | T_BitmapHeapScan
                     | T_TidScan
                     | T_TidRangeScan
-            ) {
+                    | T_CustomScan
+                    | T_ForeignScan
+            ) && (*(p as *mut pg_sys::Scan)).scanrelid > 0
+            {
                 let rti = (*(p as *mut pg_sys::Scan)).scanrelid as usize;
                 if let Some(rte) = crate::pg::list_nth::<pg_sys::RangeTblEntry>(rtable, rti.wrapping_sub(1)) {
                     out.push((*rte).relid);

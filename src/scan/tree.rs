@@ -112,6 +112,8 @@ struct TreeGuard {
     first: Input,
     /// Every input, in the MergeAppend's order.
     inputs: Vec<Input>,
+    /// The partitioned table's range table index.
+    parent_rti: u32,
 }
 
 /// One input of the MergeAppend: a partition's guard, straight or under
@@ -160,7 +162,9 @@ unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<
     // SAFETY: per contract; plan nodes are checked by tag before each cast.
     unsafe {
         let mut parent_rti = 0;
-        if !pg_sys::bms_get_singleton_member((*ma).apprelids, &mut parent_rti) {
+        // An init plan of the MergeAppend's level hangs on it, and its value
+        // may be what the partitions' bounds read: it stays where it is.
+        if !(*ma).plan.initPlan.is_null() || !pg_sys::bms_get_singleton_member((*ma).apprelids, &mut parent_rti) {
             return None;
         }
         let parent_rte = list_nth::<pg_sys::RangeTblEntry>(rtable, parent_rti as usize - 1)?;
@@ -201,7 +205,7 @@ unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<
             tree: true,
             stream: Some(stream),
         };
-        Some(TreeGuard { plan, exprs: (*first.guard).custom_exprs, first, inputs })
+        Some(TreeGuard { plan, exprs: (*first.guard).custom_exprs, first, inputs, parent_rti: parent_rti as u32 })
     }
 }
 
@@ -323,9 +327,12 @@ impl TreeGuard {
     unsafe fn describe(&self, e: *mut Node, resno: i16) -> *mut pg_sys::Expr {
         // SAFETY: per contract; checked by tag before the cast.
         unsafe {
+            // A column of the parent, named as the parent.  (A column read
+            // through an aliased join names the join in varnosyn, which
+            // plans are not deparsed by.)
             if node_tag(e) == pg_sys::NodeTag::T_Var {
                 let v = e as *mut pg_sys::Var;
-                if (*v).varnosyn > 0 {
+                if (*v).varnosyn == self.parent_rti {
                     let var = pg_sys::makeVar(
                         (*v).varnosyn as i32,
                         (*v).varattnosyn,

@@ -168,3 +168,20 @@ SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgreli
 SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d WHERE d.adrelid = 'ev_2026'::regclass AND d.adnum = 1;
 DROP TABLE ev, ls, lp, nk;
 SELECT relid FROM pgkvx.tables WHERE relid::text IN ('ev', 'ls', 'lp', 'lp_1', 'nk');
+-- A partitioned table's own latch trigger never fires for a row (its
+-- clones on the partitions do): disabled on the parent alone, check()
+-- names it, and reads, whose partitions still latch, are not refused.
+CREATE TABLE pd (id bigserial, created_at timestamptz NOT NULL, PRIMARY KEY (id, created_at))
+  PARTITION BY RANGE (created_at);
+CREATE TABLE pd_a PARTITION OF pd FOR VALUES FROM ('2020-01-01') TO ('2030-01-01');
+CREATE TABLE pd_b PARTITION OF pd FOR VALUES FROM ('2030-01-01') TO ('2040-01-01');
+SELECT pgkvx.enable('pd', gapless => true);
+ALTER TABLE ONLY pd DISABLE TRIGGER zz_pgkvx_latch;
+SELECT c.relname, t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE c.relname LIKE 'pd%' AND t.tgname = 'zz_pgkvx_latch' ORDER BY 1;
+SELECT * FROM pgkvx.check() WHERE relid::text = 'pd';
+INSERT INTO pd (created_at) VALUES ('2025-01-01'), ('2035-01-01');
+SET pgkvx.unprotected_reads = error;
+SELECT id FROM pd WHERE id > 0 ORDER BY id LIMIT 2;
+RESET pgkvx.unprotected_reads;
+DROP TABLE pd;
