@@ -202,7 +202,19 @@ def durability_text(cfg):
     else:
         how = "commits not flushed (the scratch cluster's settings; `--durable` flushes them)"
     took = cfg.get("commit_ms")
-    return how + (f"; a one-row insert and commit took {took:.2f} ms" if took is not None else "")
+    return (how + (f"; a one-row insert and commit took {took:.2f} ms" if took is not None else "")
+            + f"; {malloc_text()}")
+
+
+def malloc_pinned():
+    """Whether bench/run started the server with glibc's heap trimming
+    pinned (`--malloc pinned`, scripts/cluster)."""
+    return os.environ.get("PGKVX_MALLOC") == "pinned"
+
+
+def malloc_text():
+    return ("glibc's heap trim thresholds pinned for the server (`--malloc pinned`)" if malloc_pinned()
+            else "glibc's default heap trimming")
 
 
 def report_base(args, kind=""):
@@ -211,7 +223,7 @@ def report_base(args, kind=""):
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now()
     suffix = (f"-replica{args.replica_delay:g}ms" if args.replica_delay is not None
-              else "-durable" if args.durable else "")
+              else "-durable" if args.durable else "") + ("-pinned" if malloc_pinned() else "")
     name = started.strftime("%Y-%m-%d-%H%M%S") + kind + suffix
     return started, os.path.join(args.out, name)
 
