@@ -31,6 +31,16 @@ def connect(dbname, **kw):
     return psycopg.connect(conninfo(dbname), autocommit=kw.pop("autocommit", True), **kw)
 
 
+def connect_in_mode(dbname, mode, **kw):
+    """A connection whose reads run in `pgkvx.scan_mode = mode` (committed,
+    so that it holds for every transaction of the session)."""
+    c = connect(dbname, **kw)
+    c.execute(f"SET pgkvx.scan_mode = {mode}")
+    if not c.autocommit:
+        c.commit()
+    return c
+
+
 def stats(c):
     """pgkvx.stats() as a dict: counter or gauge name -> value."""
     return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())

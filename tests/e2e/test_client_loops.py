@@ -22,7 +22,7 @@ import struct
 import psycopg
 import pytest
 
-from conftest import connect, wait_until
+from conftest import connect, connect_in_mode as session, wait_until
 
 TABLE = "loops_t"
 AFTER = 3
@@ -168,14 +168,6 @@ def plain_reads(loops):
     with connect(loops) as c:
         c.execute("SET pgkvx.scan_mode = off")
         return {n: [i for (i,) in c.execute(tail_sql(AFTER, n))] for n in LIMITS}
-
-
-def session(db, mode, **kw):
-    c = connect(db, **kw)
-    c.execute(f"SET pgkvx.scan_mode = {mode}")
-    if not c.autocommit:
-        c.commit()
-    return c
 
 
 # ---- the loops: each returns the list of runs (each run: ids delivered) ----
