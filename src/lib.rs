@@ -11,6 +11,7 @@ pub mod args;
 pub mod arrow;
 pub mod errors;
 pub mod guc;
+mod heap;
 pub mod keys;
 pub use pgkvx_latch as latch;
 pub mod maintenance;
@@ -48,6 +49,7 @@ pub extern "C-unwind" fn _PG_init() {
     // drops it before any backend is forked.
     std::env::remove_var("RUST_BACKTRACE");
     std::env::remove_var("RUST_LIB_BACKTRACE");
+    heap::prime_trim_threshold();
     guc::init();
     shmem::init();
     shmem::backend::init();
