@@ -19,7 +19,8 @@
 //! guard is taken from under it).  Every other shape keeps its nodes per
 //! partition: an Append (in partition order, each input pruned or run on
 //! its own), inputs sorted above their scan (a Limit's bound must reach the
-//! sort), a key the MergeAppend does not sort on.
+//! sort), a MergeAppend carrying its level's init plans, a key the
+//! MergeAppend does not sort on.
 
 use super::plan_data::{GuardPlan, StreamOrder};
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
