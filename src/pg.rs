@@ -140,6 +140,29 @@ pub unsafe fn list_iter<T>(list: *mut pg_sys::List) -> impl Iterator<Item = *mut
     cells.iter().map(|c| unsafe { c.ptr_value } as *mut T)
 }
 
+/// The relation `rv` names, if it exists: looked up without a lock, as a
+/// statement about to run will resolve and lock it again itself (what a
+/// hook checks beforehand is the kind of change, not privileges).
+///
+/// # Safety
+/// `rv` is a valid RangeVar or null.
+pub unsafe fn relation_named(rv: *mut pg_sys::RangeVar) -> Option<Oid> {
+    if rv.is_null() {
+        return None;
+    }
+    // SAFETY: a name lookup that returns InvalidOid when missing.
+    let oid = unsafe {
+        pg_sys::RangeVarGetRelidExtended(
+            rv,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
 /// Element `n` (0-based) of a pointer `List`, if it has one.
 ///
 /// # Safety

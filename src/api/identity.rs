@@ -369,29 +369,6 @@ unsafe extern "C-unwind" fn utility_hook(
     }
 }
 
-/// The relation `rv` names, if it exists (no lock: the statement itself
-/// resolves and locks it again; what is checked here is its kind of
-/// change, not its privileges).
-///
-/// # Safety
-/// `rv` is a valid RangeVar or null.
-unsafe fn resolve(rv: *mut pg_sys::RangeVar) -> Option<Oid> {
-    if rv.is_null() {
-        return None;
-    }
-    // SAFETY: a name lookup that returns InvalidOid when missing.
-    let oid = unsafe {
-        pg_sys::RangeVarGetRelidExtended(
-            rv,
-            pg_sys::NoLock as pg_sys::LOCKMODE,
-            pg_sys::RVROption::RVR_MISSING_OK,
-            None,
-            std::ptr::null_mut(),
-        )
-    };
-    (oid != pg_sys::InvalidOid).then_some(oid)
-}
-
 /// The gapless table whose key `seq` feeds, if any: serial sequences are
 /// owned by their column (an auto dependency), identity ones internally.
 fn gapless_table_of(seq: Oid) -> Option<Oid> {
@@ -520,7 +497,7 @@ unsafe fn refuse_owned_by_gapless_key(options: *mut pg_sys::List) {
         let col = pg_sys::list_nth(names, n - 1) as *mut pg_sys::String;
         let Ok(col) = CStr::from_ptr((*col).sval).to_str() else { return };
         let table = pg_sys::list_truncate(pg_sys::list_copy(names), n - 1);
-        let Some(relid) = resolve(pg_sys::makeRangeVarFromNameList(table)) else { return };
+        let Some(relid) = crate::pg::relation_named(pg_sys::makeRangeVarFromNameList(table)) else { return };
         if gapless_key(relid).is_some_and(|(_, key)| key == col) {
             refuse_key_sequence_change(relid, "tie another sequence (OWNED BY) to the key");
         }
@@ -586,7 +563,7 @@ unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
             pg_sys::NodeTag::T_CopyStmt => check_copy(&*(stmt as *mut pg_sys::CopyStmt)),
             pg_sys::NodeTag::T_AlterSeqStmt => {
                 let s = &*(stmt as *mut pg_sys::AlterSeqStmt);
-                let Some(seq) = resolve(s.sequence) else { return };
+                let Some(seq) = crate::pg::relation_named(s.sequence) else { return };
                 if !pg_sys::pg_class_ownercheck(seq, pg_sys::GetUserId()) {
                     return; // Postgres refuses it
                 }
@@ -606,7 +583,7 @@ unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
             }
             pg_sys::NodeTag::T_AlterTableStmt => {
                 let s = &*(stmt as *mut pg_sys::AlterTableStmt);
-                let Some(relid) = resolve(s.relation) else { return };
+                let Some(relid) = crate::pg::relation_named(s.relation) else { return };
                 // Only identity options name the key's sequence here.
                 let touches_identity = list_iter::<pg_sys::AlterTableCmd>(s.cmds).any(|c| {
                     matches!(
@@ -691,7 +668,7 @@ unsafe fn truncated_relations(s: &pg_sys::TruncateStmt) -> Vec<Oid> {
     // SAFETY: per contract; RangeVars of the statement.
     unsafe {
         for rv in list_iter::<pg_sys::RangeVar>(s.relations) {
-            if let Some(relid) = resolve(rv) {
+            if let Some(relid) = crate::pg::relation_named(rv) {
                 add(&mut out, relid, (*rv).inh);
             }
         }
@@ -730,7 +707,7 @@ unsafe fn check_copy(s: &pg_sys::CopyStmt) {
         return;
     }
     // SAFETY: per contract.
-    let Some(relid) = (unsafe { resolve(s.relation) }) else { return };
+    let Some(relid) = (unsafe { crate::pg::relation_named(s.relation) }) else { return };
     if gapless_identity_sequence(relid).is_none() {
         return;
     }

@@ -137,16 +137,7 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
             return pg_sys::Datum::from(0);
         }
         // Resolved without a lock, as the ALTER itself will resolve it.
-        let relid = pg_sys::RangeVarGetRelidExtended(
-            stmt.relation,
-            pg_sys::NoLock as pg_sys::LOCKMODE,
-            pg_sys::RVROption::RVR_MISSING_OK,
-            None,
-            std::ptr::null_mut(),
-        );
-        if relid == pg_sys::InvalidOid {
-            return pg_sys::Datum::from(0);
-        }
+        let Some(relid) = crate::pg::relation_named(stmt.relation) else { return pg_sys::Datum::from(0) };
         let root = crate::registry::latch_identity(relid);
         let latched = crate::registry::registration(root).is_some();
         // Only for the table's owner (whom the ALTER requires): no one
@@ -163,18 +154,7 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
             for c in crate::pg::list_iter::<pg_sys::AlterTableCmd>(stmt.cmds) {
                 if (*c).subtype == pg_sys::AlterTableType::AT_AttachPartition && !(*c).def.is_null() {
                     let rv = (*((*c).def as *mut pg_sys::PartitionCmd)).name;
-                    let part = if rv.is_null() {
-                        pg_sys::InvalidOid
-                    } else {
-                        pg_sys::RangeVarGetRelidExtended(
-                            rv,
-                            pg_sys::NoLock as pg_sys::LOCKMODE,
-                            pg_sys::RVROption::RVR_MISSING_OK,
-                            None,
-                            std::ptr::null_mut(),
-                        )
-                    };
-                    if part != pg_sys::InvalidOid {
+                    if let Some(part) = crate::pg::relation_named(rv) {
                         ATTACHING.with(|a| a.borrow_mut().push(part));
                     }
                 }
@@ -193,22 +173,8 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
 /// # Safety
 /// `rv` is the ATTACH's partition name, or null.
 unsafe fn refuse_attaching_rows(root: Oid, rv: *mut pg_sys::RangeVar) {
-    // SAFETY: per contract; a name lookup that returns InvalidOid if missing.
-    let part = unsafe {
-        if rv.is_null() {
-            return;
-        }
-        pg_sys::RangeVarGetRelidExtended(
-            rv,
-            pg_sys::NoLock as pg_sys::LOCKMODE,
-            pg_sys::RVROption::RVR_MISSING_OK,
-            None,
-            std::ptr::null_mut(),
-        )
-    };
-    if part == pg_sys::InvalidOid {
-        return;
-    }
+    // SAFETY: per contract.
+    let Some(part) = (unsafe { crate::pg::relation_named(rv) }) else { return };
     let mut leaves = crate::registry::partitions::members(part);
     leaves.push(part);
     if let Some(&full) = leaves.iter().find(|&&m| has_rows(m)) {
