@@ -21,6 +21,7 @@ pub mod read;
 pub mod registry;
 pub mod scan;
 pub mod shmem;
+mod utility;
 
 pgrx::pg_module_magic!(name, version);
 
@@ -56,6 +57,7 @@ pub extern "C-unwind" fn _PG_init() {
     registry::init();
     read::snapshot::init();
     api::identity::init();
+    utility::init();
     scan::init();
     maintenance::worker::register();
 }

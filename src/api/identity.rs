@@ -57,17 +57,11 @@ thread_local! {
     static IDENTITY_SEQUENCES: RefCell<HashMap<Oid, Option<Oid>>> = RefCell::new(HashMap::new());
 }
 
-static mut PREV_UTILITY_HOOK: pg_sys::ProcessUtility_hook_type = None;
-
-/// Installs the ProcessUtility hook and the cache's relcache callback;
-/// called from `_PG_init`.
+/// Installs the cache's relcache callback; called from `_PG_init`.  The
+/// utility checks run from the one ProcessUtility hook (utility.rs).
 pub fn init() {
     // SAFETY: _PG_init, single-threaded.
-    unsafe {
-        pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_inval), pg_sys::Datum::from(0));
-        PREV_UTILITY_HOOK = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(utility_hook);
-    }
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_inval), pg_sys::Datum::from(0)) };
 }
 
 #[pg_guard]
@@ -333,42 +327,6 @@ unsafe fn next_key_call(funcid: Oid, relid: Oid, typid: Oid) -> *mut Node {
 
 // ---- ProcessUtility: what bypasses the planner ----------------------------
 
-/// Not `#[pg_guard]`, like the hook it chains to (read/snapshot.rs): an
-/// error inside the utility must reach Postgres as raised.  The checks run
-/// first, in a guarded function of their own; nothing in this frame needs
-/// dropping.
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn utility_hook(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    // SAFETY: the hook's own arguments; the checks only read the tree.
-    unsafe { check_utility(pstmt) };
-    // SAFETY: chaining the previous hook, or the standard function, with
-    // the same arguments, as plain C calls.
-    unsafe {
-        match PREV_UTILITY_HOOK {
-            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
-            None => crate::errors::raw::standard_ProcessUtility(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-        }
-    }
-}
-
 /// The gapless table whose key `seq` feeds, if any: serial sequences are
 /// owned by their column (an auto dependency), identity ones internally.
 fn gapless_table_of(seq: Oid) -> Option<Oid> {
@@ -549,7 +507,7 @@ unsafe fn check_sequence_options(table: Oid, seq: Oid, options: *mut pg_sys::Lis
 /// # Safety
 /// `pstmt` is the PlannedStmt handed to ProcessUtility.
 #[pg_guard]
-unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
+pub unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
     // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
         if pstmt.is_null() || !crate::pg::in_live_transaction() {

@@ -46,16 +46,14 @@ thread_local! {
 }
 
 static mut PREV_ANALYZE_HOOK: pg_sys::post_parse_analyze_hook_type = None;
-static mut PREV_UTILITY_HOOK: pg_sys::ProcessUtility_hook_type = None;
 
-/// Installs the hooks that record `after` for transaction snapshots.
+/// Installs the hook that records `after` for transaction snapshots after
+/// parse analysis; utility statements report through [`after_utility`].
 pub fn init() {
     // SAFETY: _PG_init, single-threaded.
     unsafe {
         PREV_ANALYZE_HOOK = pg_sys::post_parse_analyze_hook;
         pg_sys::post_parse_analyze_hook = Some(after_analyze);
-        PREV_UTILITY_HOOK = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(after_utility);
     }
 }
 
@@ -87,42 +85,10 @@ unsafe extern "C-unwind" fn after_analyze(
 
 /// A utility statement (`DO`, `CREATE TEMP TABLE`, `SET TRANSACTION
 /// SNAPSHOT`, …) can take the transaction snapshot after its own analysis
-/// and start no executor: it is seen when the statement returns, not at the
-/// next statement, which may come much later.
-///
-/// Not `#[pg_guard]`: an error inside the utility must reach Postgres as it
-/// was raised, with the CONTEXT lines of the callbacks active then (COPY's
-/// line, PL/pgSQL's statement), not be caught and raised again out here.
-/// Nothing in this frame needs dropping, so a longjmp may pass over it.
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn after_utility(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    // SAFETY: chaining the previous hook, or the standard function, with
-    // the same arguments; both are plain C calls, not pgrx's guarded
-    // wrappers, so an error longjmps straight past this frame.
-    unsafe {
-        match PREV_UTILITY_HOOK {
-            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
-            None => crate::errors::raw::standard_ProcessUtility(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-        }
-    }
+/// and start no executor: it is seen when the statement returns (from the
+/// ProcessUtility hook, utility.rs), not at the next statement, which may
+/// come much later.
+pub fn after_utility() {
     if pg::in_live_transaction() {
         note_transaction_snapshot();
         // COPY, an imported snapshot, ...: the snapshot is now read at.
