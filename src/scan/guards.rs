@@ -215,6 +215,40 @@ pub unsafe fn is_guard_plan(p: *mut pg_sys::Plan) -> bool {
     }
 }
 
+/// Calls `f` with each place in plan node `p` that holds a child (a
+/// subquery's plan, the members of Append-like nodes and custom scans,
+/// then both subtrees), for walkers that read a child or put a rewritten
+/// one back (tree.rs).  Subplans are not children: the statement lists
+/// them apart.
+///
+/// # Safety
+/// `p` is a valid plan node.
+pub unsafe fn for_each_child(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
+    // SAFETY: per contract; each cast follows a tag check, and a pointer
+    // List's cells hold the children's pointers.
+    unsafe {
+        let list: *mut pg_sys::List = match node_tag(p as *const Node) {
+            pg_sys::NodeTag::T_CustomScan => (*(p as *mut pg_sys::CustomScan)).custom_plans,
+            pg_sys::NodeTag::T_Append => (*(p as *mut pg_sys::Append)).appendplans,
+            pg_sys::NodeTag::T_MergeAppend => (*(p as *mut pg_sys::MergeAppend)).mergeplans,
+            pg_sys::NodeTag::T_BitmapAnd => (*(p as *mut pg_sys::BitmapAnd)).bitmapplans,
+            pg_sys::NodeTag::T_BitmapOr => (*(p as *mut pg_sys::BitmapOr)).bitmapplans,
+            pg_sys::NodeTag::T_SubqueryScan => {
+                f(&raw mut (*(p as *mut pg_sys::SubqueryScan)).subplan);
+                std::ptr::null_mut()
+            }
+            _ => std::ptr::null_mut(),
+        };
+        if !list.is_null() {
+            for i in 0..(*list).length.max(0) as usize {
+                f(&raw mut (*(*list).elements.add(i)).ptr_value as *mut *mut pg_sys::Plan);
+            }
+        }
+        f(&raw mut (*p).lefttree);
+        f(&raw mut (*p).righttree);
+    }
+}
+
 /// Calls `f` on every node of plan tree `p` (not into subplans, which the
 /// statement lists apart), and on the nodes under one only when `f` says
 /// to descend.
@@ -222,33 +256,12 @@ pub unsafe fn is_guard_plan(p: *mut pg_sys::Plan) -> bool {
 /// # Safety
 /// `p` is a valid plan tree (or NULL).
 pub unsafe fn walk_plans(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut pg_sys::Plan) -> bool) {
-    if p.is_null() {
-        return;
-    }
-    // SAFETY: per contract; each cast follows a tag check.
+    // SAFETY: per contract.
     unsafe {
-        if !f(p) {
+        if p.is_null() || !f(p) {
             return;
         }
-        let lists: &[*mut pg_sys::List] = match node_tag(p as *const Node) {
-            pg_sys::NodeTag::T_CustomScan => &[(*(p as *mut pg_sys::CustomScan)).custom_plans],
-            pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
-            pg_sys::NodeTag::T_MergeAppend => &[(*(p as *mut pg_sys::MergeAppend)).mergeplans],
-            pg_sys::NodeTag::T_BitmapAnd => &[(*(p as *mut pg_sys::BitmapAnd)).bitmapplans],
-            pg_sys::NodeTag::T_BitmapOr => &[(*(p as *mut pg_sys::BitmapOr)).bitmapplans],
-            pg_sys::NodeTag::T_SubqueryScan => {
-                walk_plans((*(p as *mut pg_sys::SubqueryScan)).subplan, f);
-                &[]
-            }
-            _ => &[],
-        };
-        for &l in lists {
-            for c in list_iter::<pg_sys::Plan>(l) {
-                walk_plans(c, f);
-            }
-        }
-        walk_plans((*p).lefttree, f);
-        walk_plans((*p).righttree, f);
+        for_each_child(p, &mut |child| walk_plans(*child, f));
     }
 }
 

@@ -64,33 +64,9 @@ unsafe fn rewrite(
     if p.is_null() {
         return p;
     }
-    // SAFETY: per contract; each cast follows a tag check.
+    // SAFETY: per contract; the cast follows the tag check.
     unsafe {
-        let lists: &[*mut List] = match node_tag(p as *const Node) {
-            pg_sys::NodeTag::T_Append => &[(*(p as *mut pg_sys::Append)).appendplans],
-            pg_sys::NodeTag::T_MergeAppend => &[(*(p as *mut pg_sys::MergeAppend)).mergeplans],
-            pg_sys::NodeTag::T_CustomScan => &[(*(p as *mut pg_sys::CustomScan)).custom_plans],
-            pg_sys::NodeTag::T_BitmapAnd => &[(*(p as *mut pg_sys::BitmapAnd)).bitmapplans],
-            pg_sys::NodeTag::T_BitmapOr => &[(*(p as *mut pg_sys::BitmapOr)).bitmapplans],
-            pg_sys::NodeTag::T_SubqueryScan => {
-                let sq = p as *mut pg_sys::SubqueryScan;
-                (*sq).subplan = rewrite((*sq).subplan, rtable, stmt, next_id);
-                &[]
-            }
-            _ => &[],
-        };
-        for &l in lists {
-            if l.is_null() {
-                continue;
-            }
-            for i in 0..(*l).length as usize {
-                let cell = (*l).elements.add(i);
-                (*cell).ptr_value =
-                    rewrite((*cell).ptr_value as *mut Plan, rtable, stmt, next_id) as *mut std::ffi::c_void;
-            }
-        }
-        (*p).lefttree = rewrite((*p).lefttree, rtable, stmt, next_id);
-        (*p).righttree = rewrite((*p).righttree, rtable, stmt, next_id);
+        super::guards::for_each_child(p, &mut |child| *child = rewrite(*child, rtable, stmt, next_id));
         if node_tag(p as *const Node) != pg_sys::NodeTag::T_MergeAppend {
             return p;
         }
