@@ -123,7 +123,7 @@ enum ScanPosition {
         attnos: Vec<i32>,
         forward: bool,
     },
-    /// A partitioned table's Append or MergeAppend in key order: the rows
+    /// A partitioned table's MergeAppend in key order (tree.rs): the rows
     /// it handed up end at the last one (`NodeRuntime::last`), whose key
     /// columns are at `attnos`.
     Stream { attnos: Vec<i32>, forward: bool },
@@ -346,8 +346,8 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             (Some(_), Some(s)) => {
                 ScanPosition::Stream { attnos: s.resnos.iter().map(|&r| i32::from(r)).collect(), forward: s.forward }
             }
-            // A tree's child is its Append (or, with one partition left, that
-            // partition's scan, whose columns the parent's key does not name).
+            // A tree's guard follows its stream, never a scan below it: the
+            // parent's key does not name a partition's columns.
             (Some(l), None) if !plan.tree => position_of(child, &l.key),
             _ => ScanPosition::Anywhere,
         };
@@ -593,28 +593,12 @@ impl NodeRuntime {
                         if *nkeys > 0 { std::slice::from_raw_parts(*keys, *nkeys) } else { &[] };
                     let d = span::declared(key, span::scan_key_quals(sks, |c| key_col.get(c).copied().flatten()))
                         .intersect(&d);
-                    let slot = (**scan).ss_ScanTupleSlot;
-                    if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
-                        // Ran out of rows: it looked at all of D.
-                        d
-                    } else {
-                        let last = key.encode_slot_at(slot, attnos);
-                        span::touched(&d, Some(&last), *forward)
-                    }
+                    touched_up_to(key, &d, (**scan).ss_ScanTupleSlot, attnos, *forward)
                 }
             }
-            ScanPosition::Stream { attnos, forward } => {
-                let slot = self.last;
-                // SAFETY: the slot the child returned last, untouched since
-                // (see `last`).
-                unsafe {
-                    if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
-                        d
-                    } else {
-                        span::touched(&d, Some(&key.encode_slot_at(slot, attnos)), *forward)
-                    }
-                }
-            }
+            // SAFETY: the slot the child returned last, untouched since
+            // (see `last`).
+            ScanPosition::Stream { attnos, forward } => unsafe { touched_up_to(key, &d, self.last, attnos, *forward) },
             ScanPosition::Anywhere => d,
         };
         self.add_touched(t);
@@ -656,6 +640,29 @@ impl NodeRuntime {
     pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Span {
         // SAFETY: per contract.
         unsafe { self.static_declared(node) }
+    }
+}
+
+/// T of an execution in key order through `d` whose last row is in `slot`
+/// (its key columns at `attnos`); one that ran out of rows (an empty slot,
+/// or none) looked at all of D.
+///
+/// # Safety
+/// `slot` is NULL or a live slot holding that last row.
+unsafe fn touched_up_to(
+    key: &KeyDesc,
+    d: &Span,
+    slot: *mut pg_sys::TupleTableSlot,
+    attnos: &[i32],
+    forward: bool,
+) -> Span {
+    // SAFETY: per contract.
+    unsafe {
+        if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+            *d
+        } else {
+            span::touched(d, Some(&key.encode_slot_at(slot, attnos)), forward)
+        }
     }
 }
 
