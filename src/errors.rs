@@ -69,6 +69,22 @@ pub mod raw {
         pub fn GetUserId() -> pg_sys::Oid;
         pub fn GetOuterUserId() -> pg_sys::Oid;
         pub fn RecoveryInProgress() -> bool;
+        pub fn IsTransactionState() -> bool;
+        pub fn GetTopTransactionIdIfAny() -> pg_sys::TransactionId;
+        pub fn ReadNextFullTransactionId() -> pg_sys::FullTransactionId;
+        pub fn ExecGetResultSlotOps(
+            planstate: *mut pg_sys::PlanState,
+            isfixed: *mut bool,
+        ) -> *const pg_sys::TupleTableSlotOps;
+        pub fn MemoryContextRegisterResetCallback(
+            context: pg_sys::MemoryContext,
+            cb: *mut pg_sys::MemoryContextCallback,
+        );
+        // Raise only on a misuse of the lock (more than MAX_SIMUL_LWLOCKS
+        // held, or releasing one not held), which ours never are.
+        pub fn LWLockAcquire(lock: *mut pg_sys::LWLock, mode: pg_sys::LWLockMode::Type) -> bool;
+        pub fn LWLockRelease(lock: *mut pg_sys::LWLock);
+        pub fn palloc0(size: usize) -> *mut std::ffi::c_void;
         pub fn standard_ExecutorStart(qd: *mut pg_sys::QueryDesc, eflags: i32);
         pub fn standard_ExecutorRun(
             qd: *mut pg_sys::QueryDesc,

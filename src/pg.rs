@@ -12,8 +12,9 @@ use std::ffi::{CStr, CString};
 /// owners *before* memory contexts (and with them our Rust state) are freed;
 /// cleanup that ran then would release everything a second time.
 pub fn in_live_transaction() -> bool {
-    // SAFETY: reads backend-local transaction state; callable at any time.
-    unsafe { pg_sys::IsTransactionState() }
+    // SAFETY: reads backend-local transaction state; callable at any time,
+    // cannot raise.
+    unsafe { crate::errors::raw::IsTransactionState() }
 }
 
 /// A Rust string from a catalog C string, or `None` for NULL.

@@ -35,8 +35,9 @@ const MAX_SPLICED_RANGE: u32 = 1 << 20;
 
 /// The next xid to be assigned.
 pub fn next_xid() -> Xid {
-    // SAFETY: reads the shared counter under its lock.
-    Xid(unsafe { pg_sys::ReadNextFullTransactionId() }.value as u32)
+    // SAFETY: reads the shared counter under its lock (taken shared, once:
+    // it cannot raise).
+    Xid(unsafe { crate::errors::raw::ReadNextFullTransactionId() }.value as u32)
 }
 
 thread_local! {

@@ -70,7 +70,16 @@ fn tighter(desc: &KeyDesc, i: usize, cur: Option<ColumnBound>, new: ColumnBound,
 
 /// D from evaluated quals on key columns.
 pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Span {
-    let mut cols = vec![ColumnBounds::default(); desc.cols.len()];
+    // Most keys have a column or two: no allocation for them, on every
+    // guarded statement's start.
+    let mut few = [ColumnBounds::default(); 4];
+    let mut many = Vec::new();
+    let cols: &mut [ColumnBounds] = if desc.cols.len() <= few.len() {
+        &mut few[..desc.cols.len()]
+    } else {
+        many.resize(desc.cols.len(), ColumnBounds::default());
+        &mut many
+    };
     for q in quals {
         if q.isnull {
             // `k op NULL` is never true: the read returns nothing.
@@ -104,7 +113,7 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Spa
             _ => {}
         }
     }
-    assemble(desc, &cols)
+    assemble(desc, cols)
 }
 
 /// `value` (of type `typid`) as a value the codec can encode for key

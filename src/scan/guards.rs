@@ -18,9 +18,9 @@ use std::rc::Rc;
 /// One `PgkvxLimitScan` of a statement's plan, its plan data decoded.
 pub struct Guard {
     pub cs: *mut pg_sys::CustomScan,
-    pub plan: GuardPlan,
+    pub plan: Rc<GuardPlan>,
     /// The table as latched when the statement started (None: no longer).
-    latched: Option<Rc<Latched>>,
+    pub latched: Option<Rc<Latched>>,
     /// The statement's range table, which its scans name tables in.
     rtable: *mut pg_sys::List,
 }
@@ -50,7 +50,7 @@ impl Guards {
             // Under a tree's guard are its partitions' scans, none of them
             // guarded (tree.rs); subplans are walked apart.
             let descend = !plan.tree;
-            out.push(Guard { cs, latched: registry::lookup(plan.relid), plan, rtable });
+            out.push(Guard { cs, latched: registry::lookup(plan.relid), plan: Rc::new(plan), rtable });
             descend
         };
         // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
@@ -126,28 +126,29 @@ impl Guards {
         for g in &self.0 {
             let Some(latched) = &g.latched else { continue };
             // SAFETY: our plan nodes' expression lists; equal() only reads.
-            let again = seen.iter().any(|&(root, plan, exprs)| unsafe {
-                root == latched.root
-                    && plan.bounds == g.plan.bounds
-                    && pg_sys::equal(exprs as *const std::ffi::c_void, (*g.cs).custom_exprs as *const std::ffi::c_void)
-            });
+            let again = !seen.is_empty()
+                && seen.iter().any(|&(root, plan, exprs)| unsafe {
+                    root == latched.root
+                        && plan.bounds == g.plan.bounds
+                        && pg_sys::equal(
+                            exprs as *const std::ffi::c_void,
+                            (*g.cs).custom_exprs as *const std::ffi::c_void,
+                        )
+                });
             if again {
                 continue;
             }
             // SAFETY: as above.
-            seen.push((latched.root, &g.plan, unsafe { (*g.cs).custom_exprs }));
-            // SAFETY: per contract; our plan node's expressions.
-            let quals: Vec<KeyQual> = unsafe {
-                g.plan
-                    .bounds
-                    .iter()
-                    .zip(list_iter::<pg_sys::Expr>((*g.cs).custom_exprs))
-                    .filter_map(|(b, e)| {
-                        let (value, isnull) = eval_at_start(e, params)?;
-                        Some(KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull })
-                    })
-                    .collect()
-            };
+            if self.0.len() > 1 {
+                seen.push((latched.root, &g.plan, unsafe { (*g.cs).custom_exprs }));
+            }
+            // SAFETY: our plan node's expression list.
+            let exprs = unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs) };
+            let quals = g.plan.bounds.iter().zip(exprs).filter_map(|(b, e)| {
+                // SAFETY: per contract; our plan node's expressions.
+                let (value, isnull) = unsafe { eval_at_start(e, params) }?;
+                Some(KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull })
+            });
             fp.push((backend::rel_id(latched.root), span::declared(&latched.key, quals)));
         }
         fp

@@ -7,9 +7,11 @@
 //! executor node (begin/exec/end/rescan, EXPLAIN), which follows how far
 //! its scan got; `statement` runs the read protocol (`read/`) once per
 //! statement from the executor hooks, over the statement's `guards`
-//! (decoded once); `tree` puts one node over a partitioned table's
-//! MergeAppend instead of one per partition; `attempts` runs an optimistic statement's attempts, and
-//! `buffer` holds its rows back until they are valid.
+//! (decoded once, and handed to their nodes as the executor starts:
+//! `starting`); `tree` puts one node over a partitioned table's
+//! MergeAppend instead of one per partition; `attempts` runs an
+//! optimistic statement's attempts, and `buffer` holds its rows back until
+//! they are valid.
 
 pub mod attempts;
 pub mod buffer;
@@ -18,6 +20,7 @@ pub mod node;
 pub mod plan_data;
 pub mod planner;
 pub mod restartable;
+pub mod starting;
 pub mod statement;
 pub mod tree;
 

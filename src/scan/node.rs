@@ -102,11 +102,16 @@ pub fn register() {
 /// Touched spans kept per node before they are merged into one.
 const MAX_SPANS: usize = 32;
 
-/// The executor state: Postgres's part first, then ours.
+/// The executor state: Postgres's part first, then ours, all in the
+/// executor's memory: no allocation of our own per statement.
 #[repr(C)]
 pub struct NodeState {
     css: pg_sys::CustomScanState,
+    /// Points at `runtime` once the node has begun.
     rt: *mut NodeRuntime,
+    runtime: std::mem::MaybeUninit<NodeRuntime>,
+    /// Drops `runtime` when the executor's memory goes.
+    drop_cb: pg_sys::MemoryContextCallback,
 }
 
 /// Where the guarded scan has got to.
@@ -132,13 +137,15 @@ enum ScanPosition {
 }
 
 pub struct NodeRuntime {
-    pub plan: GuardPlan,
+    pub plan: Rc<GuardPlan>,
     /// None when the table stopped being latched after planning.
     latched: Option<Rc<Latched>>,
     pub rel: RelId,
     child: *mut pg_sys::PlanState,
     position: ScanPosition,
-    bounds: Vec<*mut pg_sys::ExprState>,
+    /// The bounds' expression states, built when first evaluated: most
+    /// statements know their bounds at start and never ask the node.
+    bounds: Option<Vec<*mut pg_sys::ExprState>>,
     /// D from the quals known before the statement ran (cached).
     static_declared: Option<Span>,
     /// The scan has run since it began or was last rescanned.
@@ -157,18 +164,19 @@ pub struct NodeRuntime {
 }
 
 /// Drops the Rust runtime when the executor's memory goes, also after an
-/// ERROR (when EndCustomScan never runs).
+/// ERROR (when EndCustomScan never runs).  The memory itself goes with the
+/// context, after its callbacks.
 #[pg_guard]
 unsafe extern "C-unwind" fn drop_runtime(arg: *mut std::ffi::c_void) {
-    // SAFETY: `arg` is the Box we leaked in begin(), dropped only here.
-    drop(unsafe { Box::from_raw(arg as *mut NodeRuntime) });
+    // SAFETY: `arg` is the runtime begin() wrote, dropped only here.
+    unsafe { std::ptr::drop_in_place(arg as *mut NodeRuntime) };
 }
 
-#[pg_guard]
+/// A plain old frame, like [`exec`]: palloc0's ERROR passes straight on.
 unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut Node {
     // SAFETY: allocating and tagging our state node as the executor expects.
     unsafe {
-        let ns = pg_sys::palloc0(std::mem::size_of::<NodeState>()) as *mut NodeState;
+        let ns = raw::palloc0(std::mem::size_of::<NodeState>()) as *mut NodeState;
         (*ns).css.ss.ps.type_ = pg_sys::NodeTag::T_CustomScanState;
         (*ns).css.flags = (*cscan).flags;
         (*ns).css.methods = &EXEC_METHODS.0;
@@ -305,7 +313,8 @@ unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> ScanPosit
 
 // ---- begin -----------------------------------------------------------------
 
-#[pg_guard]
+/// No `#[pg_guard]`: [`crate::errors::rethrow_pending`] catches every
+/// unwind.
 unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
     // SAFETY: see errors.rs for the boundary.
     unsafe { crate::errors::rethrow_pending(|| begin_node(node, estate, eflags)) }
@@ -320,11 +329,15 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         let ns = node as *mut NodeState;
         let ps = &raw mut (*node).ss.ps;
         let cs = (*ps).plan as *mut pg_sys::CustomScan;
-        let plan = GuardPlan::from_list((*cs).custom_private).unwrap_or_else(|| {
-            crate::errors::raise(
-                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                "this plan was made by another version of pgkvx; run the statement again to re-plan it",
-            )
+        let (plan, latched) = super::starting::claim(cs, node).unwrap_or_else(|| {
+            let plan = GuardPlan::from_list((*cs).custom_private).unwrap_or_else(|| {
+                crate::errors::raise(
+                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                    "this plan was made by another version of pgkvx; run the statement again to re-plan it",
+                )
+            });
+            let latched = registry::lookup(plan.relid);
+            (Rc::new(plan), latched)
         });
         let Some(child_plan) = list_nth::<pg_sys::Plan>((*cs).custom_plans, 0) else {
             crate::errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "a PgkvxLimitScan plan has no child plan")
@@ -335,11 +348,10 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         // kind.  Left as the virtual slots of a CustomScan, a parent would
         // compile its expressions to read our rows without deforming them.
         let mut fixed = false;
-        (*ps).resultops = pg_sys::ExecGetResultSlotOps(child, &mut fixed);
+        (*ps).resultops = raw::ExecGetResultSlotOps(child, &mut fixed);
         (*ps).resultopsfixed = fixed;
         (*ps).resultopsset = true;
 
-        let latched = registry::lookup(plan.relid);
         let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0;
         let position = match (&latched, &plan.stream) {
             _ if explain_only => ScanPosition::Anywhere,
@@ -351,15 +363,14 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             (Some(l), None) if !plan.tree => position_of(child, &l.key),
             _ => ScanPosition::Anywhere,
         };
-        let bounds = list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| pg_sys::ExecInitExpr(e, ps)).collect();
-        let rt = Box::new(NodeRuntime {
+        let rt = (*ns).runtime.write(NodeRuntime {
             // A partition validates against its latched parent's latches.
             rel: backend::rel_id(latched.as_ref().map_or(plan.relid, |l| l.root)),
             plan,
             latched,
             child,
             position,
-            bounds,
+            bounds: None,
             static_declared: None,
             started: false,
             last: std::ptr::null_mut(),
@@ -367,12 +378,12 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             statement: None,
             fence_at_start: None,
         });
-        let rt = Box::into_raw(rt);
-        let cb =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::MemoryContextCallback>()) as *mut pg_sys::MemoryContextCallback;
+        let rt: *mut NodeRuntime = rt;
+        let cb = &raw mut (*ns).drop_cb;
         (*cb).func = Some(drop_runtime);
         (*cb).arg = rt as *mut std::ffi::c_void;
-        pg_sys::MemoryContextRegisterResetCallback(pg_sys::CurrentMemoryContext, cb);
+        // The context create_state allocated the node in.
+        raw::MemoryContextRegisterResetCallback(pg_sys::CurrentMemoryContext, cb);
         (*ns).rt = rt;
         // Rows come straight from `exec_node`, not through ExecCustomScan:
         // one indirect call and one interrupt check fewer per row (the
@@ -486,7 +497,7 @@ unsafe fn rescan_child(child: *mut pg_sys::PlanState) {
 
 // ---- end -------------------------------------------------------------------
 
-#[pg_guard]
+/// A plain old frame: the child's ERROR passes straight on.
 unsafe extern "C-unwind" fn end(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node; the child was initialised in begin().  The Rust
     // runtime itself is dropped with the executor's memory context.
@@ -551,16 +562,21 @@ impl NodeRuntime {
         if let Some(d) = self.static_declared {
             return d;
         }
+        if self.latched.is_none() {
+            return Span::ALL;
+        }
+        // SAFETY: per contract.
+        let states = unsafe { self.bound_states(node) };
         let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Span::ALL };
-        // SAFETY: expression states built in begin(), evaluated in the
-        // node's per-tuple context.
+        // SAFETY: expression states of this node, evaluated in its per-tuple
+        // context.
         let quals: Vec<KeyQual> = unsafe {
             let econtext = (*node).ss.ps.ps_ExprContext;
             self.plan
                 .bounds
                 .iter()
-                .zip(&self.bounds)
-                .map(|(b, &e)| {
+                .zip(states)
+                .map(|(b, e)| {
                     let mut isnull = false;
                     let value = crate::errors::pass(|| raw::eval_expr(e, econtext, &mut isnull));
                     KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull }
@@ -570,6 +586,29 @@ impl NodeRuntime {
         let d = span::declared(key, quals);
         self.static_declared = Some(d);
         d
+    }
+
+    /// The expression states of the bounds, built in the executor's memory
+    /// the first time they are asked for.
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    unsafe fn bound_states(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<*mut pg_sys::ExprState> {
+        if let Some(b) = &self.bounds {
+            return b.clone();
+        }
+        // SAFETY: per contract: our plan node's expressions, initialised for
+        // our plan state in its executor's query context.
+        let b: Vec<_> = unsafe {
+            let ps = &raw mut (*node).ss.ps;
+            let cs = (*ps).plan as *mut pg_sys::CustomScan;
+            let old = pg_sys::MemoryContextSwitchTo((*(*ps).state).es_query_cxt);
+            let b = list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| pg_sys::ExecInitExpr(e, ps)).collect();
+            pg_sys::MemoryContextSwitchTo(old);
+            b
+        };
+        self.bounds = Some(b.clone());
+        b
     }
 
     /// Records the span the current execution touched, if it ran.

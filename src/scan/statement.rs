@@ -30,6 +30,7 @@ use super::attempts::{
 use super::buffer::HeldRows;
 use super::guards::{self, Guards};
 use super::node::{self, ReadPath, StatementReport};
+use super::starting;
 use crate::errors::{self, raw};
 
 use crate::latch::protocol::ReadMode;
@@ -134,9 +135,9 @@ pub fn init() {
 /// Forgets a statement whose executor memory goes away (after an ERROR,
 /// when ExecutorEnd never runs).  Its snapshot went with the resource
 /// owner; only our memory is left to free.
-#[pg_guard]
 unsafe extern "C-unwind" fn forget_statement(arg: *mut std::ffi::c_void) {
-    drop(take_statement(arg as *mut QueryDesc));
+    // SAFETY: no Postgres call inside; see errors.rs for the boundary.
+    unsafe { errors::rethrow_pending(|| drop(take_statement(arg as *mut QueryDesc))) }
 }
 
 // The previous hooks, or the standard functions, as plain C calls: an
@@ -195,8 +196,8 @@ fn refuse_on_standby() {
     }
 }
 
-/// ExecutorStart.  Statements with no guarded scan pass straight on.
-#[pg_guard]
+/// ExecutorStart.  Statements with no guarded scan pass straight on.  No
+/// `#[pg_guard]`: [`errors::rethrow_pending`] catches every unwind.
 unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
     // SAFETY: the executor's QueryDesc; see errors.rs for the boundary.
     unsafe { errors::rethrow_pending(|| start_statement(qd, eflags)) }
@@ -230,8 +231,8 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         let want = if restartable { guards::rows_wanted(stmt, params) } else { None };
         let Some(mut strategy) = run::choose_mode(want) else {
             // off: plain Postgres.
-            errors::pass(|| prev_start(qd, eflags));
-            attach(qd, eflags, guards, Reads::plan(ReadPath::Off, false));
+            let nodes = start_executor(qd, eflags, &guards);
+            attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Off, false));
             return;
         };
         refuse_on_standby();
@@ -255,8 +256,8 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 let private = snapshot::private_copy((*qd).snapshot);
                 pg_sys::UnregisterSnapshot((*qd).snapshot);
                 (*qd).snapshot = private;
-                errors::pass(|| prev_start(qd, eflags));
-                let st = attach(qd, eflags, guards, Reads::plan(ReadPath::FencedAtScan, true));
+                let nodes = start_executor(qd, eflags, &guards);
+                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, true));
                 for &n in &(*st).nodes {
                     node::runtime(n).fence_at_start = Some(after);
                 }
@@ -276,8 +277,8 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                     (*qd).snapshot = new;
                 }
                 b.release();
-                errors::pass(|| prev_start(qd, eflags));
-                let st = attach(qd, eflags, guards, Reads::plan(ReadPath::Fenced, swapped));
+                let nodes = start_executor(qd, eflags, &guards);
+                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
                 let mut r = (*st).report.borrow_mut();
                 r.report = ran.report;
                 r.wait_us = ran.wait_us;
@@ -292,18 +293,19 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                     clean
                 } =>
             {
-                errors::pass(|| prev_start(qd, eflags));
-                let st = attach(qd, eflags, guards, Reads::plan(ReadPath::Streamed, false));
+                let nodes = start_executor(qd, eflags, &guards);
+                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Streamed, false));
                 let mut r = (*st).report.borrow_mut();
                 r.report.validations = 1;
                 r.report.streamed = true;
             }
             ReadMode::Optimistic => {
-                errors::pass(|| prev_start(qd, eflags));
+                let nodes = start_executor(qd, eflags, &guards);
                 attach(
                     qd,
                     eflags,
                     guards,
+                    nodes,
                     Reads {
                         source: RowSource::Pending,
                         mode: ReadPath::Optimistic,
@@ -335,15 +337,33 @@ impl Reads {
     }
 }
 
-/// Registers a started statement and shows its report to its nodes.
+/// Starts the executor of a statement with guarded scans: its guard nodes,
+/// as they begin, take their guards from `guards` (scan/starting.rs).
+/// Returns those nodes.
 ///
 /// # Safety
-/// `qd` has been started.
-unsafe fn attach(qd: *mut QueryDesc, eflags: i32, guards: Guards, reads: Reads) -> *mut GuardedStatement {
+/// The arguments of ExecutorStart.
+unsafe fn start_executor(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> Vec<*mut pg_sys::CustomScanState> {
+    let scope = starting::Scope::enter(guards);
+    // SAFETY: per contract; an ERROR unwinds the scope, which ends it.
+    unsafe { errors::pass(|| prev_start(qd, eflags)) };
+    scope.nodes()
+}
+
+/// Registers a started statement with its guard nodes `nodes` and shows
+/// its report to them.
+///
+/// # Safety
+/// `qd` has been started; `nodes` are its guard nodes.
+unsafe fn attach(
+    qd: *mut QueryDesc,
+    eflags: i32,
+    guards: Guards,
+    nodes: Vec<*mut pg_sys::CustomScanState>,
+    reads: Reads,
+) -> *mut GuardedStatement {
     let Reads { source, mode, base, swapped, first_fixed_read } = reads;
     let report = Rc::new(RefCell::new(StatementReport { mode, ..Default::default() }));
-    // SAFETY: per contract.
-    let nodes = unsafe { guards::guard_nodes(qd) };
     // SAFETY: per contract.
     unsafe {
         for &n in &nodes {
@@ -356,7 +376,7 @@ unsafe fn attach(qd: *mut QueryDesc, eflags: i32, guards: Guards, reads: Reads) 
         (*cb).func = Some(forget_statement);
         (*cb).arg = qd as *mut std::ffi::c_void;
         (*cb).next = std::ptr::null_mut();
-        pg_sys::MemoryContextRegisterResetCallback((*(*qd).estate).es_query_cxt, cb);
+        raw::MemoryContextRegisterResetCallback((*(*qd).estate).es_query_cxt, cb);
     }
     add_statement(GuardedStatement {
         qd,
@@ -594,7 +614,7 @@ unsafe extern "C-unwind" fn executor_end(qd: *mut QueryDesc) {
     }
 }
 
-#[pg_guard]
+/// No `#[pg_guard]`: [`errors::rethrow_pending`] catches every unwind.
 #[inline(never)]
 unsafe extern "C-unwind" fn guarded_end(qd: *mut QueryDesc) {
     // SAFETY: ending what we started, then chaining.

@@ -320,8 +320,8 @@ pub fn my_xid() -> Xid {
 
 /// The xid this transaction has, if any (no assignment).
 pub fn my_xid_if_any() -> Xid {
-    // SAFETY: plain read.
-    Xid(unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner())
+    // SAFETY: plain read, which cannot raise.
+    Xid(unsafe { crate::errors::raw::GetTopTransactionIdIfAny() }.into_inner())
 }
 
 /// How far over `pgkvx.range_max_latches` a range may grow before writers

@@ -60,8 +60,10 @@ fn lw_mode(mode: Mode) -> pg_sys::LWLockMode::Type {
 
 impl LockSet for PgLocks {
     fn acquire(&self, id: LockId, mode: Mode) {
-        // SAFETY: a valid LWLock in shared memory.
-        unsafe { pg_sys::LWLockAcquire(self.get(id), lw_mode(mode)) };
+        // SAFETY: a valid LWLock in shared memory, never held twice (Held
+        // guards pair every acquire with a release), so it cannot raise:
+        // called plainly, without a jump buffer, on every guarded read.
+        unsafe { crate::errors::raw::LWLockAcquire(self.get(id), lw_mode(mode)) };
     }
     fn try_acquire(&self, id: LockId, mode: Mode) -> bool {
         // SAFETY: as above.
@@ -69,7 +71,7 @@ impl LockSet for PgLocks {
     }
     fn release(&self, id: LockId) {
         // SAFETY: we hold it (Held guards pair every acquire with a release).
-        unsafe { pg_sys::LWLockRelease(self.get(id)) };
+        unsafe { crate::errors::raw::LWLockRelease(self.get(id)) };
     }
 }
 
