@@ -80,8 +80,11 @@ pub mod raw {
             context: pg_sys::MemoryContext,
             cb: *mut pg_sys::MemoryContextCallback,
         );
-        // Raise only on a misuse of the lock (more than MAX_SIMUL_LWLOCKS
-        // held, or releasing one not held), which ours never are.
+        // Raise only on a misuse: releasing a lock not held, or taking one
+        // with MAX_SIMUL_LWLOCKS (200) held.  Ours pair every acquire with
+        // a release and hold at most two at once, taken where Postgres
+        // holds none; ReadNextFullTransactionId takes XidGenLock the same
+        // way.  So these never longjmp over the Rust frames above them.
         pub fn LWLockAcquire(lock: *mut pg_sys::LWLock, mode: pg_sys::LWLockMode::Type) -> bool;
         pub fn LWLockRelease(lock: *mut pg_sys::LWLock);
         pub fn palloc0(size: usize) -> *mut std::ffi::c_void;

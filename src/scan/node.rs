@@ -329,7 +329,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         let ns = node as *mut NodeState;
         let ps = &raw mut (*node).ss.ps;
         let cs = (*ps).plan as *mut pg_sys::CustomScan;
-        let (plan, latched) = super::starting::claim(cs, node).unwrap_or_else(|| {
+        let (plan, latched) = super::starting::claim(cs, node, estate).unwrap_or_else(|| {
             let plan = GuardPlan::from_list((*cs).custom_private).unwrap_or_else(|| {
                 crate::errors::raise(
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -385,6 +385,16 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         // The context create_state allocated the node in.
         raw::MemoryContextRegisterResetCallback(pg_sys::CurrentMemoryContext, cb);
         (*ns).rt = rt;
+        // A bound with a subquery of its own joins the node's subplans as
+        // its state is built: built now, as every other node's, so that
+        // rescans and plan-state walks see it from the start.
+        let plain = |e: *mut pg_sys::Expr| {
+            matches!(node_tag(e as *const Node), pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_Param)
+                || !pg_sys::contain_subplans(e as *mut Node)
+        };
+        if !list_iter::<pg_sys::Expr>((*cs).custom_exprs).all(plain) {
+            (*rt).bound_states(node);
+        }
         // Rows come straight from `exec_node`, not through ExecCustomScan:
         // one indirect call and one interrupt check fewer per row (the
         // child's ExecScan checks for interrupts at every row itself).

@@ -17,6 +17,12 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 struct Starting {
+    /// The statement starting: only nodes of its own executor claim.
+    /// Another executor can begin nodes of the same plan while it starts
+    /// (a function its partition pruning calls runs the same cached plan;
+    /// an optimistic read's second executor), and those nodes go when
+    /// that executor ends.
+    qd: *mut pg_sys::QueryDesc,
     /// The statement's guards.  They outlive the scope: the statement owns
     /// them and does not touch them until its executor has started.
     guards: *const Guards,
@@ -37,10 +43,10 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// Opens the scope of a statement with `guards`, which must stay where
-    /// they are until the scope ends.
-    pub fn enter(guards: &Guards) -> Scope {
-        let mine = Starting { guards, nodes: Vec::with_capacity(guards.0.len()) };
+    /// Opens the scope of statement `qd` with `guards`, which must stay
+    /// where they are until the scope ends.
+    pub fn enter(qd: *mut pg_sys::QueryDesc, guards: &Guards) -> Scope {
+        let mine = Starting { qd, guards, nodes: Vec::with_capacity(guards.0.len()) };
         Scope { outer: STARTING.with(|s| s.replace(Some(mine))) }
     }
 
@@ -63,15 +69,21 @@ impl Drop for Scope {
 }
 
 /// The decoded guard of plan node `cs`, for its node `node` beginning now
-/// in the statement that is starting; None when no statement is starting
-/// or its guards do not hold `cs`.
+/// in executor `estate`; None unless that is the executor of the statement
+/// starting and its guards hold `cs`.
 pub fn claim(
     cs: *mut pg_sys::CustomScan,
     node: *mut pg_sys::CustomScanState,
+    estate: *mut pg_sys::EState,
 ) -> Option<(Rc<GuardPlan>, Option<Rc<Latched>>)> {
     STARTING.with(|s| {
         let mut s = s.try_borrow_mut().ok()?;
         let st = s.as_mut()?;
+        // SAFETY: the statement is starting: its QueryDesc is live, and
+        // standard_ExecutorStart sets its estate before any node begins.
+        if unsafe { (*st.qd).estate } != estate {
+            return None;
+        }
         // SAFETY: the guards outlive the scope (Scope::enter).
         let guards = unsafe { &*st.guards };
         let g = guards.0.iter().find(|g| std::ptr::eq(g.cs, cs))?;

@@ -344,7 +344,7 @@ impl Reads {
 /// # Safety
 /// The arguments of ExecutorStart.
 unsafe fn start_executor(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> Vec<*mut pg_sys::CustomScanState> {
-    let scope = starting::Scope::enter(guards);
+    let scope = starting::Scope::enter(qd, guards);
     // SAFETY: per contract; an ERROR unwinds the scope, which ends it.
     unsafe { errors::pass(|| prev_start(qd, eflags)) };
     scope.nodes()

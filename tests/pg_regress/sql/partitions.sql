@@ -185,3 +185,28 @@ SET pgkvx.unprotected_reads = error;
 SELECT id FROM pd WHERE id > 0 ORDER BY id LIMIT 2;
 RESET pgkvx.unprotected_reads;
 DROP TABLE pd;
+
+-- A node of another executor of the same plan, begun while this one
+-- starts (run-time pruning calls g(), which runs f()'s cached plan, whose
+-- optimistic read overflows into a second executor), is not taken for one
+-- of this statement's: each level returns every row.
+CREATE TABLE nested_p (id bigint PRIMARY KEY, v text) PARTITION BY RANGE (id);
+CREATE TABLE nested_p1 PARTITION OF nested_p FOR VALUES FROM (0) TO (500);
+CREATE TABLE nested_p2 PARTITION OF nested_p FOR VALUES FROM (500) TO (100000);
+SELECT pgkvx.enable('nested_p') IS NOT NULL AS enabled;
+INSERT INTO nested_p SELECT g, 'x' FROM generate_series(1, 900) g;
+ANALYZE nested_p;
+CREATE FUNCTION nested_g(d int) RETURNS bigint STABLE LANGUAGE plpgsql AS
+  $$BEGIN IF d > 0 THEN PERFORM count(*) FROM nested_f(d - 1); END IF; RETURN 0; END$$;
+CREATE FUNCTION nested_f(d int) RETURNS SETOF bigint LANGUAGE plpgsql AS
+  $$BEGIN RETURN QUERY SELECT id FROM nested_p WHERE id >= nested_g(d) AND (v || '') = 'x' ORDER BY id; END$$;
+SET plan_cache_mode = force_generic_plan;
+SET pgkvx.max_optimistic_rows = 10;
+SELECT count(*) FROM nested_f(2);
+SET pgkvx.scan_mode = fenced;
+SELECT count(*) FROM nested_f(2);
+RESET pgkvx.scan_mode;
+RESET pgkvx.max_optimistic_rows;
+RESET plan_cache_mode;
+DROP FUNCTION nested_f(int), nested_g(int);
+DROP TABLE nested_p;
