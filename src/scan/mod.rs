@@ -9,7 +9,8 @@
 //! statement from the executor hooks, over the statement's `guards`
 //! (decoded once, and handed to their nodes as the executor starts:
 //! `starting`); `tree` puts one node over a partitioned table's
-//! MergeAppend instead of one per partition; `attempts` runs an
+//! MergeAppend instead of one per partition; `unguarded` splices the node
+//! out of executions that have no use for it; `attempts` runs an
 //! optimistic statement's attempts, and `buffer` holds its rows back until
 //! they are valid.
 
@@ -23,6 +24,7 @@ pub mod restartable;
 pub mod starting;
 pub mod statement;
 pub mod tree;
+pub mod unguarded;
 
 /// Installs the planner and executor hooks and registers the node; called
 /// from `_PG_init`.

@@ -23,6 +23,10 @@
 //!   Before buffering many rows, an optimistic read first checks its
 //!   declared spans: when they are clean it streams at once.
 //! - off: nothing; the nodes only pass rows on.
+//!
+//! Fenced, streamed and off executions need nothing of the guard nodes
+//! once they start: unless EXPLAIN ANALYZE watches, they run a copy of the
+//! plan with the node spliced out, where its shape allows (unguarded.rs).
 
 use super::attempts::{
     self, end_second_executor, start_second_executor, with_active, FirstAttempt, OptimisticAttempts,
@@ -31,6 +35,7 @@ use super::buffer::HeldRows;
 use super::guards::{self, Guards};
 use super::node::{self, ReadPath, StatementReport};
 use super::starting;
+use super::unguarded;
 use crate::errors::{self, raw};
 
 use crate::latch::protocol::ReadMode;
@@ -231,8 +236,10 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         let want = if restartable { guards::rows_wanted(stmt, params) } else { None };
         let Some(mut strategy) = run::choose_mode(want) else {
             // off: plain Postgres.
-            let nodes = start_executor(qd, eflags, &guards);
-            attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Off, false));
+            if !start_unguarded(qd, eflags, &guards) {
+                let nodes = start_executor(qd, eflags, &guards);
+                attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Off, false));
+            }
             return;
         };
         refuse_on_standby();
@@ -277,6 +284,14 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                     (*qd).snapshot = new;
                 }
                 b.release();
+                if start_unguarded(qd, eflags, &guards) {
+                    // Only a snapshot of ours needs the statement: it must
+                    // be the active one while the statement runs.
+                    if swapped {
+                        attach(qd, eflags, guards, Vec::new(), Reads::plan(ReadPath::Fenced, true));
+                    }
+                    return;
+                }
                 let nodes = start_executor(qd, eflags, &guards);
                 let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
                 let mut r = (*st).report.borrow_mut();
@@ -293,6 +308,9 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                     clean
                 } =>
             {
+                if start_unguarded(qd, eflags, &guards) {
+                    return;
+                }
                 let nodes = start_executor(qd, eflags, &guards);
                 let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Streamed, false));
                 let mut r = (*st).report.borrow_mut();
@@ -348,6 +366,26 @@ unsafe fn start_executor(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> Ve
     // SAFETY: per contract; an ERROR unwinds the scope, which ends it.
     unsafe { errors::pass(|| prev_start(qd, eflags)) };
     scope.nodes()
+}
+
+/// Starts the executor of a statement whose read protocol is done (or
+/// off) on its plan without the guard node, when EXPLAIN ANALYZE is not
+/// watching and the plan's shape allows (scan/unguarded.rs).  Returns
+/// whether it did; nothing of pgkvx then runs in that executor.
+///
+/// # Safety
+/// The arguments of ExecutorStart; `guards` are the statement's.
+unsafe fn start_unguarded(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        if (*qd).instrument_options != 0 {
+            return false;
+        }
+        let Some(plain) = unguarded::plan_without_guard((*qd).plannedstmt, guards) else { return false };
+        (*qd).plannedstmt = plain;
+        errors::pass(|| prev_start(qd, eflags));
+        true
+    }
 }
 
 /// Registers a started statement with its guard nodes `nodes` and shows

@@ -1,0 +1,195 @@
+"""Executions whose read protocol is done before their executor starts
+(fenced, optimistic with clean declared spans, off) run their plan with the
+guard node spliced out (src/scan/unguarded.rs); the rest keep it.  An
+optimistic read checks its declared spans first only when it wants more
+than 64 rows (read/run.rs), so the tails here take 70.
+
+What ran is read from auto_explain's log of each executed plan (without
+ANALYZE, so nothing is instrumented); what it returned is compared with
+`pgkvx.scan_mode = off` -- column names and junk columns included, since
+the spliced plan's top node must still label the result.
+"""
+import threading
+
+import pytest
+
+from conftest import connect, connect_in_mode, wait_until
+
+SETUP = [
+    """CREATE TABLE ev (id bigserial, created_at timestamptz NOT NULL, v text NOT NULL,
+                       PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)""",
+    "CREATE TABLE ev_1 PARTITION OF ev FOR VALUES FROM ('2024-01-01') TO ('2024-02-01')",
+    "CREATE TABLE ev_2 PARTITION OF ev FOR VALUES FROM ('2024-02-01') TO ('2024-03-01')",
+    "SELECT pgkvx.enable('ev', gapless => true)",
+    """INSERT INTO ev (created_at, v)
+        SELECT '2024-01-01'::timestamptz + (g % 2) * interval '1 month' + g * interval '1 second', 'v' || g
+          FROM generate_series(1, 200) g""",
+    "CREATE TABLE kv (id bigserial PRIMARY KEY, v text NOT NULL, w int NOT NULL DEFAULT 0)",
+    "SELECT pgkvx.enable('kv', gapless => true)",
+    "INSERT INTO kv (v) SELECT 'k' || g FROM generate_series(1, 200) g",
+    "ANALYZE ev, kv",
+]
+
+TAILS = {
+    "partitioned": "SELECT id, v FROM ev WHERE id > 50 ORDER BY id LIMIT 70",
+    "plain": "SELECT id, v FROM kv WHERE id > 50 ORDER BY id LIMIT 70",
+    # A projection and a junk sort column: the top node's labels must stay.
+    "junk": "SELECT v AS label FROM ev WHERE id > 50 ORDER BY id LIMIT 70",
+    "distinct": "SELECT DISTINCT ON (id) id, v FROM kv WHERE id > 50 ORDER BY id LIMIT 70",
+}
+
+
+def session(db, mode):
+    """A connection in `mode` whose plans use the tables' indexes, as tails
+    on tables of any size do (these are small)."""
+    c = connect_in_mode(db, mode)
+    c.execute("SET enable_seqscan = off")
+    c.execute("SET enable_sort = off")
+    return c
+
+
+@pytest.fixture(scope="module")
+def ready(db):
+    with connect(db) as c:
+        for s in SETUP:
+            c.execute(s)
+    return db
+
+
+def logged(db, mode, sql, params=None, prepare=False):
+    """Runs `sql` in `mode` with auto_explain logging every executed plan;
+    returns (column names, rows, the plans logged)."""
+    plans = []
+    with session(db, mode) as c:
+        c.execute("LOAD 'auto_explain'")
+        c.execute("SET auto_explain.log_min_duration = 0")
+        c.execute("SET auto_explain.log_nested_statements = on")
+        c.execute("SET client_min_messages = log")
+        c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        cur = c.execute(sql, params, prepare=prepare)
+        rows = cur.fetchall()
+        names = [d.name for d in cur.description]
+    return names, rows, [p for p in plans if "Query Text" in p or "Limit" in p or "Scan" in p]
+
+
+def plain(db, sql):
+    with session(db, "off") as c:
+        c.execute("LOAD 'auto_explain'")
+        cur = c.execute(sql)
+        return [d.name for d in cur.description], cur.fetchall()
+
+
+@pytest.mark.parametrize("shape", sorted(TAILS))
+@pytest.mark.parametrize("mode", ["optimistic", "fenced", "off"])
+def test_reads_done_at_start_run_without_the_node(ready, mode, shape):
+    sql = TAILS[shape]
+    names, rows, plans = logged(ready, mode, sql)
+    assert (names, rows) == plain(ready, sql)
+    assert len(rows) == 70
+    assert plans, "auto_explain logged no plan"
+    assert not any("PgkvxLimitScan" in p for p in plans), plans
+    assert any("Limit" in p for p in plans), plans
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "fenced"])
+def test_explain_analyze_still_shows_the_node(ready, mode):
+    with session(ready, mode) as c:
+        plan = "\n".join(r for (r,) in c.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + TAILS["partitioned"]))
+    assert "PgkvxLimitScan" in plan, plan
+    assert "Mode:" in plan, plan
+
+
+def test_a_small_optimistic_read_keeps_the_node(ready):
+    # It validates the span its guard touched after a buffered first run.
+    sql = "SELECT id, v FROM kv WHERE id > 50 ORDER BY id LIMIT 7"
+    names, rows, plans = logged(ready, "optimistic", sql)
+    assert (names, rows) == plain(ready, sql)
+    assert any("PgkvxLimitScan" in p for p in plans), plans
+
+
+def test_a_guard_at_the_top_keeps_its_place(ready):
+    # No node above the guard to carry the result's labels: not spliced.
+    sql = "SELECT id, v FROM kv WHERE id > 190 ORDER BY id"
+    names, rows, plans = logged(ready, "fenced", sql)
+    assert (names, rows) == plain(ready, sql)
+    assert any("PgkvxLimitScan" in p for p in plans), plans
+
+
+def test_an_optimistic_read_with_a_writer_in_flight_keeps_the_node(ready):
+    """A writer in flight in the declared span: the read runs optimistic and
+    validates the span its guard touched, so the guard must run.  The
+    writer's key lies past the read's rows, so the read neither waits nor
+    changes."""
+    writer = connect(ready, autocommit=False)
+    try:
+        writer.execute("INSERT INTO kv (v) VALUES ('late')")
+        names, rows, plans = logged(ready, "optimistic", TAILS["plain"])
+        assert (names, rows) == plain(ready, TAILS["plain"])
+        assert any("PgkvxLimitScan" in p for p in plans), plans
+    finally:
+        writer.rollback()
+        writer.close()
+
+
+def test_a_fenced_read_waits_for_a_writer_then_runs_spliced(ready):
+    """The fence folds the writer in before the spliced plan starts: the
+    row committed late is returned, not skipped."""
+    writer = connect(ready, autocommit=False)
+    (late,) = writer.execute("INSERT INTO kv (v) VALUES ('late') RETURNING id").fetchone()
+    out = {}
+
+    def read():
+        out["r"] = logged(ready, "fenced", f"SELECT id FROM kv WHERE id >= {late} ORDER BY id LIMIT 1")
+
+    t = threading.Thread(target=read)
+    t.start()
+    with connect(ready) as c:
+        wait_until(lambda: c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND wait_event_type = 'Lock'",
+            (f"%id >= {late}%",)).fetchone()[0] > 0, "the fenced read to wait")
+    writer.commit()
+    writer.close()
+    t.join(60)
+    assert not t.is_alive()
+    names, rows, plans = out["r"]
+    assert rows == [(late,)]
+    assert not any("PgkvxLimitScan" in p for p in plans), plans
+
+
+def test_plans_replaced_and_invalidated_get_their_own_splice(ready):
+    """A prepared statement run past the generic plan switch, deallocated and
+    prepared again on another table, and one whose plan is invalidated by
+    DDL: each execution runs its own plan's splice."""
+    with session(ready, "fenced") as c:
+        plans = []
+        c.execute("LOAD 'auto_explain'")
+        c.execute("SET auto_explain.log_min_duration = 0")
+        c.execute("SET client_min_messages = log")
+        c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        for round_ in range(3):
+            table = "ev" if round_ % 2 == 0 else "kv"
+            c.execute(f"PREPARE q(bigint) AS SELECT id FROM {table} WHERE id > $1 ORDER BY id LIMIT 3")
+            for i in range(8):
+                plans.clear()
+                got = c.execute(f"EXECUTE q({i * 10})").fetchall()
+                assert got == [(i * 10 + 1,), (i * 10 + 2,), (i * 10 + 3,)]
+                text = "\n".join(plans)
+                # ev is read through a Merge Append of its partitions, kv alone.
+                assert ("Merge Append" in text) == (table == "ev"), text
+                assert ("on kv" in text) == (table == "kv"), text
+                assert "PgkvxLimitScan" not in text, text
+            c.execute("DEALLOCATE q")
+        # DDL invalidates the generic plan; the statement is planned again.
+        c.execute("PREPARE r(bigint) AS SELECT id, v FROM kv WHERE id > $1 ORDER BY id LIMIT 2")
+        for _ in range(7):
+            assert c.execute("EXECUTE r(10)").fetchall() == [(11, "k11"), (12, "k12")]
+        # From another session: psycopg deallocates its own on DDL.
+        with connect(ready) as ddl:
+            ddl.execute("ALTER TABLE kv ADD COLUMN extra int NOT NULL DEFAULT 42")
+        try:
+            plans.clear()
+            assert c.execute("EXECUTE r(20)").fetchall() == [(21, "k21"), (22, "k22")]
+            assert "PgkvxLimitScan" not in "\n".join(plans)
+        finally:
+            with connect(ready) as ddl:
+                ddl.execute("ALTER TABLE kv DROP COLUMN extra")
