@@ -122,6 +122,7 @@ static mut PREV_FINISH: pg_sys::ExecutorFinish_hook_type = None;
 static mut PREV_END: pg_sys::ExecutorEnd_hook_type = None;
 
 pub fn init() {
+    unguarded::init();
     // SAFETY: _PG_init, single-threaded.
     unsafe {
         PREV_START = pg_sys::ExecutorStart_hook;
@@ -378,7 +379,7 @@ unsafe fn start_executor(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> Ve
 unsafe fn start_unguarded(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> bool {
     // SAFETY: per contract.
     unsafe {
-        if (*qd).instrument_options != 0 {
+        if unguarded::watched(qd) {
             return false;
         }
         let Some(plain) = unguarded::plan_without_guard((*qd).plannedstmt, guards) else { return false };

@@ -18,6 +18,9 @@
 //! its child's rows up as they are (same columns, same slots), so the
 //! executor builds and runs exactly what it would have under the guard.
 //!
+//! An execution that EXPLAIN ANALYZE watches keeps the node, so that it
+//! shows what the node saw; so does one auto_explain will analyze.
+//!
 //! The second plan is made the first time an execution of a plan asks for
 //! it, in that plan's own memory, and forgotten when that memory goes (a
 //! cached plan released, a one-shot plan's portal dropped).  Only the
@@ -32,7 +35,48 @@ use crate::pg::{list_nth, node_tag};
 use pgrx::pg_sys::{self, Node, Plan, PlannedStmt};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// auto_explain was loaded before pgkvx: its ExecutorStart hook runs
+/// inside ours, so a statement it will analyze is not yet marked
+/// instrumented when ours decides.  (Loaded after, or by LOAD, its hook
+/// runs first and marks the statement before ours looks.)
+static AUTO_EXPLAIN_INSIDE: AtomicBool = AtomicBool::new(false);
+
+/// Notes whether auto_explain was loaded before us; called from
+/// `_PG_init`, before our executor hooks go in.
+pub fn init() {
+    AUTO_EXPLAIN_INSIDE.store(guc("auto_explain.log_analyze").is_some(), Ordering::Relaxed);
+}
+
+/// A setting's current value, None when no library defined it.
+fn guc(name: &str) -> Option<String> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a lookup by name that returns NULL (missing_ok) rather than
+    // raising; the value is copied before anything can change it.
+    unsafe {
+        let v = pg_sys::GetConfigOption(name.as_ptr(), true, false);
+        (!v.is_null()).then(|| CStr::from_ptr(v).to_string_lossy().into_owned())
+    }
+}
+
+/// Whether an EXPLAIN ANALYZE will watch a statement whose start is
+/// deciding now: the statement marked instrumented, or auto_explain set to
+/// analyze statements and running inside our hook (which then marks it).
+/// The node stays for both, so that they show what it saw.
+///
+/// # Safety
+/// `qd` is the QueryDesc ExecutorStart was called with.
+pub unsafe fn watched(qd: *mut pg_sys::QueryDesc) -> bool {
+    // SAFETY: per contract.
+    if unsafe { (*qd).instrument_options } != 0 {
+        return true;
+    }
+    AUTO_EXPLAIN_INSIDE.load(Ordering::Relaxed)
+        && guc("auto_explain.log_analyze").as_deref() == Some("on")
+        && guc("auto_explain.log_min_duration").and_then(|m| m.parse::<i64>().ok()).is_some_and(|m| m >= 0)
+}
 
 /// One plan's second plan, in the plan's memory.
 #[repr(C)]

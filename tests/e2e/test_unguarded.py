@@ -9,11 +9,12 @@ ANALYZE, so nothing is instrumented); what it returned is compared with
 `pgkvx.scan_mode = off` -- column names and junk columns included, since
 the spliced plan's top node must still label the result.
 """
+import shutil
 import threading
 
 import pytest
 
-from conftest import connect, connect_in_mode, wait_until
+from conftest import PORT, connect, connect_in_mode, side_cluster, wait_until
 
 SETUP = [
     """CREATE TABLE ev (id bigserial, created_at timestamptz NOT NULL, v text NOT NULL,
@@ -193,3 +194,42 @@ def test_plans_replaced_and_invalidated_get_their_own_splice(ready):
         finally:
             with connect(ready) as ddl:
                 ddl.execute("ALTER TABLE kv DROP COLUMN extra")
+
+
+@pytest.fixture(scope="module")
+def auto_explain_first():
+    """A cluster preloading auto_explain before pgkvx, so that auto_explain's
+    ExecutorStart hook runs inside pgkvx's: yields its connection keywords."""
+    run, where = side_cluster("ae", PORT + 7, "auto_explain,pgkvx")
+    run("destroy", check=False)
+    run("start")
+    try:
+        kw = {"host": where["host"], "port": where["port"]}
+        with connect("postgres", **kw) as c:
+            c.execute("CREATE EXTENSION pgkvx")
+            for stmt in SETUP[5:]:
+                c.execute(stmt.replace("ev, kv", "kv") if stmt.startswith("ANALYZE") else stmt)
+        yield kw
+    finally:
+        run("destroy", check=False)
+        shutil.rmtree(where["host"].rsplit("/", 1)[0], ignore_errors=True)
+
+
+@pytest.mark.parametrize("analyze", [True, False])
+@pytest.mark.parametrize("mode", ["fenced", "optimistic"])
+def test_auto_explain_loaded_first_still_sees_the_node_it_analyzes(auto_explain_first, mode, analyze):
+    plans = []
+    with connect("postgres", **auto_explain_first) as c:
+        c.execute(f"SET pgkvx.scan_mode = {mode}")
+        c.execute("SET enable_seqscan = off")
+        c.execute("SET auto_explain.log_min_duration = 0")
+        c.execute(f"SET auto_explain.log_analyze = {'on' if analyze else 'off'}")
+        c.execute("SET client_min_messages = log")
+        c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        rows = c.execute(TAILS["plain"]).fetchall()
+    assert [r[0] for r in rows] == list(range(51, 121))
+    text = "\n".join(p for p in plans if "Query Text" in p)
+    assert "Limit" in text, plans
+    # Analyzed: the node and what it saw; not analyzed: spliced out.
+    assert ("PgkvxLimitScan" in text) == analyze, text
+    assert ("Mode:" in text) == analyze, text
