@@ -9,7 +9,8 @@ has them.  The tail reads every partition through a MergeAppend of their
 primary key index scans.  Modes: `plain` leaves the table unregistered and
 reads with pgkvx.scan_mode = off (PostgreSQL's own plan); `optimistic` and
 `fenced` register it with `pgkvx.enable('events', gapless => true)` and read
-in that mode, every partition's scan guarded under the parent's latches.
+in that mode, every partition's scan guarded under the parent's latches;
+`off` registers it and reads with the protocol off.
 Paired side by side (`bench/run --paired --pairs ptail12:optimistic`) their
 throughput ratio is what protecting a partitioned tail costs.
 """
@@ -32,6 +33,8 @@ MODES = [
     Mode("plain", "plain PG (partitioned, not latched)", False, "off"),
     Mode("optimistic", "latched parent, optimistic", True, "optimistic"),
     Mode("fenced", "latched parent, fenced", True, "fenced"),
+    # What the guards cost with the protocol off: the plan still has them.
+    Mode("off", "latched parent, scan_mode off", True, "off"),
 ]
 
 
