@@ -10,6 +10,7 @@ pub mod api;
 pub mod args;
 pub mod arrow;
 pub mod errors;
+pub mod fast_hash;
 pub mod guc;
 mod heap;
 pub mod keys;

@@ -20,7 +20,6 @@ use crate::pg::{quote_literal, regclass_text, rel_name, OpenRel};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 pub mod partitions;
@@ -56,27 +55,7 @@ pub struct Latched {
 /// drops it too.
 type Cached = (Option<Rc<Latched>>, Vec<Oid>);
 
-/// Oids hashed by one multiplication: the cache is asked once per guarded
-/// scan per statement (a hundred partitions: a hundred times), where
-/// SipHash showed in profiles; nothing here is attacker-chosen.
-#[derive(Default)]
-struct OidHasher(u64);
-
-impl std::hash::Hasher for OidHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type OidMap<V> = HashMap<Oid, V, std::hash::BuildHasherDefault<OidHasher>>;
+type OidMap<V> = crate::fast_hash::Map<Oid, V>;
 
 thread_local! {
     static LATCHED_CACHE: RefCell<OidMap<Cached>> = RefCell::new(OidMap::default());

@@ -34,7 +34,6 @@ use crate::errors::raw;
 use crate::pg::{list_nth, node_tag};
 use pgrx::pg_sys::{self, Node, Plan, PlannedStmt};
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -91,26 +90,7 @@ struct Spliced {
     unguarded: *mut PlannedStmt,
 }
 
-/// Plans by address: the address is hash enough.
-#[derive(Default)]
-struct AddressHasher(u64);
-
-impl std::hash::Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        // Allocations are 8-aligned: the low bits say nothing.
-        self.0 = ((n as u64) >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type ByAddress = HashMap<usize, *mut Spliced, std::hash::BuildHasherDefault<AddressHasher>>;
+type ByAddress = crate::fast_hash::Map<usize, *mut Spliced>;
 
 thread_local! {
     /// Each plan asked about, by address, while its memory lives.

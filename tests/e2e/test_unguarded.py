@@ -57,16 +57,24 @@ def ready(db):
     return db
 
 
+def log_plans(c, load=True):
+    """Has auto_explain log every plan `c` executes to `c` itself; returns
+    the list the logged plans are appended to."""
+    plans = []
+    if load:
+        c.execute("LOAD 'auto_explain'")
+    c.execute("SET auto_explain.log_min_duration = 0")
+    c.execute("SET auto_explain.log_nested_statements = on")
+    c.execute("SET client_min_messages = log")
+    c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    return plans
+
+
 def logged(db, mode, sql, params=None, prepare=False):
     """Runs `sql` in `mode` with auto_explain logging every executed plan;
     returns (column names, rows, the plans logged)."""
-    plans = []
     with session(db, mode) as c:
-        c.execute("LOAD 'auto_explain'")
-        c.execute("SET auto_explain.log_min_duration = 0")
-        c.execute("SET auto_explain.log_nested_statements = on")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        plans = log_plans(c)
         cur = c.execute(sql, params, prepare=prepare)
         rows = cur.fetchall()
         names = [d.name for d in cur.description]
@@ -162,11 +170,7 @@ def test_plans_replaced_and_invalidated_get_their_own_splice(ready):
     prepared again on another table, and one whose plan is invalidated by
     DDL: each execution runs its own plan's splice."""
     with session(ready, "fenced") as c:
-        plans = []
-        c.execute("LOAD 'auto_explain'")
-        c.execute("SET auto_explain.log_min_duration = 0")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        plans = log_plans(c)
         for round_ in range(3):
             table = "ev" if round_ % 2 == 0 else "kv"
             c.execute(f"PREPARE q(bigint) AS SELECT id FROM {table} WHERE id > $1 ORDER BY id LIMIT 3")
@@ -218,14 +222,12 @@ def auto_explain_first():
 @pytest.mark.parametrize("analyze", [True, False])
 @pytest.mark.parametrize("mode", ["fenced", "optimistic"])
 def test_auto_explain_loaded_first_still_sees_the_node_it_analyzes(auto_explain_first, mode, analyze):
-    plans = []
     with connect("postgres", **auto_explain_first) as c:
         c.execute(f"SET pgkvx.scan_mode = {mode}")
         c.execute("SET enable_seqscan = off")
-        c.execute("SET auto_explain.log_min_duration = 0")
         c.execute(f"SET auto_explain.log_analyze = {'on' if analyze else 'off'}")
-        c.execute("SET client_min_messages = log")
-        c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        # Preloaded: a LOAD would put its hook outside ours.
+        plans = log_plans(c, load=False)
         rows = c.execute(TAILS["plain"]).fetchall()
     assert [r[0] for r in rows] == list(range(51, 121))
     text = "\n".join(p for p in plans if "Query Text" in p)
