@@ -25,6 +25,19 @@ pub struct Guard {
     rtable: *mut pg_sys::List,
 }
 
+/// The latch identity a guarded scan of `plan` validates against: its
+/// table's latched parent for a partition, else the table itself (also
+/// one no longer latched, `latched` None).
+pub fn latch_rel(plan: &GuardPlan, latched: Option<&Latched>) -> RelId {
+    backend::rel_id(latched.map_or(plan.relid, |l| l.root))
+}
+
+impl Guard {
+    fn rel(&self) -> RelId {
+        latch_rel(&self.plan, self.latched.as_deref())
+    }
+}
+
 /// Every guarded scan of a statement.
 pub struct Guards(pub Vec<Guard>);
 
@@ -76,7 +89,7 @@ impl Guards {
 
     /// The latched tables the guarded scans read.
     pub fn rels(&self) -> impl Iterator<Item = RelId> + '_ {
-        self.0.iter().map(|g| backend::rel_id(g.latched.as_ref().map_or(g.plan.relid, |l| l.root)))
+        self.0.iter().map(Guard::rel)
     }
 
     /// Says so (per `pgkvx.unprotected_reads`) when a guarded table's
@@ -156,7 +169,7 @@ impl Guards {
 
     /// The first guarded table, to name in a message.
     pub fn first_rel(&self) -> RelId {
-        self.0.first().map_or(RelId::EMPTY, |g| backend::rel_id(g.latched.as_ref().map_or(g.plan.relid, |l| l.root)))
+        self.0.first().map_or(RelId::EMPTY, Guard::rel)
     }
 }
 

@@ -20,7 +20,6 @@ use crate::latch::{RelId, Span};
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::read::span::{self, KeyQual};
 use crate::registry::{self, Latched};
-use crate::shmem::backend;
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -364,8 +363,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             _ => ScanPosition::Anywhere,
         };
         let rt = (*ns).runtime.write(NodeRuntime {
-            // A partition validates against its latched parent's latches.
-            rel: backend::rel_id(latched.as_ref().map_or(plan.relid, |l| l.root)),
+            rel: super::guards::latch_rel(&plan, latched.as_deref()),
             plan,
             latched,
             child,

@@ -112,18 +112,19 @@ pub unsafe fn plan_without_guard(stmt: *mut PlannedStmt, guards: &Guards) -> Opt
             // ever be freed alone and another made where it was, it is
             // told apart by its nodes.
             Some(e) if (*e).top == (*stmt).planTree && (*e).guard == guard => e,
-            _ => remember(stmt, guards),
+            _ => remember(stmt, guards, guard),
         };
         let u = (*e).unguarded;
         (!u.is_null()).then_some(u)
     }
 }
 
-/// Works out `stmt`'s second plan and keeps it with the plan.
+/// Works out `stmt`'s second plan and keeps it with the plan, marked with
+/// its first guard `guard`.
 ///
 /// # Safety
 /// As [`plan_without_guard`]'s.
-unsafe fn remember(stmt: *mut PlannedStmt, guards: &Guards) -> *mut Spliced {
+unsafe fn remember(stmt: *mut PlannedStmt, guards: &Guards, guard: *mut pg_sys::CustomScan) -> *mut Spliced {
     // SAFETY: per contract: the plan's memory outlives every execution of
     // it, and the callback drops the entry before that memory goes.
     unsafe {
@@ -132,7 +133,7 @@ unsafe fn remember(stmt: *mut PlannedStmt, guards: &Guards) -> *mut Spliced {
         let e = pg_sys::MemoryContextAllocZero(cxt, std::mem::size_of::<Spliced>()) as *mut Spliced;
         (*e).stmt = stmt;
         (*e).top = (*stmt).planTree;
-        (*e).guard = guards.0.first().map_or(std::ptr::null_mut(), |g| g.cs);
+        (*e).guard = guard;
         (*e).unguarded = unguarded;
         (*e).cb.func = Some(forget);
         (*e).cb.arg = e as *mut c_void;
