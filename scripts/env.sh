@@ -57,3 +57,13 @@ ensure_tree() {
         "$_pgkvx_scripts/pgtree"
     fi
 }
+
+# The first port from $1 up that nothing listens on (TCP on loopback, or a
+# socket in /tmp): tests and helpers never assume a port is free.
+free_port() {
+    local p=$1
+    while (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || [ -e "/tmp/.s.PGSQL.$p" ]; do
+        p=$((p + 1))
+    done
+    echo "$p"
+}

@@ -32,17 +32,26 @@ pgrx::pg_module_magic!(name, version);
 #[pg_schema]
 mod pgkvx {}
 
-/// Loaded outside `shared_preload_libraries` pgkvx could not size its shared
-/// memory, so it refuses to load at all rather than half-work.
+/// Loaded outside `shared_preload_libraries` pgkvx has no shared memory:
+/// CREATE EXTENSION is refused, and in a database that has the extension
+/// nothing is hooked -- reads are plain PostgreSQL, DDL and DROP EXTENSION
+/// work, writes of latched tables fail naming the setting (shmem), and
+/// `pgkvx.check()` says the protection is off.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    // SAFETY: a plain read of a postmaster-set global during library load.
+    // SAFETY: plain reads of backend globals during library load.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        errors::raise_hint(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            "pgkvx must be loaded via shared_preload_libraries",
-            "Add pgkvx to shared_preload_libraries in postgresql.conf and restart the server.",
-        );
+        if unsafe { pg_sys::creating_extension } {
+            errors::raise_hint(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "pgkvx must be loaded via shared_preload_libraries",
+                "Add pgkvx to shared_preload_libraries in postgresql.conf and restart the server.",
+            );
+        }
+        // What a backend needs to answer for latched tables plainly: its
+        // registry cache follows DDL.
+        registry::init();
+        return;
     }
     // A Rust backtrace helps with our own bugs, not with PostgreSQL's errors
     // that cross a pgrx guard on their way to the client: with

@@ -339,6 +339,26 @@ impl OpenRel {
         (!rel.is_null()).then(|| OpenRel { rel, release: lock })
     }
 
+    /// [`OpenRel::try_open`] without waiting for the lock: None as well when
+    /// someone holds a conflicting lock (monitoring must never queue behind
+    /// the DDL it is there to show).
+    pub fn try_open_nowait(relid: Oid, lock: u32) -> Option<OpenRel> {
+        let lock = lock as pg_sys::LOCKMODE;
+        // SAFETY: a lock on the oid, taken only when free; the relation is
+        // then opened under it (NULL when it is gone, and the lock goes).
+        unsafe {
+            if !pg_sys::ConditionalLockRelationOid(relid, lock) {
+                return None;
+            }
+            let rel = pg_sys::try_relation_open(relid, pg_sys::NoLock as pg_sys::LOCKMODE);
+            if rel.is_null() {
+                pg_sys::UnlockRelationOid(relid, lock);
+                return None;
+            }
+            Some(OpenRel { rel, release: lock })
+        }
+    }
+
     /// Keeps the lock to the end of the transaction when closed, as the
     /// executor does, so the relation cannot change under the transaction.
     pub fn keeping_lock(mut self) -> OpenRel {

@@ -107,6 +107,46 @@ pub fn lookup(relid: Oid) -> Option<Rc<Latched>> {
     found
 }
 
+/// [`lookup`] for monitoring, which must never wait on a table lock: None
+/// when the table, one of its ancestors or its key index is locked by
+/// someone else (DDL, TRUNCATE) and its registration is not cached yet;
+/// Some(None) when it is not latched (or gone).
+pub fn lookup_nowait(relid: Oid) -> Option<Option<Rc<Latched>>> {
+    if let Some(hit) = LATCHED_CACHE.with(|c| c.borrow().get(&relid).map(|(l, _)| l.clone())) {
+        return Some(hit);
+    }
+    let lock = pg_sys::AccessShareLock;
+    let mut held = Vec::new();
+    let mut take = |oid: Oid| -> bool {
+        // SAFETY: a lock on an oid, taken only when free.
+        let ok = unsafe { pg_sys::ConditionalLockRelationOid(oid, lock as pg_sys::LOCKMODE) };
+        if ok {
+            held.push(oid);
+        }
+        ok
+    };
+    let mut free = take(relid);
+    for a in partitions::ancestors(relid) {
+        free = free && take(a);
+    }
+    if free {
+        let index = registration(relid).and_then(|r| r.key_index);
+        free = index.is_none_or(&mut take);
+    }
+    let found = free.then(|| lookup(relid));
+    for oid in held {
+        // SAFETY: releasing the locks taken above (lookup took its own).
+        unsafe { pg_sys::UnlockRelationOid(oid, lock as pg_sys::LOCKMODE) };
+    }
+    found
+}
+
+/// [`latch_identity`] from the catalogs alone, taking no lock on the table
+/// (for monitoring): its topmost registered ancestor, else itself.
+pub fn latch_root_unlocked(relid: Oid) -> Oid {
+    partitions::ancestors(relid).into_iter().rev().find(|&a| registration(a).is_some()).unwrap_or(relid)
+}
+
 /// The latch identity of `relid`: its latched ancestor for a partition of
 /// a latched partitioned table, else itself.
 pub fn latch_identity(relid: Oid) -> Oid {
@@ -115,13 +155,16 @@ pub fn latch_identity(relid: Oid) -> Oid {
 
 /// Like [`lookup`] but raises a clear error for a table that is not latched.
 pub fn require(relid: Oid) -> Rc<Latched> {
-    lookup(relid).unwrap_or_else(|| {
-        errors::raise_hint(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("table \"{}\" is not latched by pgkvx", rel_name(relid)),
-            format!("SELECT pgkvx.enable({});", quote_literal(&regclass_text(relid))),
-        )
-    })
+    lookup(relid).unwrap_or_else(|| not_latched(relid))
+}
+
+/// Raises the error of [`require`] for a table that is not latched.
+pub fn not_latched(relid: Oid) -> ! {
+    errors::raise_hint(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("table \"{}\" is not latched by pgkvx", rel_name(relid)),
+        format!("SELECT pgkvx.enable({});", quote_literal(&regclass_text(relid))),
+    )
 }
 
 /// `pgkvx.tables` of this database, if the extension is installed here.

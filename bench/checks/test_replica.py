@@ -31,6 +31,15 @@ def assert_replica_gone():
 
 
 def test_replica_confirms_commits_then_goes_away(db):
+    import socket
+    # Another server on the port above the primary's: the replica takes
+    # the next free one.
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        squatter.bind(("127.0.0.1", PORT + 1))
+        squatter.listen(1)
+    except OSError:
+        pass  # taken already: all the better
     try:
         run(REPLICA, "start", "1")
         with connect(db) as c:
@@ -43,11 +52,15 @@ def test_replica_confirms_commits_then_goes_away(db):
             c.execute("SET synchronous_commit = remote_apply")
             c.execute("INSERT INTO replica_probe VALUES (42)")
         # remote_apply returned: the row is already visible on the replica.
-        with connect(db, host=os.path.join(REPLICA_DIR, "sock"), port=PORT + 1) as r:
+        with open(os.path.join(REPLICA_DIR, "port")) as f:
+            replica_port = int(f.read())
+        with connect(db, host=os.path.join(REPLICA_DIR, "sock"), port=replica_port) as r:
             assert r.execute("SELECT pg_is_in_recovery()").fetchone()[0]
             assert r.execute("SELECT x FROM replica_probe").fetchall() == [(42,)]
+        assert replica_port != PORT + 1
     finally:
         run(REPLICA, "stop")
+        squatter.close()
     assert_replica_gone()
 
 

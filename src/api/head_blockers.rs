@@ -32,7 +32,7 @@ use crate::errors;
 use crate::keys::KeyDesc;
 use crate::latch::{KeyBuf, LatchInfo, RelId, Span, State};
 use crate::pg::{rel_name, OpenRel};
-use crate::registry;
+use crate::registry::{self, Latched};
 use crate::shmem::{backend, table};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, Oid};
@@ -102,12 +102,20 @@ fn blockers(latches: &[LatchInfo], region: &Span) -> Vec<Blocker> {
 /// `starts` (sorted), counted in one index scan of the key index from the
 /// first of them -- or from the cursor, or the start, when that key cannot
 /// be written as a scan key (a truncated one) -- reading at most
-/// [`ROWS_BEHIND_LIMIT`] rows.  Returns the counts and whether it stopped
-/// at the limit.
-fn rows_behind(relid: Oid, key: &KeyDesc, starts: &[KeyBuf], after: Option<&After>) -> (Vec<i64>, bool) {
+/// `budget` rows in all (the partitions of a partitioned table share it).
+/// Returns the counts and whether it stopped at the budget; None when a
+/// table or index it would scan is locked by someone else (monitoring never
+/// waits for a table lock: a TRUNCATE in flight is a head blocker).
+fn rows_behind(
+    relid: Oid,
+    key: &KeyDesc,
+    starts: &[KeyBuf],
+    after: Option<&After>,
+    budget: &mut u64,
+) -> Option<(Vec<i64>, bool)> {
     let mut segments = vec![0i64; starts.len()];
-    let Some(head) = starts.first() else { return (segments, false) };
-    let Some(heap) = OpenRel::try_open(relid, pg_sys::AccessShareLock) else { return (segments, false) };
+    let Some(head) = starts.first() else { return Some((segments, false)) };
+    let heap = OpenRel::try_open_nowait(relid, pg_sys::AccessShareLock)?;
     if heap.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE {
         // A partitioned table's index has no storage to scan: count in each
         // leaf (whose key encodes into the parent's key space), each leaf
@@ -119,19 +127,23 @@ fn rows_behind(relid: Oid, key: &KeyDesc, starts: &[KeyBuf], after: Option<&Afte
             if unsafe { pg_sys::get_rel_relkind(m) as u8 } != pg_sys::RELKIND_RELATION {
                 continue;
             }
-            let Some(leaf) = registry::lookup(m) else { continue };
+            let leaf = registry::lookup_nowait(m)?;
+            let Some(leaf) = leaf else { continue };
             if leaf.key.index == pg_sys::InvalidOid {
                 continue;
             }
-            let (counts, c) = rows_behind(m, &leaf.key, starts, after);
+            let (counts, c) = rows_behind(m, &leaf.key, starts, after, budget)?;
             for (total, n) in segments.iter_mut().zip(counts) {
                 *total += n;
             }
             capped |= c;
+            if capped {
+                break;
+            }
         }
-        return (segments, capped);
+        return Some((segments, capped));
     }
-    let index = OpenRel::open(key.index, pg_sys::AccessShareLock);
+    let index = OpenRel::try_open_nowait(key.index, pg_sys::AccessShareLock)?;
     let from_head = key.key_fields(head.as_bytes()).map(|fields| After {
         fields,
         bytes: head.as_bytes().to_vec(),
@@ -151,9 +163,7 @@ fn rows_behind(relid: Oid, key: &KeyDesc, starts: &[KeyBuf], after: Option<&Afte
         let scan = pg_sys::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
-        while read < ROWS_BEHIND_LIMIT
-            && pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
-        {
+        while read < *budget && pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
             read += 1;
             let k = key.encode_slot(slot);
             // The blockers whose first key is at or before this row's.
@@ -166,11 +176,13 @@ fn rows_behind(relid: Oid, key: &KeyDesc, starts: &[KeyBuf], after: Option<&Afte
         pg_sys::index_endscan(scan);
         pg_sys::UnregisterSnapshot(snap);
     }
+    let capped = read == *budget;
+    *budget -= read;
     // Rows at or after blocker i: its segment and every later one.
     for i in (0..segments.len().saturating_sub(1)).rev() {
         segments[i] += segments[i + 1];
     }
-    (segments, read == ROWS_BEHIND_LIMIT)
+    Some((segments, capped))
 }
 
 fn timestamptz(us: i64) -> Option<TimestampWithTimeZone> {
@@ -180,28 +192,41 @@ fn timestamptz(us: i64) -> Option<TimestampWithTimeZone> {
 
 type Row = (Oid, i32, i32, i64, Option<String>, i32, Option<TimestampWithTimeZone>, Option<i64>, Option<bool>);
 
-/// One table's blockers as rows.
-fn table_rows(relid: Oid, latches: &[LatchInfo], after: Option<&After>, keys_visible: bool, out: &mut Vec<Row>) {
-    let Some(latched) = registry::lookup(relid) else { return };
+/// One table's blockers as rows.  Without the table's key (it is locked
+/// by someone else, and monitoring never waits) spans and counts are NULL.
+fn table_rows(
+    relid: Oid,
+    latched: Option<&Latched>,
+    latches: &[LatchInfo],
+    after: Option<&After>,
+    keys_visible: bool,
+    out: &mut Vec<Row>,
+) {
     let region = past(after);
     let bs = blockers(latches, &region);
     if bs.is_empty() {
         return;
     }
-    let (behind, capped) = if keys_visible {
-        let starts: Vec<KeyBuf> = bs.iter().map(|b| b.at).collect();
-        let (n, c) = rows_behind(relid, &latched.key, &starts, after);
-        (n.into_iter().map(Some).collect(), Some(c))
-    } else {
-        (vec![None; bs.len()], None)
+    let counted = match latched {
+        Some(l) if keys_visible => {
+            let starts: Vec<KeyBuf> = bs.iter().map(|b| b.at).collect();
+            let mut budget = ROWS_BEHIND_LIMIT;
+            rows_behind(relid, &l.key, &starts, after, &mut budget)
+        }
+        _ => None,
     };
+    let (behind, capped) = match counted {
+        Some((n, c)) => (n.into_iter().map(Some).collect(), Some(c)),
+        None => (vec![None; bs.len()], None),
+    };
+    let keys_visible = keys_visible && latched.is_some();
     for (i, (b, n)) in bs.iter().zip(behind).enumerate() {
         out.push((
             relid,
             i as i32 + 1,
             b.pid,
             pgrx::xid_to_64bit(b.xid.into()) as i64,
-            keys_visible.then(|| latched.key.format_span(&b.span)),
+            latched.filter(|_| keys_visible).map(|l| l.key.format_span(&b.span)),
             b.latches,
             timestamptz(b.since_us),
             n,
@@ -236,13 +261,25 @@ fn head_blocker_list(
     match rel {
         Some(rel) => {
             let relid = rel.0;
-            let latched = registry::require(relid);
-            let attnums: Vec<i16> = latched.key.cols.iter().map(|c| c.attnum).collect();
-            let (row, keys) = crate::read::admit::may_see(relid, &attnums);
+            // Privileges first, from the catalog: nothing of a table the
+            // caller may not see is looked up.
+            let (row, keys) = super::views::may_see(relid);
             if !row {
                 errors::raise(
                     PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
                     format!("permission denied for table {}", rel_name(relid)),
+                );
+            }
+            // A partition's latches are its latched parent's.
+            let root = registry::latch_root_unlocked(relid);
+            if registry::registration(root).is_none() {
+                registry::not_latched(relid);
+            }
+            let latched = registry::lookup_nowait(relid).flatten();
+            if after.is_some() && latched.is_none() {
+                errors::raise(
+                    PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+                    format!("table {} is locked: its keys cannot be read now", rel_name(relid)),
                 );
             }
             if after.is_some() && !keys {
@@ -252,16 +289,15 @@ fn head_blocker_list(
                     "A cursor is a key: it needs SELECT on every row of the key (no row level security applying to you). Call pgkvx.head_blockers(rel) without one.",
                 );
             }
-            let after = after.map(|t| parse_after(&latched.key, t));
+            let after = latched.as_ref().and_then(|l| after.map(|t| parse_after(&l.key, t)));
             let region = past(after.as_ref());
             let mut latches = Vec::new();
-            table().for_each_latch_of(backend::rel_id(relid), &region, &mut |l| {
+            table().for_each_latch_of(backend::rel_id(root), &region, &mut |l| {
                 if l.state == State::Live {
                     latches.push(*l);
                 }
             });
-            drop(latched);
-            table_rows(relid, &latches, after.as_ref(), keys, &mut rows);
+            table_rows(relid, latched.as_deref(), &latches, after.as_ref(), keys, &mut rows);
         }
         None => {
             if after.is_some() {
@@ -279,11 +315,10 @@ fn head_blocker_list(
             });
             for (rel, latches) in by_rel {
                 let relid = Oid::from(RelId(rel).rel());
-                let attnums: Vec<i16> =
-                    registry::lookup(relid).map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
-                let (row, keys) = crate::read::admit::may_see(relid, &attnums);
+                let (row, keys) = super::views::may_see(relid);
                 if row {
-                    table_rows(relid, &latches, None, keys, &mut rows);
+                    let latched = registry::lookup_nowait(relid).flatten();
+                    table_rows(relid, latched.as_deref(), &latches, None, keys, &mut rows);
                 }
             }
         }

@@ -30,6 +30,11 @@ fn _exposures(rel: crate::args::Regclass) -> SetOfIterator<'static, String> {
             }
             // check() only: readers cannot see a sequence moved back.
             found.extend(identity::sequence_behind(relid));
+            if !crate::shmem::preloaded() {
+                found.push(
+                    "pgkvx is not in shared_preload_libraries: its reads are not protected and its writes fail until the server preloads pgkvx".to_string(),
+                );
+            }
             found
         }
         _ => Vec::new(),

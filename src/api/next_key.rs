@@ -84,12 +84,9 @@ fn has_any_table_privilege(relid: Oid, mode: u32) -> bool {
     }
 }
 
-#[pg_extern(volatile, parallel_unsafe, strict, schema = "pgkvx")]
-fn next_key(rel: Regclass) -> i64 {
-    let relid = rel.0;
-    // Drawing a key latches it: it takes the right to write a key into
-    // the table (INSERT a row, or UPDATE one's key), checked before any
-    // lock or latch.
+/// Raises 42501 unless the current user may write a key into `relid`
+/// (INSERT a row, or UPDATE one's key).
+fn require_write_privilege(relid: Oid) {
     if !has_any_table_privilege(relid, pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -99,6 +96,15 @@ fn next_key(rel: Regclass) -> i64 {
             ),
         );
     }
+}
+
+#[pg_extern(volatile, parallel_unsafe, strict, schema = "pgkvx")]
+fn next_key(rel: Regclass) -> i64 {
+    let relid = rel.0;
+    // Drawing a key latches it: it takes the right to write a key into
+    // the table (INSERT a row, or UPDATE one's key), checked before any
+    // lock or latch.
+    require_write_privilege(relid);
     // SAFETY: plain read of a backend global.
     if unsafe { pg_sys::XactReadOnly } {
         errors::raise(
@@ -115,6 +121,8 @@ fn next_key(rel: Regclass) -> i64 {
     // lock for the whole tree.
     let relid = if latched.root != relid {
         let root = latched.root;
+        // The keys drawn are the parent's: so is the right to draw them.
+        require_write_privilege(root);
         // SAFETY: as above.
         unsafe { pg_sys::LockRelationOid(root, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
         latched = registry::require(root);

@@ -125,6 +125,10 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
         if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_EventTriggerData {
             return pg_sys::Datum::from(0);
         }
+        // Not preloaded, no read is protected: nothing to lock for.
+        if !crate::shmem::preloaded() {
+            return pg_sys::Datum::from(0);
+        }
         let tree = (*(ctx as *mut pg_sys::EventTriggerData)).parsetree;
         if tree.is_null() || (*tree).type_ != pg_sys::NodeTag::T_AlterTableStmt {
             return pg_sys::Datum::from(0);
@@ -175,6 +179,13 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
 unsafe fn refuse_attaching_rows(root: Oid, rv: *mut pg_sys::RangeVar) {
     // SAFETY: per contract.
     let Some(part) = (unsafe { crate::pg::relation_named(rv) }) else { return };
+    // Ownership first: the ATTACH needs it, and nothing of a table the
+    // caller does not own (its rows) may show in our answer.  PostgreSQL's
+    // own check then refuses with 42501.
+    // SAFETY: a catalog ownership check.
+    if !unsafe { pg_sys::pg_class_ownercheck(part, pg_sys::GetUserId()) } {
+        return;
+    }
     let mut leaves = crate::registry::partitions::members(part);
     leaves.push(part);
     if let Some(&full) = leaves.iter().find(|&&m| has_rows(m)) {

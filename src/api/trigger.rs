@@ -152,6 +152,11 @@ unsafe fn trigger_data(fcinfo: pg_sys::FunctionCallInfo, what: &str, firing: Fir
             );
         }
         let td = &*(ctx as *const pg_sys::TriggerData);
+        // Without the preload nothing can be latched: one error, naming
+        // the setting, for every write of a latched table.
+        if !crate::shmem::preloaded() {
+            crate::shmem::not_preloaded();
+        }
         if !firing.matches(td.tg_event) {
             crate::errors::raise_hint(
                 PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,

@@ -15,13 +15,23 @@ use pgrx::prelude::*;
 use std::collections::HashMap;
 
 /// What the caller may see of a table's latches: (the latches, their keys).
-fn may_see(relid: Oid) -> (bool, bool) {
-    let attnums: Vec<i16> =
-        registry::lookup(relid).map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
+/// Privileges first, from the catalog alone: a table the caller may not
+/// see is never looked up, and no lookup waits for a table lock.
+pub fn may_see(relid: Oid) -> (bool, bool) {
+    let (row, keys) = crate::read::admit::may_see(relid, &[]);
+    if !row || keys {
+        return (row, keys);
+    }
+    // Column privileges on the key: the key's columns, if known now.
+    let attnums: Vec<i16> = registry::lookup_nowait(relid)
+        .flatten()
+        .map(|l| l.key.cols.iter().map(|c| c.attnum).collect())
+        .unwrap_or_default();
     crate::read::admit::may_see(relid, &attnums)
 }
 
-/// Formats spans with each table's key, caching one lookup per table.
+/// Formats spans with each table's key, caching one lookup per table; a
+/// table locked by someone else (DDL) shows its keys encoded.
 struct SpanFormatter(HashMap<Oid, Option<std::rc::Rc<registry::Latched>>>);
 
 impl SpanFormatter {
@@ -29,7 +39,7 @@ impl SpanFormatter {
         SpanFormatter(HashMap::new())
     }
     fn span(&mut self, relid: Oid, span: &Span) -> String {
-        let l = self.0.entry(relid).or_insert_with(|| registry::lookup(relid));
+        let l = self.0.entry(relid).or_insert_with(|| registry::lookup_nowait(relid).flatten());
         match l {
             Some(l) => l.key.format_span(span),
             None => format!("{span:?}"),
@@ -39,7 +49,7 @@ impl SpanFormatter {
         if k.is_infinite() || k.as_bytes().is_empty() {
             return open.to_string();
         }
-        let l = self.0.entry(relid).or_insert_with(|| registry::lookup(relid));
+        let l = self.0.entry(relid).or_insert_with(|| registry::lookup_nowait(relid).flatten());
         match l {
             Some(l) => l.key.format_key(k.as_bytes()),
             None => format!("{k:?}"),

@@ -20,11 +20,13 @@
 //! look (true at once) or wakes the sleep that follows.
 //!
 //! While it sleeps the session holds no snapshot when the call is a
-//! statement of its own (`SELECT pgkvx.wait_for(...)`, READ COMMITTED, no
-//! other portal open): it drops its xmin, so it holds back neither vacuum
-//! nor a standby.  Called inside a larger query or a function, the
-//! statement's snapshot may still be read after the call returns, so it is
-//! kept (backend_xmin stays set while waiting).
+//! transaction of its own (`SELECT pgkvx.wait_for(...)` outside a
+//! transaction block, READ COMMITTED, no other portal open, no snapshot
+//! exported): it drops its xmin, so it holds back neither vacuum nor a
+//! standby.  Called inside a larger query, a function or a transaction
+//! block, another snapshot of the transaction (the statement's, a cursor's,
+//! a large object's, an exported one) may still be read after the call
+//! returns, so it is kept (backend_xmin stays set while waiting).
 
 use crate::args::Regclass;
 use crate::errors;
@@ -149,7 +151,11 @@ fn wait_for(
     };
     // A tail read in reverse key order waits for keys before its cursor.
     let backward = before.is_some();
-    let after = after.or(before).map(|t| parse_after(&latched.key, t));
+    let cursor = after.or(before);
+    // Checked now; parsed again at every look, with the key as it is then.
+    if let Some(t) = cursor {
+        parse_after(&latched.key, t);
+    }
     // SAFETY: a function call's FunctionCallInfo has its FmgrInfo.
     let fn_oid = unsafe {
         if fcinfo.is_null() || (*fcinfo).flinfo.is_null() {
@@ -159,8 +165,38 @@ fn wait_for(
         }
     };
     let may_drop_xmin = sole_statement(fn_oid);
+    refuse_holding_locks(may_drop_xmin);
     drop(latched);
-    wait(relid, after.as_ref(), backward, timeout_us, may_drop_xmin)
+    wait(relid, cursor, backward, timeout_us, may_drop_xmin)
+}
+
+/// Refuses to sleep in a transaction that holds what a writer may wait for:
+/// a row it locked or wrote (it has an xid), or a table lock that blocks
+/// writers (LOCK TABLE in SHARE mode or stronger).  Advisory locks are the
+/// application's own protocol, and not looked at.  The writer would wait for this transaction
+/// while it sleeps waiting for a commit -- a deadlock no detector sees,
+/// since the sleep is not a lock wait.  A bare `SELECT pgkvx.wait_for(...)`
+/// outside a transaction block (`sole`) holds nothing but its own reading
+/// locks; anything else (a transaction block, a function, a DO block) is
+/// looked at in pg_locks.
+fn refuse_holding_locks(sole: bool) {
+    let holds = backend::my_xid_if_any().is_valid()
+        || !sole && Spi::get_one::<bool>(
+            "SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 FROM pg_catalog.pg_locks l
+              WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND l.granted
+                AND l.locktype OPERATOR(pg_catalog.=) 'relation'
+                AND l.mode OPERATOR(pg_catalog.=) ANY ('{ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])",
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(true);
+    if holds {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pgkvx.wait_for() cannot wait in a transaction that holds row or table locks",
+            "A writer could be waiting for those locks while this session waits for its commit, a deadlock nothing would detect; commit (or roll back) first, or wait outside the transaction block.",
+        );
+    }
 }
 
 fn now_us() -> i64 {
@@ -169,8 +205,8 @@ fn now_us() -> i64 {
 }
 
 /// Registers, prepares to sleep, then looks and sleeps until a key past
-/// `after` is committed or the time is up.
-fn wait(relid: Oid, after: Option<&After>, backward: bool, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
+/// `cursor` is committed or the time is up.
+fn wait(relid: Oid, cursor: Option<&str>, backward: bool, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
     let start = now_us();
     let deadline = timeout_us.map(|t| start.saturating_add(t));
     // Writers of a partition are noted under its latched parent.
@@ -183,7 +219,7 @@ fn wait(relid: Oid, after: Option<&After>, backward: bool, timeout_us: Option<i6
     let mut slept = false;
     let mut woken = false;
     let outcome = loop {
-        if committed_past(relid, after, backward) {
+        if look(relid, cursor, backward) {
             break if slept { Outcome::Woken } else { Outcome::Immediate };
         }
         if woken {
@@ -236,11 +272,18 @@ fn drop_xmin() {
 }
 
 /// Whether the running statement is exactly `SELECT pgkvx.wait_for(...)`
-/// in READ COMMITTED with no other portal open: then nothing reads at its
+/// in READ COMMITTED, the only statement of its transaction (no
+/// transaction block, explicit or of a multi-statement query), with no
+/// other portal open and no snapshot exported: then nothing reads at its
 /// snapshot after the call returns (the arguments were evaluated before),
-/// and no other snapshot of the transaction needs our xmin.
+/// and no other snapshot of the transaction -- a large object opened for
+/// reading, an exported snapshot, a cursor -- needs our xmin.
 fn sole_statement(fn_oid: Oid) -> bool {
     if fn_oid == pg_sys::InvalidOid || crate::read::snapshot::fixed_snapshot() {
+        return false;
+    }
+    // SAFETY: plain reads of transaction state.
+    if unsafe { pg_sys::IsTransactionBlock() || pg_sys::XactHasExportedSnapshots() } {
         return false;
     }
     // SAFETY: reads of the active portal and its planned statement, which
@@ -291,26 +334,41 @@ fn sole_statement(fn_oid: Oid) -> bool {
     }
 }
 
-/// Whether a row with a key past `after` (before it when `backward`; any
-/// row when None) is visible to a fresh snapshot: one index probe of the
-/// key index.
-fn committed_past(relid: Oid, after: Option<&After>, backward: bool) -> bool {
+/// One look for a committed key past `cursor` in the table waited on, as
+/// it is now: a table dropped, disabled or no longer in a database with
+/// pgkvx ends the wait with its error (their commits wake the waiters), and
+/// a key changed by disable and enable is parsed anew.
+fn look(relid: Oid, cursor: Option<&str>, backward: bool) -> bool {
     let Some(heap) = OpenRel::try_open(relid, pg_sys::AccessShareLock) else {
         errors::raise(
             PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
             format!("relation with OID {} was dropped while pgkvx.wait_for() waited on it", relid.to_u32()),
         )
     };
+    let latched = registry::require(relid);
+    let after = cursor.map(|t| parse_after(&latched.key, t));
+    drop(latched);
+    committed_past(heap, after.as_ref(), backward)
+}
+
+/// Whether a row with a key past `after` (before it when `backward`; any
+/// row when None) is visible to a fresh snapshot: one index probe of the
+/// key index (of each leaf, for a partitioned table).
+fn committed_past(heap: OpenRel, after: Option<&After>, backward: bool) -> bool {
+    let relid = heap.oid();
     if heap.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE {
-        // One probe per leaf partition.
+        // One probe per leaf partition; a partition dropped or detached
+        // since the list was read is no longer the table's.
         drop(heap);
         return registry::partitions::members(relid).into_iter().any(|m| {
             // SAFETY: a syscache probe.
             let leaf = unsafe { pg_sys::get_rel_relkind(m) as u8 == pg_sys::RELKIND_RELATION };
-            leaf && committed_past(m, after, backward)
+            leaf && OpenRel::try_open(m, pg_sys::AccessShareLock)
+                .filter(|_| registry::lookup(m).is_some())
+                .is_some_and(|h| committed_past(h, after, backward))
         });
     }
-    let latched = registry::require(relid);
+    let Some(latched) = registry::lookup(relid) else { return false };
     let key = &latched.key;
     if key.index == pg_sys::InvalidOid {
         // A partition without an index on the key cannot be probed: say
@@ -450,11 +508,10 @@ pub(super) fn scan_keys(
     (vec![header], members, exact)
 }
 
-/// Whether the caller may see that `relid` is waited on.
+/// Whether the caller may see that `relid` is waited on (from the catalog
+/// alone: it never waits for a table lock).
 pub(super) fn visible(relid: Oid) -> bool {
-    let attnums: Vec<i16> =
-        registry::lookup(relid).map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
-    crate::read::admit::may_see(relid, &attnums).0
+    super::views::may_see(relid).0
 }
 
 fn timestamptz(us: i64) -> Option<TimestampWithTimeZone> {
@@ -518,14 +575,18 @@ fn wait_stats() -> TableIterator<
 #[pg_extern(volatile, parallel_safe, schema = "pgkvx", name = "stats")]
 fn table_stats(rel: Option<Regclass>) -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
     let relid = crate::args::required(rel, "rel");
-    registry::require(relid);
     if !visible(relid) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("permission denied for table {}", rel_name(relid)),
         );
     }
-    let (s, waiting) = wakeups::table_stats(backend::rel_id(relid));
+    // Waits are counted under the latch identity: a partition's parent.
+    let root = registry::latch_root_unlocked(relid);
+    if registry::registration(root).is_none() {
+        registry::not_latched(relid);
+    }
+    let (s, waiting) = wakeups::table_stats(backend::rel_id(root));
     TableIterator::new(wait_rows(&s, waiting))
 }
 

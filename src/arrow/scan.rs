@@ -26,7 +26,7 @@ use super::pg::{self, IndexInfo, OwnerWatch, RegisteredSnapshot, TableSlot};
 use super::types::{self, EncoderSettings};
 use super::{key_for, StreamArgs};
 use crate::errors;
-use crate::latch::{Footprint, RelId, Span, Xid};
+use crate::latch::{Footprint, KeyBuf, RelId, Span};
 use crate::pg::{in_live_transaction, input_datum, Attr, OpenRel};
 use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
@@ -99,8 +99,8 @@ impl OpenScan {
         let old = std::mem::replace(scan, std::ptr::null_mut());
         // SAFETY: relation and index are open and locked; `old` is a scan we
         // began and have not ended; `snap` outlives the scan (the statement
-        // snapshot is registered; spliced ones live in scan_cx and are built
-        // from a registered base); index_rescan copies the keys.  The scan
+        // snapshot, or a fresh one the read registered, released only when the
+        // scan ends); index_rescan copies the keys.  The scan
         // allocates what lives as long as it in scan_cx, which lives as long
         // as the set-returning function's state.
         *scan = unsafe {
@@ -251,6 +251,9 @@ pub struct TableStream {
     /// (optimistic mode), waiting to be returned.
     ready: VecDeque<Vec<u8>>,
     done: bool,
+    /// The read stops before this key (the protocol's cut), read with the
+    /// latched table's key.
+    cut: Option<(KeyBuf, Rc<Latched>)>,
 }
 
 fn refuse(code: PgSqlErrorCode, msg: impl Into<String>, hint: &str) -> ! {
@@ -465,6 +468,7 @@ impl TableStream {
             pending_protocol,
             ready: VecDeque::new(),
             done: false,
+            cut: None,
         }
     }
 
@@ -476,6 +480,7 @@ impl TableStream {
         let rel = backend::rel_id(l.latched.root);
         let mut reader = OptimisticAttempt { stream: self, latched: &l.latched, declared: l.declared, rel };
         let result = run::run_protocol(&mut reader, l.base, &mut || vec![(rel, l.declared)], l.strategy, "arrow_scan");
+        let latched = l.latched.clone();
         let src = self.source.as_mut().expect("source");
         match result.decision {
             ReadDecision::Emit => {
@@ -483,14 +488,14 @@ impl TableStream {
                 self.release();
                 self.done = true;
             }
-            ReadDecision::Stream { pulled } => {
+            ReadDecision::Stream { cut } => {
+                self.cut = cut_key(&cut, &latched);
                 // Fenced from the start, or fallen back to it after
                 // optimistic attempts: forget what those read.
                 self.ready.clear();
                 self.out.restart();
                 self.remaining = self.max_rows;
-                // SAFETY: scan_cx lives as long as the scan.
-                let snap = unsafe { result.base.spliced_in(src.scan_cx, &pulled) };
+                let snap = result.base.snap;
                 src.base = Some(result.base);
                 src.start(snap);
             }
@@ -514,6 +519,11 @@ impl TableStream {
             }
             if !src.next() {
                 return true;
+            }
+            if let Some((c, latched)) = &self.cut {
+                if KeyBuf::floor(src.current_key(latched).bytes()) >= *c {
+                    return true;
+                }
             }
             // SAFETY: `next` just found a row of `rel`, and attrs are
             // attribute indexes below natts of that relation.
@@ -561,21 +571,28 @@ impl Iterator for TableStream {
 /// `ready`, and says which span it touched.
 struct OptimisticAttempt<'a> {
     stream: &'a mut TableStream,
-    latched: &'a Latched,
+    latched: &'a Rc<Latched>,
     declared: Span,
     rel: RelId,
 }
 
 impl run::Reader for OptimisticAttempt<'_> {
-    fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint> {
+    /// A tail read through `arrow_scan` -- from `lower` up, open above, at
+    /// most `max_rows` rows -- may stop before a writer's key and read it
+    /// next time; a range read whole may not.
+    fn cut(&mut self, conflicts: &[crate::latch::Conflict]) -> Option<Footprint> {
+        (self.declared.end.is_infinite() && self.stream.max_rows.is_some()).then(|| run::cut_upward(conflicts))
+    }
+
+    fn read_buffered(&mut self, base: &BaseSnapshot, cut: &Footprint) -> Option<Footprint> {
+        let latched = self.latched.clone();
         let st = &mut *self.stream;
+        st.cut = cut_key(cut, &latched);
         st.ready.clear();
         st.out.restart();
         st.remaining = st.max_rows;
         let src = st.source.as_mut().expect("source");
-        // SAFETY: scan_cx lives as long as the scan.
-        let snap = unsafe { base.spliced_in(src.scan_cx, pulled) };
-        src.start(snap);
+        src.start(base.snap);
         // Held back until valid: past one batch's worth of bytes the read
         // goes fenced and streams instead.
         let mut held = 0usize;
@@ -604,6 +621,11 @@ impl run::Reader for OptimisticAttempt<'_> {
         };
         Some(vec![(self.rel, span)])
     }
+}
+
+/// The first key `cut` leaves out, with the key to read rows' keys by.
+fn cut_key(cut: &Footprint, latched: &Rc<Latched>) -> Option<(KeyBuf, Rc<Latched>)> {
+    cut.iter().map(|(_, s)| s.start).min().map(|c| (c, latched.clone()))
 }
 
 /// See the statement guard: a hot standby's latch table is empty.

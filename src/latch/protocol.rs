@@ -1,34 +1,41 @@
 //! The reader's protocol: how a fenced or optimistic scan turns latch checks
 //! and waits into a result that never omits a row written by a transaction
-//! that was in flight at its snapshot.
+//! that was in flight at its snapshot, read at a snapshot PostgreSQL itself
+//! could have taken.
 //!
 //! Pure logic over an [`Env`] that reads, checks, waits and takes snapshots:
-//! the Postgres scan node is one Env, the simulated database in the tests is
-//! another.
+//! the Postgres statement guard is one Env, the simulated database in the
+//! tests is another.
 //!
 //! - optimistic: read the declared span D at once with the snapshot, up to
 //!   the limit; the touched span T is what the read looked at; check T.
 //!   Clean → the buffered rows are the answer.  Conflict → wait for the
-//!   conflicting holders that still run, fold them into the snapshot ("pull
-//!   them in"), read again.  After `retries` conflicts, go fenced.
-//!   With `declared_first` (large limits), check D before reading: when
-//!   nothing in D conflicts the scan streams like a fenced scan that had
-//!   nothing to wait for, and buffers nothing; otherwise it reads and
-//!   checks T as above (the conflicts in D may all lie beyond T).
-//! - fenced: check D before reading, wait and pull in until D is clean, then
-//!   read and stream: nothing in D can be missed, so nothing is buffered.
+//!   conflicting holders, take a fresh snapshot, read again.  After
+//!   `retries` conflicts, go fenced.  With `declared_first` (large
+//!   limits), check D before reading: when nothing in D conflicts the scan
+//!   streams and buffers nothing; otherwise it reads and checks T as above.
+//! - fenced: check D before reading, wait and refresh until D is clean,
+//!   then read and stream.
 //! - REPEATABLE READ / SERIALIZABLE: the snapshot cannot change.  Waiting
 //!   still helps when a holder aborts; a holder that committed is a conflict
 //!   waiting cannot repair → serialization failure (40001).
 //!
-//! Why pull in instead of a fresh snapshot: on a table written continuously
-//! (the tail of an event stream), every fresh snapshot has new writers in
-//! flight and a reader that insists on a snapshot without any would chase
-//! them for ever.  Pulling in shrinks the in-flight set of one snapshot, so
-//! it ends.  To keep rows in latch-publication order the reader may have to
-//! pull in writers that started after its snapshot too (validate.rs); only
-//! when it cannot name them (`Check::must_refresh`) does it take a fresh
-//! snapshot.
+//! Why every retry reads at a fresh snapshot: a snapshot is a prefix of the
+//! commit order, so a statement reading at one never shows a transaction
+//! without those that committed before it (a watermark another process
+//! wrote after reading the stream never shows without the stream's rows).
+//!
+//! Why waiting still ends: only writers in flight at the read's *first*
+//! snapshot ("earlier" writers, xid below its `after`) are waited for; there
+//! are finitely many, and each ends once.  A writer that started since and
+//! is in flight at the fresh snapshot inside the span read is not waited
+//! for: the read stops before its first key instead (the cut), when every
+//! read of that table moves up the key from a bound left open in that
+//! direction -- a tail, which reads the rest next time from its cursor.
+//! Where a read cannot stop early (a bounded span, a scan in no key order)
+//! it waits for such writers too, at most [`MAX_LATER_ROUNDS`] times, then
+//! fails with 40001: a consistent answer or a clear error, never a state no
+//! serial order produces and never a wait without end.
 
 use super::region::RelId;
 use super::span::Span;
@@ -41,20 +48,20 @@ pub enum ReadMode {
     Fenced,
 }
 
+/// Rounds a read that cannot stop early waits for writers that started
+/// after its first snapshot, before it gives up with 40001.
+pub const MAX_LATER_ROUNDS: u32 = 4;
+
 #[derive(Clone, Copy, Debug)]
 pub struct ReadParams {
     pub mode: ReadMode,
     /// Conflicting optimistic attempts before falling back to fenced.
     pub retries: u32,
     /// REPEATABLE READ or SERIALIZABLE, once a statement has read at the
-    /// transaction's snapshot: it cannot change.
+    /// transaction's snapshot (or SERIALIZABLE at all): it cannot change.
+    /// The first reading statement of a REPEATABLE READ transaction may
+    /// take a fresh snapshot: the transaction then reads at it.
     pub fixed_snapshot: bool,
-    /// A fresh snapshot may replace the base (READ COMMITTED).  The first
-    /// reading statement of a REPEATABLE READ transaction may pull holders
-    /// into its snapshot (the transaction then keeps the result) but not
-    /// take a fresh one: a conflict that needs one is a serialization
-    /// failure.
-    pub may_refresh: bool,
     /// Optimistic: check D once before the first read and stream when it is
     /// clean.  Worth one wider check when buffering the result costs more
     /// (many rows).
@@ -66,10 +73,11 @@ pub struct ReadParams {
 pub enum ReadOutcome {
     /// The buffered optimistic result is valid: emit it.
     Emit,
-    /// Fenced: D is clean for the snapshot with `pulled` folded in; read it
-    /// now and stream.
-    Stream { pulled: Vec<Xid> },
-    /// A conflict that waiting cannot repair under a fixed snapshot.
+    /// Fenced: D less `cut` is clean for the current snapshot; read it now
+    /// and stream, leaving out the keys in `cut`.
+    Stream { cut: Footprint },
+    /// A conflict that waiting cannot repair (a fixed snapshot), or writers
+    /// that kept entering a span the read could not stop short of.
     SerializationFailure { xid: Xid, rel: RelId, span: Span },
 }
 
@@ -81,8 +89,9 @@ pub struct ReadReport {
     pub retries: u32,
     pub fresh_snapshots: u32,
     pub waits: u32,
-    /// Writers that started after the snapshot, pulled in to keep latch order.
-    pub pulled_after: u32,
+    /// Times the read stopped before the keys of writers that started
+    /// after its first snapshot.
+    pub cuts: u32,
     pub fell_back: bool,
     /// An optimistic read's result was too large to buffer: it went fenced.
     pub overflowed: bool,
@@ -101,7 +110,7 @@ impl ReadReport {
         self.retries += r.retries;
         self.fresh_snapshots += r.fresh_snapshots;
         self.waits += r.waits;
-        self.pulled_after += r.pulled_after;
+        self.cuts += r.cuts;
         self.fell_back |= r.fell_back;
         self.overflowed |= r.overflowed;
         self.streamed |= r.streamed;
@@ -113,20 +122,43 @@ impl ReadReport {
 
 /// The reader's side of the world.
 pub trait Env {
-    /// Reads with the base snapshot, `pulled` folded in, buffering the whole
-    /// result; returns the footprint it touched, or None when the result is
-    /// too large to buffer (the protocol then goes fenced).
-    fn read_buffered(&mut self, pulled: &[Xid]) -> Option<Footprint>;
-    /// Checks `fp` against the base snapshot with `pulled` folded in.
-    fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check;
+    /// Xids at or above this were assigned after the read's first snapshot.
+    fn first_after(&self) -> Xid;
+    /// Reads with the current snapshot, leaving out the keys in `cut`,
+    /// buffering the whole result; returns the footprint it touched, or
+    /// None when the result is too large to buffer (the protocol then goes
+    /// fenced).
+    fn read_buffered(&mut self, cut: &Footprint) -> Option<Footprint>;
+    /// Checks `fp` against the current snapshot.
+    fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check;
     /// Waits until transaction `xid` has ended.
     fn wait(&mut self, xid: Xid);
-    /// Whether a snapshot with `pulled` folded in can be built at a bounded
-    /// cost; when not, the protocol takes a fresh snapshot instead.
-    fn can_pull(&mut self, pulled: &[Xid]) -> bool;
-    /// Replaces the base snapshot with a new one (never called when the
+    /// Replaces the snapshot with a new one (never called when the
     /// snapshot is fixed).
     fn refresh_snapshot(&mut self);
+    /// The keys to leave out so that every read stops before the latches
+    /// `conflicts` met: for each table, from the first such key in the
+    /// direction its reads move on.  None when some read of one of those
+    /// tables cannot stop early without looking complete (its span is
+    /// bounded in its direction, or it reads in no key order).
+    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint>;
+}
+
+/// The part of `fp` outside `cut`, per table (a cut is a span from its
+/// start key to +∞).
+pub fn without(fp: &Footprint, cut: &Footprint) -> Footprint {
+    if cut.is_empty() {
+        return fp.clone();
+    }
+    fp.iter()
+        .filter_map(|(rel, s)| {
+            let mut s = *s;
+            for (_, c) in cut.iter().filter(|(r, _)| r == rel) {
+                s = s.intersect(&Span { start: Span::ALL.start, end: c.start });
+            }
+            (!s.is_empty()).then_some((*rel, s))
+        })
+        .collect()
 }
 
 /// Runs the protocol for a read whose declared footprint `declared`
@@ -142,25 +174,27 @@ pub fn run<E: Env>(
     let mut declared_fp: Option<Footprint> = None;
     let mut declared = move || -> Footprint { declared_fp.get_or_insert_with(&mut *declared).clone() };
     let mut mode = p.mode;
-    let mut pulled: Vec<Xid> = Vec::new();
+    let mut cut: Footprint = Vec::new();
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut failures = 0u32;
+    let mut later_rounds = 0u32;
+    let first_after = env.first_after();
     if mode == ReadMode::Optimistic && p.declared_first {
         // What a fenced read's first check is; only a clean answer is used
         // (a conflict in D says nothing about T).
         let d = declared();
-        let c = env.check(&d, &pulled, &mut conflicts);
+        let c = env.check(&d, &mut conflicts);
         report.validations += 1;
         if c.clean() {
             report.checked = Some(d);
             report.streamed = true;
-            return ReadOutcome::Stream { pulled };
+            return ReadOutcome::Stream { cut };
         }
     }
     loop {
         let fp = match mode {
-            ReadMode::Optimistic => match env.read_buffered(&pulled) {
-                Some(fp) => fp,
+            ReadMode::Optimistic => match env.read_buffered(&cut) {
+                Some(fp) => without(&fp, &cut),
                 None => {
                     report.overflowed = true;
                     report.fell_back = true;
@@ -168,55 +202,62 @@ pub fn run<E: Env>(
                     continue;
                 }
             },
-            ReadMode::Fenced => declared(),
+            ReadMode::Fenced => without(&declared(), &cut),
         };
         conflicts.clear();
-        let c = env.check(&fp, &pulled, &mut conflicts);
+        let c = env.check(&fp, &mut conflicts);
         report.validations += 1;
         if c.clean() {
             report.checked = Some(fp);
             return match mode {
                 ReadMode::Optimistic => ReadOutcome::Emit,
-                ReadMode::Fenced => ReadOutcome::Stream { pulled },
+                ReadMode::Fenced => ReadOutcome::Stream { cut },
             };
         }
+        // Every latch met, for the cut; then one entry per holder.
+        let met = conflicts.clone();
         dedup(&mut conflicts);
         report.conflicts += conflicts.len() as u32;
-        report.pulled_after += conflicts.iter().filter(|c| c.after).count() as u32;
-        for x in conflicts.iter().filter(|c| c.live) {
-            env.wait(x.xid);
-            report.waits += 1;
-        }
         if p.fixed_snapshot {
+            for x in conflicts.iter().filter(|c| c.live) {
+                env.wait(x.xid);
+                report.waits += 1;
+            }
             // Aborted holders are gone now; committed ones stay conflicts.
             conflicts.clear();
-            let again = env.check(&fp, &pulled, &mut conflicts);
+            let again = env.check(&fp, &mut conflicts);
             report.validations += 1;
             report.checked = Some(fp.clone());
             if again.clean() {
                 return match mode {
                     ReadMode::Optimistic => ReadOutcome::Emit,
-                    ReadMode::Fenced => ReadOutcome::Stream { pulled },
+                    ReadMode::Fenced => ReadOutcome::Stream { cut },
                 };
             }
             return serialization_failure(&conflicts);
         }
-        let mut next = pulled.clone();
-        for x in &conflicts {
-            if let Err(at) = next.binary_search_by_key(&x.xid.0, |p| p.0) {
-                next.insert(at, x.xid);
+        let earlier = conflicts.iter().any(|c| c.xid.precedes(first_after));
+        if !earlier {
+            // Only writers that started after the first snapshot: stop
+            // before them when every read can, else wait for them, a few
+            // times at most.
+            if let Some(more) = env.cut(&met) {
+                cut.extend(more);
+                report.cuts += 1;
+                continue;
+            }
+            later_rounds += 1;
+            if later_rounds > MAX_LATER_ROUNDS {
+                return serialization_failure(&conflicts);
             }
         }
-        if (c.must_refresh || !env.can_pull(&next)) && !p.may_refresh {
-            return serialization_failure(&conflicts);
+        for x in conflicts.iter().filter(|c| c.live && (!earlier || c.xid.precedes(first_after))) {
+            env.wait(x.xid);
+            report.waits += 1;
         }
-        if c.must_refresh || !env.can_pull(&next) {
-            env.refresh_snapshot();
-            pulled.clear();
-            report.fresh_snapshots += 1;
-        } else {
-            pulled = next;
-        }
+        env.refresh_snapshot();
+        cut.clear();
+        report.fresh_snapshots += 1;
         if mode == ReadMode::Optimistic {
             failures += 1;
             report.retries += 1;
@@ -247,85 +288,162 @@ fn dedup(c: &mut Vec<Conflict>) {
 mod tests {
     use super::*;
 
-    /// An environment whose first `conflicted` checks find writer 9 (gone
-    /// by the time it is waited for) and whose reads touch `[1, 2)`.
+    /// An environment whose first `conflicted` checks find writer `holder`
+    /// (gone by the time it is waited for) at key 5, and whose reads touch
+    /// `[1, 9)` less what they are told to leave out.
     struct Scripted {
         conflicted: u32,
         checks: u32,
-        /// Folding holders in stays cheap enough.
-        pullable: bool,
+        holder: Xid,
+        first_after: Xid,
+        can_cut: bool,
         refreshed: u32,
+        waited: Vec<Xid>,
+    }
+
+    fn span(a: u8, b: u8) -> Span {
+        Span::new(&[a], Some(&[b]))
     }
 
     impl Env for Scripted {
-        fn read_buffered(&mut self, _: &[Xid]) -> Option<Footprint> {
-            Some(vec![(RelId::new(1, 1), Span::point(&[1]))])
+        fn first_after(&self) -> Xid {
+            self.first_after
         }
-        fn check(&mut self, fp: &Footprint, _: &[Xid], out: &mut Vec<Conflict>) -> Check {
+        fn read_buffered(&mut self, cut: &Footprint) -> Option<Footprint> {
+            Some(without(&vec![(RelId::new(1, 1), span(1, 9))], cut))
+        }
+        fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
             self.checks += 1;
-            if self.checks > self.conflicted {
+            let at = span(5, 6);
+            if self.checks > self.conflicted || !fp.iter().any(|(_, s)| s.overlaps(&at)) {
                 return Check::default();
             }
-            out.push(Conflict { xid: Xid(9), rel: fp[0].0, span: fp[0].1, live: false, after: false });
+            out.push(Conflict { xid: self.holder, rel: fp[0].0, span: fp[0].1, at, live: true, after: false });
             Check { conflicted: true, must_refresh: false }
         }
-        fn wait(&mut self, _: Xid) {}
-        fn can_pull(&mut self, _: &[Xid]) -> bool {
-            self.pullable
+        fn wait(&mut self, x: Xid) {
+            self.waited.push(x);
         }
         fn refresh_snapshot(&mut self) {
             self.refreshed += 1;
         }
+        fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+            self.can_cut
+                .then(|| conflicts.iter().map(|c| (c.rel, Span { start: c.at.start, end: Span::ALL.end })).collect())
+        }
+    }
+
+    fn scripted(conflicted: u32, holder: u32, can_cut: bool) -> Scripted {
+        Scripted {
+            conflicted,
+            checks: 0,
+            holder: Xid(holder),
+            first_after: Xid(100),
+            can_cut,
+            refreshed: 0,
+            waited: Vec::new(),
+        }
+    }
+
+    fn params(mode: ReadMode, fixed: bool) -> ReadParams {
+        ReadParams { mode, retries: 1, fixed_snapshot: fixed, declared_first: false }
     }
 
     #[test]
     fn the_declared_footprint_is_computed_only_when_needed_and_once() {
-        let params =
-            |mode| ReadParams { mode, retries: 1, fixed_snapshot: false, may_refresh: true, declared_first: false };
         // (mode, conflicting checks, times the declared footprint is asked for)
         let cases = [
             ("optimistic, clean at once", ReadMode::Optimistic, 0, 0),
-            ("optimistic, clean after a pull-in", ReadMode::Optimistic, 1, 0),
+            ("optimistic, clean after a wait", ReadMode::Optimistic, 1, 0),
             ("optimistic, falls back to fenced", ReadMode::Optimistic, 3, 1),
             ("fenced, clean at once", ReadMode::Fenced, 0, 1),
-            ("fenced, after a pull-in", ReadMode::Fenced, 1, 1),
+            ("fenced, after a wait", ReadMode::Fenced, 1, 1),
         ];
         for (name, mode, conflicted, asked) in cases {
-            let mut env = Scripted { conflicted, checks: 0, pullable: true, refreshed: 0 };
+            let mut env = scripted(conflicted, 9, false);
             let mut calls = 0;
             let mut declared = || {
                 calls += 1;
                 vec![(RelId::new(1, 1), Span::ALL)]
             };
             let mut report = ReadReport::default();
-            run(&mut env, &mut declared, &params(mode), &mut report);
+            run(&mut env, &mut declared, &params(mode, false), &mut report);
             assert_eq!(calls, asked, "{name}");
         }
     }
 
     #[test]
-    fn a_snapshot_that_may_not_be_refreshed_pulls_in_or_fails() {
-        // (case, fixed, may refresh, pulling in stays cheap, expected outcome is a failure, refreshes)
-        let cases = [
-            ("READ COMMITTED pulls in", false, true, true, false, 0),
-            ("READ COMMITTED refreshes when pulling in is too costly", false, true, false, false, 2),
-            ("first REPEATABLE READ read pulls in", false, false, true, false, 0),
-            ("first REPEATABLE READ read cannot refresh", false, false, false, true, 0),
-            ("later REPEATABLE READ read fails on a committed holder", true, false, true, true, 0),
-        ];
+    fn earlier_writers_are_waited_for_and_the_read_retries_at_a_fresh_snapshot() {
         for mode in [ReadMode::Optimistic, ReadMode::Fenced] {
-            for (name, fixed, may_refresh, pullable, fails, refreshes) in cases {
-                let mut env = Scripted { conflicted: 2, checks: 0, pullable, refreshed: 0 };
-                let params = ReadParams { mode, retries: 1, fixed_snapshot: fixed, may_refresh, declared_first: false };
-                let out =
-                    run(&mut env, &mut || vec![(RelId::new(1, 1), Span::ALL)], &params, &mut ReadReport::default());
-                assert_eq!(
-                    matches!(out, ReadOutcome::SerializationFailure { .. }),
-                    fails,
-                    "{name} ({mode:?}): {out:?}"
-                );
-                assert_eq!(env.refreshed, refreshes, "{name} ({mode:?})");
+            let mut env = scripted(1, 9, true);
+            let out = run(
+                &mut env,
+                &mut || vec![(RelId::new(1, 1), span(1, 9))],
+                &params(mode, false),
+                &mut ReadReport::default(),
+            );
+            assert!(matches!(out, ReadOutcome::Emit | ReadOutcome::Stream { .. }), "{mode:?}: {out:?}");
+            if let ReadOutcome::Stream { cut } = &out {
+                assert!(cut.is_empty(), "nothing is left out after waiting for an earlier writer");
             }
+            assert_eq!((env.waited.as_slice(), env.refreshed), (&[Xid(9)][..], 1), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn later_writers_are_cut_off_not_waited_for() {
+        for mode in [ReadMode::Optimistic, ReadMode::Fenced] {
+            // Writer 150 started after the first snapshot (first_after 100).
+            let mut env = scripted(u32::MAX, 150, true);
+            let mut report = ReadReport::default();
+            let out = run(&mut env, &mut || vec![(RelId::new(1, 1), span(1, 9))], &params(mode, false), &mut report);
+            assert!(env.waited.is_empty() && env.refreshed == 0, "{mode:?}: {:?}", env.waited);
+            assert_eq!(report.cuts, 1, "{mode:?}");
+            let checked = report.checked.expect("checked");
+            assert_eq!(checked, vec![(RelId::new(1, 1), span(1, 5))], "{mode:?}: the read stops before key 5");
+            if let ReadOutcome::Stream { cut } = out {
+                assert_eq!(cut, vec![(RelId::new(1, 1), Span { start: span(5, 6).start, end: Span::ALL.end })]);
+            }
+        }
+    }
+
+    #[test]
+    fn later_writers_a_read_cannot_stop_before_are_waited_for_a_few_rounds_then_40001() {
+        for mode in [ReadMode::Optimistic, ReadMode::Fenced] {
+            // Always a later writer in the span: bounded, then a failure.
+            let mut env = scripted(u32::MAX, 150, false);
+            let out = run(
+                &mut env,
+                &mut || vec![(RelId::new(1, 1), span(1, 9))],
+                &params(mode, false),
+                &mut ReadReport::default(),
+            );
+            assert!(matches!(out, ReadOutcome::SerializationFailure { .. }), "{mode:?}: {out:?}");
+            assert_eq!(env.refreshed, MAX_LATER_ROUNDS, "{mode:?}");
+            // Gone after two rounds: a clean read.
+            let mut env = scripted(2, 150, false);
+            let out = run(
+                &mut env,
+                &mut || vec![(RelId::new(1, 1), span(1, 9))],
+                &params(mode, false),
+                &mut ReadReport::default(),
+            );
+            assert!(!matches!(out, ReadOutcome::SerializationFailure { .. }), "{mode:?}: {out:?}");
+        }
+    }
+
+    #[test]
+    fn a_fixed_snapshot_fails_on_a_committed_holder() {
+        for mode in [ReadMode::Optimistic, ReadMode::Fenced] {
+            let mut env = scripted(2, 9, true);
+            let out = run(
+                &mut env,
+                &mut || vec![(RelId::new(1, 1), Span::ALL)],
+                &params(mode, true),
+                &mut ReadReport::default(),
+            );
+            assert!(matches!(out, ReadOutcome::SerializationFailure { .. }), "{mode:?}: {out:?}");
+            assert_eq!(env.refreshed, 0);
         }
     }
 }

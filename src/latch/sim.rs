@@ -171,32 +171,34 @@ impl Db {
         self.step(p);
     }
 
-    fn visible(&self, xmin: u32, s: &Snap, pulled: &[Xid]) -> bool {
+    fn visible(&self, xmin: u32, s: &Snap) -> bool {
         if self.status.get(&xmin) != Some(&Status::Committed) {
             return false;
-        }
-        if pulled.binary_search_by_key(&xmin, |v| v.0).is_ok() {
-            return true;
         }
         // Postgres's rule: at or above xmax, or listed in xip, is invisible.
         let in_xip = s.xip.binary_search_by_key(&xmin, |v| v.0).is_ok();
         Xid(xmin).precedes(Xid(s.xmax)) && !in_xip
     }
 
-    fn read(&self, cursor: u64, limit: usize, s: &Snap, pulled: &[Xid]) -> Vec<u64> {
+    /// The first `limit` keys past `cursor` visible at `s`, stopping before
+    /// any key in `cut`.
+    fn read(&self, cursor: u64, limit: usize, s: &Snap, cut: &Footprint) -> Vec<u64> {
+        let stop = cut.iter().map(|(_, c)| c.start).min();
         self.rows
             .range(cursor + 1..)
-            .filter(|(_, &xmin)| self.visible(xmin, s, pulled))
+            .take_while(|(&k, _)| stop.is_none_or(|c| KeyBuf::floor(&enc(k)) < c))
+            .filter(|(_, &xmin)| self.visible(xmin, s))
             .map(|(&k, _)| k)
             .take(limit)
             .collect()
     }
 }
 
-/// A tail consumer's poll, as the scan node would run it.
+/// A tail consumer's poll, as the statement guard would run it.
 struct Poll<'a> {
     db: &'a mut Db,
     snap: Snap,
+    first_after: u32,
     cursor: u64,
     limit: usize,
     buffer: Vec<u64>,
@@ -205,8 +207,12 @@ struct Poll<'a> {
 }
 
 impl Env for Poll<'_> {
-    fn read_buffered(&mut self, pulled: &[Xid]) -> Option<Footprint> {
-        self.buffer = self.db.read(self.cursor, self.limit, &self.snap, pulled);
+    fn first_after(&self) -> Xid {
+        Xid(self.first_after)
+    }
+
+    fn read_buffered(&mut self, cut: &Footprint) -> Option<Footprint> {
+        self.buffer = self.db.read(self.cursor, self.limit, &self.snap, cut);
         let span = match self.buffer.last() {
             Some(&k) if self.buffer.len() == self.limit => {
                 Span { start: self.declared.start, end: Span::point(&enc(k)).end }
@@ -216,17 +222,13 @@ impl Env for Poll<'_> {
         Some(vec![(REL, span)])
     }
 
-    fn can_pull(&mut self, _pulled: &[Xid]) -> bool {
-        true
-    }
-
-    fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
+    fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
         let snap = ReadSnapshot {
             xmin: Xid(self.snap.xmin),
             xmax: Xid(self.snap.xmax),
             xip: &self.snap.xip,
             after: Xid(self.snap.after),
-            pulled,
+            pulled: &[],
             own: Xid::INVALID,
         };
         let status = &self.db.status;
@@ -248,6 +250,12 @@ impl Env for Poll<'_> {
     fn refresh_snapshot(&mut self) {
         self.snap = self.db.snapshot();
         self.db.reader_xmin = Some(self.snap.xmin);
+    }
+
+    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        // A tail moves up the key from an open bound: it can always stop.
+        let start = conflicts.iter().map(|c| c.at.start).min()?;
+        Some(vec![(REL, Span { start, end: KeyBuf::INFINITE })])
     }
 }
 
@@ -292,17 +300,18 @@ pub fn run(
         db.reader_xmin = Some(snap.xmin);
         let declared = Span { start: KeyBuf::prefix_successor(&enc(cursor)), end: KeyBuf::INFINITE };
         let got = match consumer {
-            Consumer::Plain => db.read(cursor, limit, &snap, &[]),
+            Consumer::Plain => db.read(cursor, limit, &snap, &Vec::new()),
             Consumer::Protocol(mode, fixed, declared_first) => {
-                let mut poll = Poll { db: &mut db, snap, cursor, limit, buffer: Vec::new(), declared, waits: 0 };
-                let params =
-                    ReadParams { mode, retries: 2, fixed_snapshot: fixed, may_refresh: !fixed, declared_first };
+                let first_after = snap.after;
+                let mut poll =
+                    Poll { db: &mut db, snap, first_after, cursor, limit, buffer: Vec::new(), declared, waits: 0 };
+                let params = ReadParams { mode, retries: 2, fixed_snapshot: fixed, declared_first };
                 let mut report = ReadReport::default();
                 let out = protocol::run(&mut poll, &mut || vec![(REL, declared)], &params, &mut report);
                 totals.add(&report);
                 match out {
                     ReadOutcome::Emit => std::mem::take(&mut poll.buffer),
-                    ReadOutcome::Stream { pulled } => poll.db.read(cursor, limit, &poll.snap, &pulled),
+                    ReadOutcome::Stream { cut } => poll.db.read(cursor, limit, &poll.snap, &cut),
                     ReadOutcome::SerializationFailure { .. } => Vec::new(), // retry next poll
                 }
             }
@@ -317,7 +326,7 @@ pub fn run(
     // Drain whatever is left.
     loop {
         let snap = db.snapshot();
-        let got = db.read(cursor, 1000, &snap, &[]);
+        let got = db.read(cursor, 1000, &snap, &Vec::new());
         if got.is_empty() {
             break;
         }
@@ -399,10 +408,10 @@ mod tests {
             let (_, _, _, r) = run(seed + 5, Consumer::Protocol(ReadMode::Optimistic, false, false), 6, 4096, true);
             t.conflicts += r.conflicts;
             t.retries += r.retries;
-            t.pulled_after += r.pulled_after;
+            t.cuts += r.cuts;
         }
-        // Both paths of the protocol ran: plain pull-ins and pulling in
-        // writers that started after the snapshot.
-        assert!(t.conflicts > 0 && t.retries > 0 && t.pulled_after > 0, "{t:?}");
+        // Both paths of the protocol ran: waits for earlier writers, and
+        // reads stopped before writers that started after the first snapshot.
+        assert!(t.conflicts > 0 && t.retries > 0 && t.cuts > 0, "{t:?}");
     }
 }

@@ -433,7 +433,7 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     let mut seen = Vec::new();
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
     assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(seen, vec![Conflict { xid: Xid(50), rel: REL, span: sp(0, 100), live: true, after: false }]);
+    assert_eq!(seen, vec![Conflict { xid: Xid(50), rel: REL, span: sp(0, 100), at: pt(11), live: true, after: false }]);
     // After waiting for 50 the reader may not show it alone: 70's key 10
     // came first and would stay hidden.  70 must be pulled in as well.
     t.release_all(1, TxEnd::Committed);
@@ -442,7 +442,7 @@ fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
     seen.clear();
     let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
     assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(seen, vec![Conflict { xid: Xid(70), rel: REL, span: sp(0, 100), live: true, after: true }]);
+    assert_eq!(seen, vec![Conflict { xid: Xid(70), rel: REL, span: sp(0, 100), at: pt(10), live: true, after: true }]);
     // With both pulled in, the span is clean.
     let pulled = [Xid(50), Xid(70)];
     snap.pulled = &pulled;

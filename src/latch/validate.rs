@@ -32,6 +32,9 @@ pub struct Conflict {
     /// wider).
     pub rel: RelId,
     pub span: Span,
+    /// Where the holder's latch lies inside the checked span: a read that
+    /// stops before it ([`super::protocol`]'s cut) no longer depends on it.
+    pub at: Span,
     /// Still running (wait for it) or already committed (no wait needed).
     pub live: bool,
     /// Started after the snapshot, but published before a pulled-in holder
@@ -109,58 +112,6 @@ impl<L: LockSet> LatchTable<'_, L> {
         out
     }
 
-    /// Reports (through `out`, possibly more than once per xid) the holder
-    /// of every latch of `rel` -- held or a tombstone, not aborted -- whose
-    /// xid lies in `[from, until)`: the writers of the table a reader must
-    /// keep hidden when it moves its snapshot's xmax up to `until` but does
-    /// not show them.  False when a coalesced tombstone covers more than
-    /// `max_interval` xids of that range: its writers cannot be named.
-    pub fn holders_between(
-        &self,
-        rel: RelId,
-        from: Xid,
-        until: Xid,
-        max_interval: u32,
-        out: &mut dyn FnMut(Xid),
-    ) -> bool {
-        let in_range = |x: Xid| x.follows_or_equals(from) && x.precedes(until);
-        let mut d = self.dir_read();
-        let Some(t) = d.find_table(rel) else {
-            return true; // never latched
-        };
-        let mut named = true;
-        for i in d.ranges_over(t, &Span::ALL) {
-            let r = d.range_at(t, i);
-            let g = d.range_read(r);
-            g.for_each_overlap(&Span::ALL, &mut |e| {
-                if self.state(e) != State::Dead {
-                    let x = g.data(e).xid;
-                    if in_range(x) {
-                        out(x);
-                    }
-                }
-                true
-            });
-            let s = &g.body().summary;
-            if !s.is_empty() && !s.xid_hi.precedes(from) && s.xid_lo.precedes(until) {
-                let lo = s.xid_lo.max(from);
-                let hi = if s.xid_hi.precedes(until) { s.xid_hi } else { Xid(until.0.wrapping_sub(1)) };
-                let n = hi.0.wrapping_sub(lo.0);
-                if n >= max_interval {
-                    named = false;
-                    continue;
-                }
-                for k in 0..=n {
-                    let x = Xid(lo.0.wrapping_add(k));
-                    if x.is_valid() {
-                        out(x);
-                    }
-                }
-            }
-        }
-        named
-    }
-
     fn check_spans(
         &self,
         rel: RelId,
@@ -177,7 +128,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         // Latest publication by a pulled-in holder; latches of writers that
         // started after the snapshot (only collected when pulling in).
         let mut pulled_seq = 0u64;
-        let mut after: Vec<(Xid, u64, bool, Span)> = Vec::new();
+        let mut after: Vec<(Xid, u64, bool, Span, Span)> = Vec::new();
         let mut after_ranges: Vec<(Xid, Xid, u64, Span)> = Vec::new();
         {
             let mut d = self.dir_read();
@@ -197,11 +148,18 @@ impl<L: LockSet> LatchTable<'_, L> {
                         let live = state == State::Live;
                         if snap.in_flight(data.xid) {
                             out.conflicted = true;
-                            on_conflict(Conflict { xid: data.xid, rel, span: *span, live, after: false });
+                            on_conflict(Conflict {
+                                xid: data.xid,
+                                rel,
+                                span: *span,
+                                at: data.span.intersect(span),
+                                live,
+                                after: false,
+                            });
                         } else if snap.is_pulled(data.xid) {
                             pulled_seq = pulled_seq.max(self.seq_hi(e));
                         } else if pulling && snap.is_after(data.xid) {
-                            after.push((data.xid, data.seq, live, *span));
+                            after.push((data.xid, data.seq, live, *span, data.span.intersect(span)));
                         }
                         true
                     });
@@ -210,7 +168,14 @@ impl<L: LockSet> LatchTable<'_, L> {
                         for x in snap.in_flight_between(s.xid_lo, s.xid_hi) {
                             if committed(x) {
                                 out.conflicted = true;
-                                on_conflict(Conflict { xid: x, rel, span: *span, live: false, after: false });
+                                on_conflict(Conflict {
+                                    xid: x,
+                                    rel,
+                                    span: *span,
+                                    at: s.span.intersect(span),
+                                    live: false,
+                                    after: false,
+                                });
                             }
                         }
                         if pulling {
@@ -227,10 +192,10 @@ impl<L: LockSet> LatchTable<'_, L> {
         }
         // Writers after the snapshot that published before something we
         // now show must be shown as well.
-        for (xid, seq, live, span) in after {
+        for (xid, seq, live, span, at) in after {
             if seq < pulled_seq {
                 out.conflicted = true;
-                on_conflict(Conflict { xid, rel, span, live, after: true });
+                on_conflict(Conflict { xid, rel, span, at, live, after: true });
             }
         }
         for (lo, hi, seq_lo, span) in after_ranges {
@@ -246,7 +211,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                 let x = Xid(lo.0.wrapping_add(i));
                 if x.is_valid() && !snap.is_pulled(x) && x != snap.own && committed(x) {
                     out.conflicted = true;
-                    on_conflict(Conflict { xid: x, rel, span, live: false, after: true });
+                    on_conflict(Conflict { xid: x, rel, span, at: span, live: false, after: true });
                 }
             }
         }

@@ -18,12 +18,15 @@ use pgrx::PgSqlErrorCode;
 
 /// How a read runs an optimistic attempt.
 pub trait Reader {
-    /// Reads with `base` and the `pulled` holders folded in
-    /// ([`BaseSnapshot::spliced`]), buffering everything it would return, and
-    /// returns the footprint it touched; None when the result outgrew the
-    /// buffer (the read then goes fenced).  Each call replaces the previous
-    /// attempt.
-    fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint>;
+    /// Reads at `base`, leaving out the keys in `cut`, buffering everything
+    /// it would return, and returns the footprint it touched; None when the
+    /// result outgrew the buffer (the read then goes fenced).  Each call
+    /// replaces the previous attempt.
+    fn read_buffered(&mut self, base: &BaseSnapshot, cut: &Footprint) -> Option<Footprint>;
+    /// Where its reads of the tables of `conflicts` would stop to leave out
+    /// every latch they met (see the latch core's `protocol`), or None when
+    /// one of them cannot stop early without looking complete.
+    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint>;
 }
 
 /// The mode a read of latched tables runs in, from `pgkvx.scan_mode` and
@@ -60,9 +63,9 @@ pub struct ReadStrategy {
 pub enum ReadDecision {
     /// The optimistic attempt the reader buffered last is valid: emit it.
     Emit,
-    /// Fenced: read the declared footprint now with
-    /// `base.spliced(pulled)` and stream; nothing in it can be missed.
-    Stream { pulled: Vec<Xid> },
+    /// Fenced: read the declared footprint now at `base`, leaving out the
+    /// keys in `cut`, and stream; nothing else in it can be missed.
+    Stream { cut: Footprint },
 }
 
 /// The protocol's result.
@@ -97,6 +100,8 @@ pub const MAX_WAITED: usize = 16;
 struct ReadEnv<'a, R> {
     reader: &'a mut R,
     base: BaseSnapshot,
+    /// The `after` of the read's first snapshot.
+    first_after: Xid,
     wait_us: i64,
     /// The conflicts of the last check that found any: where the holders
     /// the protocol then waits for were met.
@@ -105,13 +110,20 @@ struct ReadEnv<'a, R> {
 }
 
 impl<R: Reader> Env for ReadEnv<'_, R> {
-    fn read_buffered(&mut self, pulled: &[Xid]) -> Option<Footprint> {
-        self.reader.read_buffered(&self.base, pulled)
+    fn first_after(&self) -> Xid {
+        self.first_after
     }
 
-    fn check(&mut self, fp: &Footprint, pulled: &[Xid], out: &mut Vec<Conflict>) -> Check {
-        self.base.reading(fp.iter().map(|(r, _)| *r));
-        let view = self.base.view(pulled);
+    fn read_buffered(&mut self, cut: &Footprint) -> Option<Footprint> {
+        self.reader.read_buffered(&self.base, cut)
+    }
+
+    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        self.reader.cut(conflicts)
+    }
+
+    fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
+        let view = self.base.view(&[]);
         let before = out.len();
         let c = table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
         if out.len() > before {
@@ -133,24 +145,38 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
         }
     }
 
-    fn can_pull(&mut self, pulled: &[Xid]) -> bool {
-        self.base.can_pull(pulled)
-    }
-
     fn refresh_snapshot(&mut self) {
-        let rels = self.base.rels().to_vec();
         self.base.release();
         self.base = BaseSnapshot::fresh();
-        self.base.reading(rels);
     }
 }
 
-/// The reader of fenced reads, which never buffer.
-pub struct NeverBuffers;
-impl Reader for NeverBuffers {
-    fn read_buffered(&mut self, _base: &BaseSnapshot, _pulled: &[Xid]) -> Option<Footprint> {
+/// A fenced read that may stop before the first latch met in each table
+/// when `may_cut` (asked only then) says its scans all move up the key from
+/// a bound left open above.
+pub struct Fenced<F: FnMut() -> bool> {
+    pub may_cut: F,
+}
+impl<F: FnMut() -> bool> Reader for Fenced<F> {
+    fn read_buffered(&mut self, _base: &BaseSnapshot, _cut: &Footprint) -> Option<Footprint> {
         unreachable!("fenced reads never buffer")
     }
+    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        (self.may_cut)().then(|| cut_upward(conflicts))
+    }
+}
+
+/// For reads moving up the key: per table, from the first key any of
+/// `conflicts` latched in the span checked.
+pub fn cut_upward(conflicts: &[Conflict]) -> Footprint {
+    let mut out: Footprint = Vec::new();
+    for c in conflicts {
+        match out.iter_mut().find(|(r, _)| *r == c.rel) {
+            Some((_, s)) => s.start = s.start.min(c.at.start),
+            None => out.push((c.rel, Span { start: c.at.start, end: Span::ALL.end })),
+        }
+    }
+    out
 }
 
 /// Optimistic reads wanting more rows than this check the declared
@@ -176,17 +202,22 @@ pub fn run_protocol<R: Reader>(
         mode: strategy.mode,
         declared_first: strategy.declared_first,
         retries: guc::OPTIMISTIC_RETRIES.get() as u32,
-        fixed_snapshot: snapshot::fixed_snapshot() && !strategy.first_fixed_read,
-        may_refresh: !snapshot::fixed_snapshot(),
+        // The first statement to read at a REPEATABLE READ transaction's
+        // snapshot may move it (the transaction then reads at the result);
+        // SERIALIZABLE ties its predicate locks to the snapshot it took.
+        fixed_snapshot: snapshot::fixed_snapshot()
+            && !(strategy.first_fixed_read && snapshot::may_move_transaction_snapshot()),
     };
     let mut report = ReadReport::default();
-    let mut env = ReadEnv { reader, base, wait_us: 0, met: Vec::new(), waited: Vec::new() };
+    let first_after = base.after();
+    let mut env = ReadEnv { reader, base, first_after, wait_us: 0, met: Vec::new(), waited: Vec::new() };
     let outcome = protocol::run(&mut env, declared, &params, &mut report);
     let (base, wait_us, waited) = (env.base, env.wait_us, env.waited);
     count(&report);
     let decision = match outcome {
         ReadOutcome::Emit => ReadDecision::Emit,
-        ReadOutcome::Stream { pulled } => ReadDecision::Stream { pulled },
+        ReadOutcome::Stream { cut } => ReadDecision::Stream { cut },
+        ReadOutcome::SerializationFailure { rel, .. } if !params.fixed_snapshot => writers_kept_coming(rel, what),
         ReadOutcome::SerializationFailure { xid, rel, .. } => serialization_failure(xid, rel, what),
     };
     ProtocolResult { decision, report, wait_us, base, waited }
@@ -208,6 +239,24 @@ pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
             rel_name(relid)
         )),
         Some("The transaction might succeed if retried."),
+    )
+}
+
+/// Raises 40001 for a read that waited [`protocol::MAX_LATER_ROUNDS`]
+/// times for writers that started after it and kept entering a span it
+/// cannot stop short of: a bounded wait, and never an inconsistent answer.
+fn writers_kept_coming(rel: RelId, what: &str) -> ! {
+    backend::count(Stat::SerializationFailures, 1);
+    let relid = pgrx::pg_sys::Oid::from(rel.rel());
+    errors::raise_full(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        "could not serialize access due to concurrent update",
+        Some(format!(
+            "Transactions kept writing to \"{}\" inside the span this {what} read after it had waited {} times; the read is bounded in the direction it reads (or reads in no key order), so it cannot stop before their keys.",
+            rel_name(relid),
+            protocol::MAX_LATER_ROUNDS
+        )),
+        Some("The statement might succeed if retried."),
     )
 }
 

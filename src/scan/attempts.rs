@@ -11,7 +11,7 @@ use super::node;
 use super::statement::prev_run;
 use crate::errors::{self, raw};
 use crate::guc;
-use crate::latch::{Footprint, Xid};
+use crate::latch::{Conflict, Footprint};
 use crate::read::run::Reader;
 use crate::read::snapshot::BaseSnapshot;
 use pgrx::pg_sys::{self, QueryDesc};
@@ -162,8 +162,6 @@ pub(super) struct OptimisticAttempts {
     pub(super) buffer: *mut BufferDest,
     /// The first attempt's footprint, run before the protocol started.
     pub(super) first: Option<Option<Footprint>>,
-    /// The holders folded into the snapshot of the latest attempt.
-    pub(super) last_pulled: Vec<Xid>,
 }
 
 /// The footprint of the guarded scans of a started executor that has run.
@@ -196,7 +194,14 @@ unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> Footprint {
 }
 
 impl Reader for OptimisticAttempts {
-    fn read_buffered(&mut self, base: &BaseSnapshot, pulled: &[Xid]) -> Option<Footprint> {
+    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        // SAFETY: our statement's QueryDesc, started and run once: its
+        // guard nodes have begun.
+        let ok = unsafe { guards::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n)) };
+        ok.then(|| crate::read::run::cut_upward(conflicts))
+    }
+
+    fn read_buffered(&mut self, base: &BaseSnapshot, cut: &Footprint) -> Option<Footprint> {
         // The protocol's first read of an optimistic statement is the one
         // already run, at the statement's own snapshot.
         if let Some(first) = self.first.take() {
@@ -207,7 +212,10 @@ impl Reader for OptimisticAttempts {
         let fp = unsafe {
             (*self.buffer).clear();
             let dest = (*self.buffer).as_dest();
-            let q2 = start_second_executor(self.qd, base.spliced(pulled), dest, self.eflags);
+            let q2 = start_second_executor(self.qd, base.snap, dest, self.eflags);
+            if !cut.is_empty() {
+                node::apply_cut(&guards::guard_nodes(q2), cut);
+            }
             with_active((*(*q2).estate).es_snapshot, || {
                 errors::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
             });
@@ -216,7 +224,6 @@ impl Reader for OptimisticAttempts {
             fp
         };
         self.attempts += 1;
-        self.last_pulled = pulled.to_vec();
         // SAFETY: as above.
         (!unsafe { (*self.buffer).overflowed() }).then_some(fp)
     }

@@ -263,6 +263,70 @@ pub unsafe fn for_each_child(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut p
     }
 }
 
+/// Whether the guard `cs` of `stmt` hands its rows to a LIMIT with a count
+/// through nodes that keep them as they are (Result, SubqueryScan,
+/// Material, Unique, sorts): its reader takes fewer rows for what there
+/// was, so the scan may stop early (the protocol's cut).
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn under_limit(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> bool {
+    /// Finds `cs` below `p`; `limited` says whether `p` passes its rows
+    /// on to such a LIMIT.
+    unsafe fn find(p: *mut pg_sys::Plan, cs: *mut pg_sys::CustomScan, limited: bool) -> Option<bool> {
+        if p.is_null() {
+            return None;
+        }
+        if p == cs as *mut pg_sys::Plan {
+            return Some(limited);
+        }
+        // SAFETY: a valid plan node; casts follow tag checks.
+        unsafe {
+            let below = match node_tag(p as *const Node) {
+                pg_sys::NodeTag::T_Limit => !(*(p as *mut pg_sys::Limit)).limitCount.is_null(),
+                pg_sys::NodeTag::T_Result
+                | pg_sys::NodeTag::T_SubqueryScan
+                | pg_sys::NodeTag::T_Material
+                | pg_sys::NodeTag::T_Unique
+                | pg_sys::NodeTag::T_Sort
+                | pg_sys::NodeTag::T_IncrementalSort => limited,
+                _ => false,
+            };
+            let mut found = None;
+            for_each_child(p, &mut |child| {
+                if found.is_none() {
+                    found = find(*child, cs, below);
+                }
+            });
+            found
+        }
+    }
+    // SAFETY: per contract.
+    unsafe {
+        find((*stmt).planTree, cs, false)
+            .or_else(|| list_iter::<pg_sys::Plan>((*stmt).subplans).find_map(|sp| find(sp, cs, false)))
+            .unwrap_or(false)
+    }
+}
+
+/// Whether guard `g`'s rows come in key order by its plan: a partitioned
+/// table's ordered stream, or an index scan (the node checks, when it
+/// begins, that the index runs in key order).
+pub fn ordered_by_plan(g: &Guard) -> bool {
+    if g.plan.tree {
+        return g.plan.stream.is_some();
+    }
+    // SAFETY: our plan node's child list; nodes are checked by tag.
+    unsafe {
+        let mut p = crate::pg::list_nth::<pg_sys::Plan>((*g.cs).custom_plans, 0).unwrap_or(std::ptr::null_mut());
+        while !p.is_null() && node_tag(p as *const Node) == pg_sys::NodeTag::T_Result && !(*p).lefttree.is_null() {
+            p = (*p).lefttree;
+        }
+        !p.is_null()
+            && matches!(node_tag(p as *const Node), pg_sys::NodeTag::T_IndexScan | pg_sys::NodeTag::T_IndexOnlyScan)
+    }
+}
+
 /// Calls `f` on every node of plan tree `p` (not into subplans, which the
 /// statement lists apart), and on the nodes under one only when `f` says
 /// to descend.

@@ -160,6 +160,11 @@ pub struct NodeRuntime {
     /// scan fences when it first runs, with this `after` for the
     /// statement's snapshot.
     pub fence_at_start: Option<crate::latch::Xid>,
+    /// The read stops before this key (the protocol's cut): rows at or
+    /// past it are left out, and a scan moving up the key ends there.
+    cut: Option<crate::latch::KeyBuf>,
+    /// A scan moving up the key met the cut: it has ended.
+    stopped: bool,
 }
 
 /// Drops the Rust runtime when the executor's memory goes, also after an
@@ -375,6 +380,8 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             touched: Vec::new(),
             statement: None,
             fence_at_start: None,
+            cut: None,
+            stopped: false,
         });
         let rt: *mut NodeRuntime = rt;
         let cb = &raw mut (*ns).drop_cb;
@@ -437,58 +444,172 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
         }
         let slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
         (*rt).last = slot;
+        if (*rt).cut.is_some() {
+            return cut_rows(&mut *rt, slot);
+        }
         slot
+    }
+}
+
+/// The rows of a scan with a cut ([`NodeRuntime::cut`]): each row's key is
+/// read from the row the scan examined, rows at or past the cut are left
+/// out, and a scan moving up the key ends at the first of them.  A plain
+/// old frame like [`exec_node`].
+///
+/// # Safety
+/// `rt` is a begun node's runtime with a cut and an ordered position;
+/// `slot` is what its child returned last.
+#[inline(never)]
+unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot {
+    let Some(cut) = rt.cut else { return slot };
+    let Some(latched) = rt.latched.clone() else { return slot };
+    let key = &latched.key;
+    // SAFETY: per contract; the child's slots are live until it runs again.
+    unsafe {
+        loop {
+            if rt.stopped {
+                return std::ptr::null_mut();
+            }
+            if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                return slot;
+            }
+            let (src, attnos, forward) = match &rt.position {
+                ScanPosition::Ordered { scan, attnos, forward, .. } => ((**scan).ss_ScanTupleSlot, attnos, *forward),
+                ScanPosition::Stream { attnos, forward } => (slot, attnos, *forward),
+                ScanPosition::Anywhere => return slot,
+            };
+            let k = key.encode_slot_at(src, attnos);
+            if crate::latch::KeyBuf::floor(k.bytes()) < cut {
+                return slot;
+            }
+            if forward {
+                rt.stopped = true;
+                return std::ptr::null_mut();
+            }
+            let child = rt.child;
+            slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
+            rt.last = slot;
+        }
+    }
+}
+
+/// Gives the guard nodes of a started executor the protocol's cut: each
+/// stops before the first key `cut` leaves out of its table.  Raises 40001
+/// for a node that reads in no key order, which cannot stop early (the
+/// protocol allowed the cut from the plan, before the nodes existed).
+///
+/// # Safety
+/// `nodes` are begun guard nodes.
+pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &crate::latch::Footprint) {
+    for &n in nodes {
+        // SAFETY: per contract.
+        let rt = unsafe { runtime(n) };
+        let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
+        if matches!(rt.position, ScanPosition::Anywhere) {
+            crate::errors::raise_full(
+                PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                "could not serialize access due to concurrent update",
+                Some(format!(
+                    "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan reads in no key order, so it cannot stop before that write.",
+                    rel_name(pg_sys::Oid::from(rt.rel.rel()))
+                )),
+                Some("The statement might succeed if retried."),
+            );
+        }
+        rt.cut = Some(start);
+        rt.stopped = false;
+    }
+}
+
+/// Whether this node's scan can stop before a key and still hand up a
+/// prefix of its rows in key order from a bound left open in the direction
+/// of the cut (the protocol's cuts leave out keys from one up to +∞).
+///
+/// # Safety
+/// `node` is a begun guard node.
+pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        let rt = runtime(node);
+        let stmt = (*(*node).ss.ps.state).es_plannedstmt;
+        !matches!(rt.position, ScanPosition::Anywhere)
+            && rt.declared(node).end.is_infinite()
+            && super::guards::under_limit(stmt, (*node).ss.ps.plan as *mut pg_sys::CustomScan)
     }
 }
 
 /// The first run of a scan whose statement fences when its scans start:
 /// its bounds are known now (init plans and CTEs they read from have run
-/// or run as they are evaluated).  Waits for the writers in flight at the
-/// statement's snapshot in its declared span and folds them into that
-/// snapshot, in place: every scan and expression of the statement reads
-/// at it, and what already ran (the CTE) keeps what it read.
+/// or run as they are evaluated).  The statement's snapshot cannot move any
+/// more -- other scans may have read at it -- so the scan waits for the
+/// writers in flight at it in its declared span (one that aborts is gone),
+/// and stops before the first key of those that committed: they stay
+/// invisible, and a tail reads their rows next time.  A scan that cannot
+/// stop early (its span is bounded above, it reads in no key order, the
+/// statement has no LIMIT) fails with 40001 instead.
 #[pg_guard]
 #[inline(never)]
 unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node, begun; see errors.rs for the boundary.
     unsafe {
         crate::errors::rethrow_pending(|| {
+            use crate::read::{run, snapshot};
             let rt = &mut *(*(node as *mut NodeState)).rt;
             let Some(after) = rt.fence_at_start.take() else { return };
             let d = rt.declared(node);
             let fp = vec![(rt.rel, d)];
             let estate = (*node).ss.ps.state;
-            let snap = (*estate).es_snapshot;
-            let mut base = crate::read::snapshot::BaseSnapshot::of(snap, after);
-            base.reading([rt.rel]);
-            let strategy = crate::read::run::ReadStrategy {
-                mode: crate::latch::protocol::ReadMode::Fenced,
-                declared_first: false,
-                first_fixed_read: false,
+            let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
+            let t = crate::shmem::table();
+            let check = |out: &mut Vec<crate::latch::Conflict>| {
+                let view = base.view(&[]);
+                crate::shmem::backend::count(crate::latch::Stat::Validations, 1);
+                t.check_footprint(&fp, &view, &snapshot::committed, &mut |c| out.push(c));
             };
-            let ran = crate::read::run::run_protocol(
-                &mut crate::read::run::NeverBuffers,
-                base,
-                &mut || fp.clone(),
-                strategy,
-                "LIMIT scan",
-            );
-            let crate::read::run::ReadDecision::Stream { pulled } = ran.decision else { return };
-            let mut b = ran.base;
-            // Writers folded in, or a fresh snapshot the protocol took when
-            // it could not fold: either way the scan reads at what was
-            // checked.
-            if !pulled.is_empty() || b.snap != snap {
-                let template = b.spliced(&pulled);
-                crate::read::snapshot::fold_in_place((*estate).es_query_cxt, snap, template);
+            let mut met = Vec::new();
+            check(&mut met);
+            if met.is_empty() {
+                return;
             }
-            b.release();
+            let mut report = crate::latch::ReadReport { validations: 1, ..Default::default() };
+            let mut waited = Vec::new();
+            let mut wait_us = 0;
+            let mut xids: Vec<_> = met.iter().map(|c| c.xid).collect();
+            xids.sort_unstable_by_key(|x| x.0);
+            xids.dedup();
+            report.conflicts = xids.len() as u32;
+            if can_stop_early(node) {
+                // Their rows would stay invisible even after a wait.
+                report.cuts = 1;
+                apply_cut(&[node], &run::cut_upward(&met));
+            } else {
+                // A writer that aborts leaves nothing to hide.
+                for c in met.iter().filter(|c| c.live) {
+                    if waited.iter().any(|w: &run::Waited| w.xid == c.xid) {
+                        continue;
+                    }
+                    let us = snapshot::wait_for(c.xid);
+                    wait_us += us;
+                    report.waits += 1;
+                    crate::shmem::wakeups::count_read_wait(c.rel, u64::try_from(us).unwrap_or(0));
+                    waited.push(run::Waited { xid: c.xid, rel: c.rel, checked: c.span, wait_us: us });
+                }
+                met.clear();
+                check(&mut met);
+                report.validations += 1;
+                if let Some(c) = met.first() {
+                    run::count(&report);
+                    run::serialization_failure(c.xid, c.rel, "LIMIT scan");
+                }
+            }
+            report.checked = Some(fp.clone());
+            run::count(&report);
             if let Some(st) = &rt.statement {
                 let mut st = st.borrow_mut();
-                st.report.add(&ran.report);
-                st.wait_us += ran.wait_us;
-                let room = crate::read::run::MAX_WAITED.saturating_sub(st.waited.len());
-                st.waited.extend(ran.waited.iter().take(room));
+                st.report.add(&report);
+                st.wait_us += wait_us;
+                let room = run::MAX_WAITED.saturating_sub(st.waited.len());
+                st.waited.extend(waited.into_iter().take(room));
             }
         })
     }
@@ -522,6 +643,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
         crate::errors::rethrow_pending(|| {
             let rt = &mut *(*(node as *mut NodeState)).rt;
             rt.fold(node);
+            rt.stopped = false;
             let child = rt.child;
             let changed = (*node).ss.ps.chgParam;
             if !changed.is_null() {
@@ -647,6 +769,11 @@ impl NodeRuntime {
             // (see `last`).
             ScanPosition::Stream { attnos, forward } => unsafe { touched_up_to(key, &d, self.last, attnos, *forward) },
             ScanPosition::Anywhere => d,
+        };
+        // Keys past the cut were left out: the read does not depend on them.
+        let t = match self.cut {
+            Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
+            None => t,
         };
         self.add_touched(t);
     }
@@ -831,8 +958,8 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         prop_int(es, c"Validations", i64::from(r.validations));
         prop_int(es, c"Conflicts", i64::from(r.conflicts));
         prop_int(es, c"Retries", i64::from(r.retries));
-        if r.pulled_after > 0 {
-            prop_int(es, c"Pulled In After Snapshot", i64::from(r.pulled_after));
+        if r.cuts > 0 {
+            prop_int(es, c"Stopped Before Later Writers", i64::from(r.cuts));
         }
         if r.fresh_snapshots > 0 {
             prop_int(es, c"Fresh Snapshots", i64::from(r.fresh_snapshots));

@@ -250,42 +250,43 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         }
         strategy.first_fixed_read = first_fixed_read;
         let declared = || -> Footprint { guards.declared_at_start(params) };
-        let mut base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
-        base.reading(guards.rels());
+        let base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
         match strategy.mode {
-            // One guarded scan only: a fold in place at a second scan's start
-            // would move the snapshot the first scan already read at.
-            ReadMode::Fenced if !guards.bounds_known_at_start() && guards.0.len() == 1 => {
+            ReadMode::Fenced if !guards.bounds_known_at_start() => {
                 // Each guarded scan fences when it starts, on its bounds as
-                // they are then (node::fence_at_start).
+                // they are then, at the statement's snapshot, which other
+                // scans may already have read at (node::fence_at_start).
                 let after = snapshot::after_for_statement();
-                // Folded into in place when a scan starts: a copy no other
-                // statement holds, active while the statement runs.
-                let private = snapshot::private_copy((*qd).snapshot);
-                pg_sys::UnregisterSnapshot((*qd).snapshot);
-                (*qd).snapshot = private;
                 let nodes = start_executor(qd, eflags, &guards);
-                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, true));
+                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
                 for &n in &(*st).nodes {
                     node::runtime(n).fence_at_start = Some(after);
                 }
             }
             ReadMode::Fenced => {
-                let ran = run::run_protocol(&mut run::NeverBuffers, base, &mut || declared(), strategy, "LIMIT scan");
-                let ReadDecision::Stream { pulled } = ran.decision else { unreachable!("fenced reads never buffer") };
+                // Its scans may stop early when each feeds a LIMIT and every
+                // span is open above (the nodes check their order when they
+                // start: apply_cut).
+                let mut fenced = run::Fenced {
+                    may_cut: || {
+                        guards.0.iter().all(|g| guards::ordered_by_plan(g) && guards::under_limit(stmt, g.cs))
+                            && declared().iter().all(|(_, s)| s.end.is_infinite())
+                    },
+                };
+                let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
+                let ReadDecision::Stream { cut } = ran.decision else { unreachable!("fenced reads never buffer") };
                 let mut b = ran.base;
-                let swapped = !pulled.is_empty() || b.snap != (*qd).snapshot;
+                let swapped = b.snap != (*qd).snapshot;
                 if swapped {
-                    let template = b.spliced(&pulled);
                     if first_fixed_read {
-                        adopt_for_transaction(template, &pulled, guards.first_rel());
+                        adopt_for_transaction(&b, guards.first_rel());
                     }
-                    let new = pg_sys::RegisterSnapshot(template);
+                    let new = pg_sys::RegisterSnapshot(b.snap);
                     pg_sys::UnregisterSnapshot((*qd).snapshot);
                     (*qd).snapshot = new;
                 }
                 b.release();
-                if start_unguarded(qd, eflags, &guards) {
+                if cut.is_empty() && start_unguarded(qd, eflags, &guards) {
                     // Only a snapshot of ours needs the statement: it must
                     // be the active one while the statement runs.
                     if swapped {
@@ -294,6 +295,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                     return;
                 }
                 let nodes = start_executor(qd, eflags, &guards);
+                node::apply_cut(&nodes, &cut);
                 let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
                 let mut r = (*st).report.borrow_mut();
                 r.report = ran.report;
@@ -432,21 +434,20 @@ unsafe fn attach(
 }
 
 /// The first statement to read at a REPEATABLE READ transaction's snapshot
-/// waited for writers in flight at it: the transaction reads at `template`
-/// (the snapshot with them folded in) from now on, this statement
-/// included.  Where it cannot, the serialization failure stands.
+/// waited for writers in flight at it and read at `base`, a fresher
+/// snapshot: the transaction reads at exactly that from now on.  Where it
+/// cannot, the serialization failure stands.
 ///
 /// # Safety
-/// `template` is a spliced copy of the transaction snapshot; `rel` names
-/// a table the statement reads.
-unsafe fn adopt_for_transaction(template: pg_sys::Snapshot, pulled: &[Xid], rel: crate::latch::RelId) {
+/// `base` is a valid snapshot newer than the transaction's; `rel` names a
+/// table the statement reads.
+unsafe fn adopt_for_transaction(base: &BaseSnapshot, rel: crate::latch::RelId) {
     // SAFETY: per contract.
     unsafe {
-        if snapshot::adopt_for_transaction(template) {
+        if snapshot::adopt_for_transaction(base.snap, base.after()) {
             return;
         }
-        let xid = pulled.first().copied().unwrap_or(Xid::INVALID);
-        run::serialization_failure(xid, rel, "LIMIT scan")
+        run::serialization_failure(Xid::INVALID, rel, "LIMIT scan")
     }
 }
 
@@ -556,14 +557,8 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         };
         let eflags = (*st).eflags;
         let estate = (*qd).estate;
-        let mut reader = OptimisticAttempts {
-            qd,
-            eflags,
-            attempts: 0,
-            buffer: first.buffer,
-            first: Some(first.footprint),
-            last_pulled: Vec::new(),
-        };
+        let mut reader =
+            OptimisticAttempts { qd, eflags, attempts: 0, buffer: first.buffer, first: Some(first.footprint) };
         // Only a read that falls back to fenced needs its declared spans.
         let guards = &(*st).guards;
         let mut declared = || -> Footprint { guards.declared_at_start((*qd).params) };
@@ -581,8 +576,8 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         let mut base = base;
         let source = match decision {
             ReadDecision::Emit => {
-                if first_fixed_read && !reader.last_pulled.is_empty() {
-                    adopt_for_transaction(base.spliced(&reader.last_pulled), &reader.last_pulled, guards.first_rel());
+                if first_fixed_read && report.fresh_snapshots > 0 {
+                    adopt_for_transaction(&base, guards.first_rel());
                 }
                 let rows = (*reader.buffer).take();
                 let old = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
@@ -590,15 +585,17 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
                 pg_sys::MemoryContextSwitchTo(old);
                 RowSource::Held(held)
             }
-            // Pulled-in holders are folded in even if more xids have been
-            // assigned since the protocol checked the bound: a fresh
-            // snapshot here would bring writers nobody checked.
-            ReadDecision::Stream { pulled } => {
-                let template = base.spliced(&pulled);
-                if first_fixed_read && !pulled.is_empty() {
-                    adopt_for_transaction(template, &pulled, guards.first_rel());
+            // At the snapshot the protocol checked: a fresher one would
+            // bring writers nobody checked.
+            ReadDecision::Stream { cut } => {
+                if first_fixed_read && report.fresh_snapshots > 0 {
+                    adopt_for_transaction(&base, guards.first_rel());
                 }
-                RowSource::Second(start_second_executor(qd, template, (*qd).dest, eflags))
+                let q2 = start_second_executor(qd, base.snap, (*qd).dest, eflags);
+                if !cut.is_empty() {
+                    node::apply_cut(&guards::guard_nodes(q2), &cut);
+                }
+                RowSource::Second(q2)
             }
         };
         base.release();

@@ -282,6 +282,8 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
             super::drawn::forget();
             for (_, rel) in PENDING_PURGE.with(|p| std::mem::take(&mut *p.borrow_mut())) {
                 t.purge_table(slot, rel);
+                // Its wait_for callers wake to find it gone.
+                super::wakeups::table_gone(rel);
             }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {

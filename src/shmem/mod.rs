@@ -90,12 +90,24 @@ static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 /// The latch table of this cluster.
 pub fn table() -> &'static SharedLatchTable {
-    table_if_attached().unwrap_or_else(|| {
-        crate::errors::raise(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            "pgkvx shared memory is not initialised (is pgkvx in shared_preload_libraries?)",
-        )
-    })
+    table_if_attached().unwrap_or_else(|| not_preloaded())
+}
+
+/// Whether pgkvx was loaded through `shared_preload_libraries` (and so
+/// protects reads and latches writes in this server).
+pub fn preloaded() -> bool {
+    table_if_attached().is_some()
+}
+
+/// Raises the one error for whatever needs pgkvx's shared memory in a
+/// server that did not preload it: latching a write, drawing a key,
+/// waiting for a commit.
+pub fn not_preloaded() -> ! {
+    crate::errors::raise_hint(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "pgkvx is not loaded through shared_preload_libraries: latched tables cannot be written and their reads are not protected",
+        "Add pgkvx to shared_preload_libraries in postgresql.conf and restart the server, or SELECT pgkvx.disable(table) to stop latching a table.",
+    )
 }
 
 /// The latch table if this process has one; never raises.

@@ -2,11 +2,13 @@
 //! of their table, and a writer's commit broadcasts it.
 //!
 //! Shared memory holds a small open-addressed table of **wait slots**, one
-//! per latched table that anyone ever waited on -- in `wait_for`, or in a
-//! read that waited for a writer (its per-table wait counts live here too,
-//! for `pgkvx.wait_stats()` and `pgkvx.stats(rel)`) -- (keyed by database and
-//! relation oid, claimed by CAS, never freed; slot 0 takes every table
-//! once the others are used up), each with a condition variable, the
+//! per latched table that anyone waited on -- in `wait_for`, or in a read
+//! that waited for a writer (its per-table wait counts live here too, for
+//! `pgkvx.wait_stats()` and `pgkvx.stats(rel)`) -- (keyed by database and
+//! relation oid; claimed and freed under a claim flag, freed when the table
+//! is dropped or disabled, so tables that come and go do not use them up;
+//! slot 0 takes every table once the others are used up), each with a
+//! condition variable, the
 //! number of sessions waiting on it now and cumulative statistics, plus a
 //! global count of waiting sessions and one **waiter record** per backend
 //! (for `pgkvx.waiters`).
@@ -36,6 +38,8 @@ use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::Se
 const REGION_NAME: &std::ffi::CStr = c"pgkvx wake-ups";
 /// Key of the shared slot 0, which takes tables once the others are used.
 const OVERFLOW_KEY: u64 = u64::MAX;
+/// Key of a freed slot: probes go on past it, claims may take it.
+const FREED_KEY: u64 = u64::MAX - 1;
 
 /// Cumulative per-table counters of a wait slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,6 +69,9 @@ pub struct WaitStats {
 struct Header {
     /// Sessions waiting now, all tables: what a commit reads first.
     waiting: AtomicU32,
+    /// Held (1) while a backend claims or frees a slot: a bounded probe,
+    /// nothing that waits, so that no key is ever claimed twice.
+    claiming: AtomicU32,
     nslots: u32,
     nwaiters: u32,
 }
@@ -203,24 +210,80 @@ fn find(r: &Region, key: u64) -> Option<u32> {
     None
 }
 
+/// Runs `f` holding the claim flag: a few atomic operations, never a
+/// wait, so the flag is spun on.
+fn claiming<T>(r: &Region, f: impl FnOnce() -> T) -> T {
+    while r.hdr.claiming.compare_exchange_weak(0, 1, SeqCst, SeqCst).is_err() {
+        std::hint::spin_loop();
+    }
+    let out = f();
+    r.hdr.claiming.store(0, SeqCst);
+    out
+}
+
 /// The slot of `key`, claimed if need be; slot 0 when all are taken.
 fn find_or_claim(r: &Region, key: u64) -> u32 {
-    let n = r.hdr.nslots;
-    let mut i = home(key, n);
-    for _ in 1..n {
-        let s = &r.slots[i as usize];
-        match s.key.load(SeqCst) {
-            k if k == key => return i,
-            0 => match s.key.compare_exchange(0, key, SeqCst, SeqCst) {
-                Ok(_) => return i,
-                Err(k) if k == key => return i,
-                Err(_) => {}
-            },
-            _ => {}
-        }
-        i = if i + 1 == n { 1 } else { i + 1 };
+    if let Some(i) = find(r, key) {
+        return i;
     }
-    0
+    claiming(r, || {
+        if let Some(i) = find(r, key) {
+            return i;
+        }
+        let n = r.hdr.nslots;
+        let mut i = home(key, n);
+        for _ in 1..n {
+            let s = &r.slots[i as usize];
+            let k = s.key.load(SeqCst);
+            if k == 0 || k == FREED_KEY {
+                s.retire_stats_into(&r.slots[0]);
+                s.key.store(key, SeqCst);
+                return i;
+            }
+            i = if i + 1 == n { 1 } else { i + 1 };
+        }
+        0
+    })
+}
+
+/// A latched table was dropped or disabled (this transaction committed
+/// it): its waiters wake to find it gone, and its slot is freed.
+pub fn table_gone(rel: RelId) {
+    let Some(r) = region() else { return };
+    let key = key_of(rel);
+    let Some(i) = find(r, key) else { return };
+    broadcast(&r.slots[i as usize]);
+    claiming(r, || {
+        let s = &r.slots[i as usize];
+        if s.key.load(SeqCst) == key {
+            s.key.store(FREED_KEY, SeqCst);
+        }
+    });
+}
+
+impl Slot {
+    fn counters(&self) -> [&AtomicU64; 9] {
+        [
+            &self.calls,
+            &self.immediate,
+            &self.woken,
+            &self.timeouts,
+            &self.wait_us,
+            &self.broadcasts,
+            &self.spurious,
+            &self.read_waits,
+            &self.read_wait_us,
+        ]
+    }
+
+    /// Moves a freed slot's counts to slot 0 (which sums the tables that
+    /// have no slot of their own, gone ones included) before the slot
+    /// serves another table: the totals never go back.
+    fn retire_stats_into(&self, overflow: &Slot) {
+        for (c, o) in self.counters().into_iter().zip(overflow.counters()) {
+            o.fetch_add(c.swap(0, SeqCst), SeqCst);
+        }
+    }
 }
 
 /// Notes that this transaction published a latch on `rel`, so that its
@@ -300,12 +363,7 @@ pub struct Waiting {
 impl Waiting {
     /// Registers as a waiter on `rel`.
     pub fn register(rel: RelId) -> Waiting {
-        let r = region().unwrap_or_else(|| {
-            crate::errors::raise(
-                pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "pgkvx shared memory is not initialised (is pgkvx in shared_preload_libraries?)",
-            )
-        });
+        let r = region().unwrap_or_else(|| super::not_preloaded());
         ensure_exit_hook();
         unregister(); // a leftover of an earlier call (cannot happen, but cheap)
         let key = key_of(rel);
@@ -437,7 +495,7 @@ pub fn per_table() -> (Vec<TableWaits>, TableWaits) {
     };
     for s in &r.slots[1..] {
         let key = s.key.load(SeqCst);
-        if key != 0 {
+        if key != 0 && key != FREED_KEY {
             let rel = RelId::new((key >> 32) as u32, key as u32);
             out.push(TableWaits { rel, waiting: s.waiters.load(SeqCst), stats: slot_stats(s) });
         }

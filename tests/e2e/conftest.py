@@ -103,6 +103,22 @@ def as_postgres(*cmd, check=True, timeout=120):
                           timeout=timeout)
 
 
+def free_port(start):
+    """The first port from `start` up that nothing listens on (TCP on
+    loopback, or a socket in /tmp): tests never assume a port is free."""
+    import socket
+    p = start
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", p))
+                if not os.path.exists(f"/tmp/.s.PGSQL.{p}"):
+                    return p
+            except OSError:
+                pass
+        p += 1
+
+
 def wait_until(fn, what, timeout=60.0, step=0.1):
     """Polls `fn` until it is true; fails with `what` after `timeout` seconds
     (a hang guard, not a performance expectation)."""
@@ -121,7 +137,7 @@ def standby():
     the primary: yields its connection keywords."""
     import shutil
     d = f"{SCRATCH}-standby"
-    port = PORT + 3
+    port = free_port(PORT + 3)
     data = f"{d}/data"
 
     def stop():
@@ -162,7 +178,7 @@ def plain_cluster():
     """The same PostgreSQL without pgkvx preloaded, on another port: what
     plain PostgreSQL does, for parity tests.  Yields its connection
     keywords (host, port); stopped and removed afterwards."""
-    run, where = side_cluster("plain", PORT + 5, "")
+    run, where = side_cluster("plain", free_port(PORT + 5), "")
     run("destroy", check=False)
     run("start")
     try:

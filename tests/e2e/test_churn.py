@@ -1,13 +1,11 @@
 """A caught-up consumer must not chase producers for ever while xids are
-assigned fast elsewhere in the cluster.  A read waits for the writers in
-flight at its snapshot and folds them into it; when thousands of xids were
-assigned meanwhile (another database burning xids, a batch with a
-savepoint per row), it used to give up the fold and take a fresh snapshot
--- which again had producers in flight -- and a LIMIT 100 tail that takes
-a fraction of a second alone never finished.  Here no poll may give up its
-fold for a fresh snapshot (counted in pgkvx.stats(), not timed), none may
-skip a row, and the churn must really have happened (the xids assigned are
-counted, not assumed)."""
+assigned fast elsewhere in the cluster (another database burning xids, a
+batch with a savepoint per row).  A read waits only for the writers in
+flight at its first snapshot, then reads at a fresh one and stops before
+the keys of producers that started since.  Here no poll may take more than
+a couple of fresh snapshots (counted in pgkvx.stats(), not timed), none
+may skip a row, and the churn must really have happened (the xids
+assigned are counted, not assumed)."""
 import threading
 import time
 
@@ -95,9 +93,10 @@ def test_a_tail_finishes_while_xids_are_burnt_elsewhere(db, churn_db, table_name
     assert not errors, errors
     assert burnt[0] > 5000, f"the churn assigned only {burnt[0]} xids: the test proves nothing"
     assert polls > 5 and delivered, (polls, delivered)
-    # Every wait folded its writers in; none fell back to a fresh snapshot.
-    # (Other tests' reads in the cluster take none either: none run now.)
-    assert fresh == 0, f"{fresh} reads gave up their fold for a fresh snapshot"
+    # A poll waits only for writers in flight at its first snapshot, then
+    # reads at a fresh one (stopping before writers that started since):
+    # it never chases the producers, whatever the churn.
+    assert fresh <= 2 * polls, f"{fresh} fresh snapshots in {polls} polls: the reads chased writers"
     assert delivered == sorted(delivered)
     # Every committed row up to the cursor was delivered: none skipped.
     with lock:

@@ -136,3 +136,80 @@ def test_explain_hides_the_key_from_a_role_that_may_not_read_every_row(db, table
             w.rollback()
             c.execute(f"DROP TABLE IF EXISTS {table_name}")
             c.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_the_bound_holds_for_a_partitioned_table_and_partitions_answer_for_their_parent(db, table_name):
+    """The bound on rows read is one per call, not one per partition; a
+    partition asked about shows its parent's blockers and waits (latches
+    and wake-ups are kept under the parent)."""
+    with connect(db) as c, connect(db, autocommit=False) as w:
+        c.execute(f"""CREATE TABLE {table_name} (id bigint PRIMARY KEY) PARTITION BY RANGE (id)""")
+        for i in range(4):
+            c.execute(f"""CREATE TABLE {table_name}_{i} PARTITION OF {table_name}
+                          FOR VALUES FROM ({i * 10000}) TO ({(i + 1) * 10000})""")
+        c.execute(f"SELECT pgkvx.enable('{table_name}')")
+        w.execute(f"INSERT INTO {table_name} VALUES (0)")
+        c.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(1, 39999) g")
+        pid = w.info.backend_pid
+        assert blockers(c, table_name) == [(1, "[0]", 10000, True, pid)]
+        # The partition holding the writer's row, and another one: both
+        # answer with the parent's blocker, rows counted in themselves.
+        assert blockers(c, f"{table_name}_0") == [(1, "[0]", 9999, False, pid)]
+        assert blockers(c, f"{table_name}_2") == [(1, "[0]", 10000, True, pid)]
+        w.rollback()
+        # A read of the parent that waits for a writer counts under the parent;
+        # its partitions report the same.
+        w.execute(f"INSERT INTO {table_name} VALUES (0)")
+        done = {}
+        r = connect(db)
+        t = threading.Thread(target=lambda: done.update(
+            rows=r.execute(f"SELECT id FROM {table_name} WHERE id >= 0 ORDER BY id LIMIT 3").fetchall()))
+        t.start()
+        wait_until(lambda: c.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                                     (r.info.backend_pid,)).fetchone() == (1,), "the read to wait")
+        w.commit()
+        t.join(timeout=GUARD)
+        r.close()
+        assert done["rows"] == [(0,), (1,), (2,)]
+        parent = dict(c.execute("SELECT stat, value FROM pgkvx.stats(%s)", (table_name,)).fetchall())
+        part = dict(c.execute("SELECT stat, value FROM pgkvx.stats(%s)", (f"{table_name}_1",)).fetchall())
+        assert parent["read_waits"] >= 1 and part == parent, (parent, part)
+
+
+def test_monitoring_never_waits_behind_the_lock_it_should_show(db, table_name):
+    """A TRUNCATE in flight holds ACCESS EXCLUSIVE on a latched table: the
+    views an operator opens then answer at once (lock_timeout would fire on
+    any wait), for roles with and without a privilege on the table."""
+    role = f"{table_name}_nopriv"
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
+        c.execute(f"SELECT pgkvx.enable('{table_name}')")
+        c.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(1, 10) g")
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute(f"GRANT USAGE ON SCHEMA pgkvx TO {role}")
+        try:
+            with connect(db, autocommit=False) as t:
+                t.execute(f"TRUNCATE {table_name}")
+                pid = t.info.backend_pid
+                for who in (None, role):
+                    # New sessions: nothing of the table cached.
+                    with connect(db) as m:
+                        if who:
+                            m.execute(f"SET ROLE {who}")
+                        m.execute("SET lock_timeout = '1ms'")
+                        m.execute("SELECT * FROM pgkvx.latches").fetchall()
+                        m.execute("SELECT * FROM pgkvx.ranges").fetchall()
+                        m.execute("SELECT * FROM pgkvx.wait_stats()").fetchall()
+                        m.execute("SELECT * FROM pgkvx.waiters").fetchall()
+                        rows = m.execute("SELECT holder_pid, span FROM pgkvx.head_blockers").fetchall()
+                        if who is None:
+                            assert (pid, None) in rows, rows
+                            assert [r[4] for r in blockers(m, table_name)] == [pid]
+                            m.execute("SELECT * FROM pgkvx.stats(%s)", (table_name,)).fetchall()
+                        else:
+                            assert rows == []
+                t.rollback()
+        finally:
+            c.execute(f"DROP OWNED BY {role}")
+            c.execute(f"DROP ROLE {role}")
+            c.execute(f"DROP TABLE {table_name}")

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import cluster, conninfo, connect, stats
+from conftest import cluster, conninfo, connect, free_port, stats
 
 
 def live_latches(c, table=None):
@@ -118,7 +118,7 @@ def test_random_transactions_leave_no_live_latches(db, conn, kv):
 @pytest.fixture
 def tiny_cluster():
     """A second scratch cluster whose latch table holds 64 entries."""
-    port = str(int(os.environ.get("PGPORT", "55432")) + 23)
+    port = str(free_port(int(os.environ.get("PGPORT", "55432")) + 23))
     env = dict(os.environ, PGKVX_PORT=port, PGKVX_CLUSTER=f"/tmp/pgkvx-cluster-tiny-{port}",
                PGKVX_EXTRA_CONF="pgkvx.max_latches = 64\\nmax_connections = 20")
     env.pop("PGHOST", None)

@@ -17,7 +17,7 @@ import threading
 import psycopg
 import pytest
 
-from conftest import PG_BINDIR, PORT, as_postgres, connect, conninfo, side_cluster
+from conftest import PG_BINDIR, PORT, as_postgres, connect, conninfo, free_port, side_cluster
 
 DB = "parity"
 FIELDS = ["sqlstate", "severity", "severity_nonlocalized", "message_primary", "message_detail", "message_hint",
@@ -201,7 +201,7 @@ def pgkvx_targets(db):
 def backtrace_cluster():
     """A pgkvx cluster whose server has RUST_BACKTRACE=1 in its environment
     (scripts/cluster strips it, so this one is started with pg_ctl)."""
-    run, where = side_cluster("rbt", PORT + 6, "pgkvx")
+    run, where = side_cluster("rbt", free_port(PORT + 6), "pgkvx")
     run("destroy", check=False)
     run("start")
     run("stop")

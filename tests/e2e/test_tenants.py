@@ -271,3 +271,56 @@ def test_next_key_needs_insert_or_update(db, roles):
     finally:
         with connect(db) as c:
             c.execute("DROP TABLE nk_t")
+
+
+def test_next_key_of_a_partition_needs_the_privilege_on_its_parent(db, roles):
+    """A partition draws the parent's keys: INSERT on the partition alone is
+    not the right to draw (and latch) them."""
+    ins = roles("pgkvx_nkp_ins", "LOGIN")
+    with connect(db) as c:
+        c.execute("DROP TABLE IF EXISTS nkp_t")
+        c.execute("""CREATE TABLE nkp_t (id bigserial, at int NOT NULL, PRIMARY KEY (id, at))
+                     PARTITION BY RANGE (at)""")
+        c.execute("CREATE TABLE nkp_t_1 PARTITION OF nkp_t FOR VALUES FROM (0) TO (100)")
+        c.execute("SELECT pgkvx.enable('nkp_t', gapless => true)")
+        c.execute(f"GRANT USAGE, UPDATE ON SEQUENCE nkp_t_id_seq TO {ins}")
+        c.execute(f"GRANT INSERT ON nkp_t_1 TO {ins}")
+    try:
+        with connect(db, user=ins, autocommit=False) as c:
+            for rel in ("nkp_t", "nkp_t_1"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege) as e:
+                    c.execute("SELECT pgkvx.next_key(%s)", (rel,))
+                assert 'table "nkp_t"' in str(e.value), e.value
+                c.rollback()
+                assert latch_entries(c, [pid(c)]) == 0
+    finally:
+        with connect(db) as c:
+            c.execute("DROP TABLE nkp_t")
+
+
+def test_attaching_another_roles_table_says_only_must_be_owner(db, roles):
+    """ATTACH into a gapless tree of one's own, naming another role's table:
+    the answer is PostgreSQL's ownership refusal whatever that table holds
+    -- never a message that tells whether it holds rows."""
+    owner, other = roles("pgkvx_att_owner", "LOGIN"), roles("pgkvx_att_other", "LOGIN")
+    with connect(db) as c:
+        c.execute("DROP TABLE IF EXISTS att_t, att_full, att_empty")
+        c.execute(f"GRANT CREATE ON SCHEMA public TO {owner}, {other}")
+    try:
+        with connect(db, user=owner) as c:
+            c.execute("""CREATE TABLE att_t (id bigserial, at int NOT NULL, PRIMARY KEY (id, at))
+                         PARTITION BY RANGE (at)""")
+            c.execute("SELECT pgkvx.enable('att_t', gapless => true)")
+        with connect(db, user=other) as c:
+            for t in ("att_full", "att_empty"):
+                c.execute(f"CREATE TABLE {t} (id bigint NOT NULL, at int NOT NULL, PRIMARY KEY (id, at))")
+            c.execute("INSERT INTO att_full VALUES (1, 1)")
+        with connect(db, user=owner) as c:
+            for t, bounds in (("att_full", "(0) TO (100)"), ("att_empty", "(100) TO (200)")):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege) as e:
+                    c.execute(f"ALTER TABLE att_t ATTACH PARTITION {t} FOR VALUES FROM {bounds}")
+                assert "must be owner" in str(e.value), (t, e.value)
+    finally:
+        with connect(db) as c:
+            c.execute("DROP TABLE IF EXISTS att_t, att_full, att_empty")
+            c.execute(f"REVOKE CREATE ON SCHEMA public FROM {owner}, {other}")

@@ -17,5 +17,6 @@ def test_no_consumer_skips_a_row(db):
     assert all(n > 0 for n in report.consumers.values()), report.consumers
     assert report.stats["conflicts"] > 0, "no consumer ever met a writer in flight: nothing was tested"
     assert not report.disorder, report.disorder
+    assert not report.inconsistent, report.inconsistent[:10]
     assert not any(report.phantoms.values()), report.phantoms
     assert not any(report.skipped.values()), {k: v for k, v in report.skipped.items() if v}

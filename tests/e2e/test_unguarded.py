@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import PORT, connect, connect_in_mode, side_cluster, wait_until
+from conftest import PORT, connect, connect_in_mode, free_port, side_cluster, wait_until
 
 SETUP = [
     """CREATE TABLE ev (id bigserial, created_at timestamptz NOT NULL, v text NOT NULL,
@@ -204,7 +204,7 @@ def test_plans_replaced_and_invalidated_get_their_own_splice(ready):
 def auto_explain_first():
     """A cluster preloading auto_explain before pgkvx, so that auto_explain's
     ExecutorStart hook runs inside pgkvx's: yields its connection keywords."""
-    run, where = side_cluster("ae", PORT + 4, "auto_explain,pgkvx")
+    run, where = side_cluster("ae", free_port(PORT + 4), "auto_explain,pgkvx")
     run("destroy", check=False)
     run("start")
     try:

@@ -10,7 +10,7 @@ import threading
 import psycopg
 import pytest
 
-from conftest import cluster, connect, wait_until
+from conftest import cluster, connect, scratch_database, wait_until
 
 FOREVER = "10 min"   # wait_for's timeout where only a wake-up may end the wait
 GUARD = 120          # seconds: hang guard for waits that a commit must end
@@ -354,6 +354,38 @@ def test_inside_a_larger_query_the_snapshot_is_kept(db, ev):
             w.close()
 
 
+def test_other_snapshots_of_the_transaction_keep_their_xmin(db, ev):
+    """In a transaction that reads a large object or exported a snapshot,
+    a wait_for keeps the backend's xmin: a VACUUM during the sleep must
+    not take the old versions those snapshots still read."""
+    with connect(db) as c:
+        (loid,) = c.execute("SELECT lo_from_bytea(0, 'old content')").fetchone()
+        with connect(db, autocommit=False) as r:
+            (fd,) = r.execute("SELECT lo_open(%s, 262144)", (loid,)).fetchone()   # INV_READ
+            (name,) = r.execute("SELECT pg_export_snapshot()").fetchone()
+            c.execute("SELECT lo_put(%s, 0, 'NEW CONTENT')", (loid,))
+            c.execute(f"INSERT INTO {ev} (payload) VALUES ('x')")
+            (pid,) = r.execute("SELECT pg_backend_pid()").fetchone()
+            done = {}
+            t = threading.Thread(target=lambda: done.update(
+                r=r.execute("SELECT pgkvx.wait_for(%s, '1', '3 s')", (ev,)).fetchone()))
+            t.start()
+            wait_until(lambda: c.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                                         (pid,)).fetchone() == ("Extension",), "the waiter to sleep")
+            (xmin,) = c.execute("SELECT backend_xmin FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            c.execute("VACUUM pg_largeobject")
+            t.join(timeout=30)
+            assert done["r"] == (False,)
+            assert xmin is not None, "the sleeping transaction dropped its xmin"
+            assert r.execute("SELECT loread(%s, 100)", (fd,)).fetchone() == (b"old content",)
+            with connect(db, autocommit=False) as other:
+                other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                other.execute(f"SET TRANSACTION SNAPSHOT '{name}'")
+                other.rollback()
+            r.rollback()
+        c.execute("SELECT lo_unlink(%s)", (loid,))
+
+
 def test_wait_for_works_after_a_restart(db, ev):
     cluster("restart")
     with connect(db) as c:
@@ -434,3 +466,123 @@ def test_row_level_security_is_refused_clearly(db, table_name):
             c.execute(f"DROP TABLE {table_name}")
             c.execute(f"REVOKE ALL ON SCHEMA pgkvx FROM {role}")
             c.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize("how", ["drop", "disable", "drop extension"])
+def test_a_wait_ends_when_its_table_goes(db, table_name, how):
+    """timeout => NULL: only the table's end can end this wait, and it must:
+    the waiter wakes to an error naming what happened, and leaves the views."""
+    with scratch_database(f"e2e_wait_gone_{how.replace(' ', '_')}") as name:
+        with connect(name) as c:
+            c.execute("CREATE EXTENSION pgkvx")
+            c.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
+            c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+            w = Waiter(name, "SELECT pgkvx.wait_for(%s, '10', NULL)", (table_name,))
+            w.start()
+            try:
+                wait_until(lambda: w.pid in waiting_on(c, table_name), "the waiter")
+                c.execute({"drop": f"DROP TABLE {table_name}",
+                           "disable": f"SELECT pgkvx.disable('{table_name}')",
+                           "drop extension": "DROP EXTENSION pgkvx CASCADE"}[how])
+                err = w.finish()
+                assert isinstance(err, psycopg.Error), err
+                assert err.sqlstate in ("42P01", "55000"), (err.sqlstate, err)
+            finally:
+                w.close()
+
+
+def test_a_wait_on_a_partitioned_table_outlives_partition_rotation(db, table_name):
+    """Partitions dropped and detached while a waiter looks through them are
+    no longer the table's: the wait goes on and ends at the commit it waits
+    for, never with an error naming a partition that went."""
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY) PARTITION BY RANGE (id)")
+        c.execute(f"CREATE TABLE {table_name}_0 PARTITION OF {table_name} FOR VALUES FROM (0) TO (1000)")
+        c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+    w = Waiter(db, "SELECT pgkvx.wait_for(%s, '1000000000', %s::interval)", (table_name, FOREVER))
+    w.start()
+    try:
+        with connect(db) as c, connect(db) as ins:
+            wait_until(lambda: w.pid in waiting_on(c, table_name), "the waiter")
+            for k in range(1, 60):
+                c.execute(f"CREATE TABLE {table_name}_{k} PARTITION OF {table_name} "
+                          f"FOR VALUES FROM ({k * 1000}) TO ({(k + 1) * 1000})")
+                # A commit before the cursor wakes the waiter to look again.
+                ins.execute(f"INSERT INTO {table_name} VALUES ({k * 1000})")
+                if k % 2:
+                    c.execute(f"ALTER TABLE {table_name} DETACH PARTITION {table_name}_{k - 1}")
+                    c.execute(f"DROP TABLE {table_name}_{k - 1}")
+                else:
+                    c.execute(f"DROP TABLE {table_name}_{k - 1}")
+                assert w.is_alive(), w.result
+            c.execute(f"CREATE TABLE {table_name}_big PARTITION OF {table_name} "
+                      "FOR VALUES FROM (1000000000) TO (2000000000)")
+            c.execute(f"INSERT INTO {table_name} VALUES (1000000001)")
+            assert w.finish() is True
+    finally:
+        w.close()
+
+
+def test_a_key_changed_under_a_waiter_is_parsed_anew(db, table_name):
+    """disable and enable with a shorter key in one transaction: the waiter's
+    cursor no longer fits the key, and it says so clearly (never XX000)."""
+    with connect(db) as c:
+        c.execute(f"CREATE TABLE {table_name} (a int NOT NULL, b int NOT NULL, "
+                  f"CONSTRAINT {table_name}_pk PRIMARY KEY (a, b))")
+        c.execute("SELECT pgkvx.enable(%s)", (table_name,))
+        w = Waiter(db, "SELECT pgkvx.wait_for(%s, '(1,5)', %s::interval)", (table_name, FOREVER))
+        w.start()
+        try:
+            wait_until(lambda: w.pid in waiting_on(c, table_name), "the waiter")
+            with connect(db, autocommit=False) as d:
+                d.execute("SELECT pgkvx.disable(%s)", (table_name,))
+                d.execute(f"ALTER TABLE {table_name} DROP CONSTRAINT {table_name}_pk")
+                d.execute(f"ALTER TABLE {table_name} ADD PRIMARY KEY (a)")
+                d.execute("SELECT pgkvx.enable(%s)", (table_name,))
+                d.commit()
+            c.execute(f"INSERT INTO {table_name} VALUES (2, 1)")
+            err = w.finish()
+            assert isinstance(err, psycopg.Error), err
+            assert not err.sqlstate.startswith("XX"), (err.sqlstate, err)
+        finally:
+            w.close()
+
+
+def test_no_wait_while_holding_locks_a_writer_may_wait_for(db, ev):
+    """LOCK TABLE or SELECT ... FOR UPDATE, then wait_for in the same
+    transaction: the writer could be waiting for those locks while the
+    session waits for its commit, which no deadlock detector sees.  Refused;
+    a transaction that only read may wait."""
+    with connect(db) as c:
+        c.execute(f"INSERT INTO {ev} (payload) VALUES ('a')")
+    for first in (f"LOCK TABLE {ev} IN SHARE MODE", f"SELECT id FROM {ev} WHERE id = 1 FOR UPDATE"):
+        with connect(db, autocommit=False) as r:
+            r.execute(first)
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+                r.execute("SELECT pgkvx.wait_for(%s, '1', '1 s')", (ev,))
+            assert "locks" in str(e.value), e.value
+            r.rollback()
+    with connect(db, autocommit=False) as r:
+        r.execute(f"SELECT count(*) FROM {ev}")
+        assert r.execute("SELECT pgkvx.wait_for(%s, '0', '1 s')", (ev,)).fetchone() == (True,)
+        r.rollback()
+
+
+def test_wait_slots_of_tables_that_went_are_reused(db):
+    """Tables that come and go do not use the wait slots up: a new table
+    waited on after thousands of others were created, waited on and dropped
+    still has a slot of its own (wait_stats shows it by name)."""
+    with connect(db) as c:
+        c.execute("""DO $$ BEGIN FOR i IN 1..1200 LOOP
+                       EXECUTE format('CREATE TABLE slot_churn_%s (id int PRIMARY KEY)', i);
+                       PERFORM pgkvx.enable(format('slot_churn_%s', i)::regclass);
+                       COMMIT;
+                       PERFORM pgkvx.wait_for(format('slot_churn_%s', i)::regclass, NULL, '0');
+                       EXECUTE format('DROP TABLE slot_churn_%s', i);
+                       COMMIT;
+                     END LOOP; END $$""")
+        c.execute("CREATE TABLE slot_churn_last (id int PRIMARY KEY)")
+        c.execute("SELECT pgkvx.enable('slot_churn_last')")
+        c.execute("SELECT pgkvx.wait_for('slot_churn_last', NULL, '0')")
+        assert table_stats(c, "slot_churn_last")["calls"] == 1
+        c.execute("DROP TABLE slot_churn_last")

@@ -15,11 +15,18 @@ moving its cursor to the last key it got.  A second gapless table,
 `pevents`, is partitioned by category (LIST, two partitions, primary key
 (id, category)): writers insert into it and move rows between its
 partitions (keeping the key, or drawing a new one), and its consumers tail
-the parent, by category, and through arrow_scan.
+the parent, by category, and through arrow_scan.  A watermark writer keeps
+`watermark.hw` at the greatest `ident_events` id it sees committed; its
+consumers read the watermark beside the stream, in one statement and in one
+REPEATABLE READ transaction.  A fenced consumer reads its cursor from an
+offsets table through a CTE, beside a materialized CTE over `orders`, which
+the writers update.
 
 The oracle: every row committed and never deleted or moved must be
 delivered to every consumer whose predicate it matches, once, in key order;
-no consumer ever gets a row that never committed.  REPEATABLE READ and
+no consumer ever gets a row that never committed; a watermark never shows
+without the row it names (ident_events only grows); no statement sees a row
+of the materialized CTE twice.  REPEATABLE READ and
 SERIALIZABLE consumers may fail with 40001 (they retry from the same
 cursor); anyone may meet a deadlock (40P01, retried).
 
@@ -40,7 +47,7 @@ CATEGORIES = ["c0", "c1", "c2", "c3"]
 SUBSCRIBED = {"c1", "c3"}
 
 SETUP = """
-DROP TABLE IF EXISTS events, orders, subscriptions, pevents, ident_events;
+DROP TABLE IF EXISTS events, orders, subscriptions, pevents, ident_events, watermark, consumer_offsets;
 DROP FUNCTION IF EXISTS ident_insert(text);
 CREATE TABLE orders (id bigint PRIMARY KEY, paid boolean NOT NULL, note text);
 CREATE TABLE events (id bigserial PRIMARY KEY, category text COLLATE "C" NOT NULL,
@@ -60,6 +67,10 @@ SELECT pgkvx.enable('ident_events', gapless => true);
 CREATE FUNCTION ident_insert(cat text) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE k bigint;
 BEGIN INSERT INTO ident_events (category) VALUES (cat) RETURNING id INTO k; RETURN k; END $$;
+CREATE TABLE watermark (k int PRIMARY KEY, hw bigint);
+INSERT INTO watermark VALUES (1, NULL);
+CREATE TABLE consumer_offsets (name text PRIMARY KEY, cur bigint NOT NULL);
+INSERT INTO consumer_offsets VALUES ('cte', 0);
 -- statistics that make the planner pick the index plans a tail uses
 INSERT INTO orders SELECT g, true, NULL FROM generate_series(-5000, -1) g;
 ANALYZE orders, subscriptions;
@@ -117,10 +128,14 @@ class Report:
     skipped: dict = field(default_factory=dict)     # name -> [ids]
     phantoms: dict = field(default_factory=dict)    # name -> [ids]
     disorder: list = field(default_factory=list)
+    # States no serial order produces: a watermark without its row, a row
+    # of one scan seen twice.
+    inconsistent: list = field(default_factory=list)
     errors: list = field(default_factory=list)
 
     def ok(self):
-        return not (any(self.skipped.values()) or any(self.phantoms.values()) or self.disorder or self.errors)
+        return not (any(self.skipped.values()) or any(self.phantoms.values()) or self.disorder
+                    or self.inconsistent or self.errors)
 
     def summary(self):
         s = self.stats
@@ -324,6 +339,18 @@ class Writer:
             self.report.errors.append(f"writer: {e!r}")
 
 
+def watermark_writer(connect, report, stop):
+    """Sets the watermark to the greatest ident_events id it sees committed,
+    again and again: a consumer trusting it must see that row too."""
+    try:
+        with connect() as c:
+            while not stop.is_set():
+                c.execute("UPDATE watermark SET hw = (SELECT max(id) FROM ident_events)")
+                time.sleep(0.002)
+    except Exception as e:  # noqa: BLE001 - reported, checked by the caller
+        report.errors.append(f"watermark writer: {e!r}")
+
+
 class Consumer:
     """One consumer thread: polls the tail, moves its cursor, never looks back."""
 
@@ -457,6 +484,41 @@ def consumers(connect, report, seed, stop, drained):
             (str(cur + 1), n)).fetchall())
         return pyarrow.ipc.open_stream(stream).read_all().column("id").to_pylist()
     add("partitioned arrow_scan", ["SET pgkvx.scan_mode = optimistic"], parrow_poll, table="pevents")
+    def watermark_poll(c, cur, n):
+        hw, present, ids = c.execute(
+            "SELECT w.hw, (SELECT count(*) FROM ident_events WHERE id = w.hw), "
+            "array(SELECT id FROM ident_events WHERE id > %s ORDER BY id LIMIT %s) FROM watermark w",
+            (cur, n)).fetchone()
+        if hw is not None and present != 1:
+            report.inconsistent.append(("watermark", hw, cur, ids))
+        return ids or []
+
+    def watermark_rr_poll(c, cur, n):
+        ids = _ids(c.execute("SELECT id FROM ident_events WHERE id > %s ORDER BY id LIMIT %s", (cur, n)).fetchall())
+        hw, present = c.execute("SELECT w.hw, (SELECT count(*) FROM ident_events WHERE id = w.hw) "
+                                "FROM watermark w").fetchone()
+        if hw is not None and present != 1:
+            report.inconsistent.append(("watermark repeatable read", hw, cur, ids))
+        return ids
+
+    for mode in ("optimistic", "fenced"):
+        add(f"watermark/{mode}", [f"SET pgkvx.scan_mode = {mode}"], watermark_poll, table="ident_events")
+    add("watermark repeatable read", ["SET pgkvx.scan_mode = optimistic"], watermark_rr_poll,
+        iso="REPEATABLE READ", table="ident_events")
+
+    def cte_poll(c, cur, n):
+        c.execute("UPDATE consumer_offsets SET cur = %s WHERE name = 'cte'", (cur,))
+        rows = c.execute(
+            "WITH o AS (SELECT cur FROM consumer_offsets WHERE name = 'cte' FOR UPDATE), "
+            "     m AS MATERIALIZED (SELECT id, random() AS r FROM orders) "
+            "SELECT e.id, (SELECT count(*) FROM m), (SELECT count(DISTINCT id) FROM m) "
+            "FROM events e WHERE e.id > (SELECT cur FROM o) ORDER BY e.id LIMIT %s", (n,)).fetchall()
+        for _, total, distinct in rows:
+            if total != distinct:
+                report.inconsistent.append(("materialized CTE", total, distinct))
+        return _ids(rows)
+    add("cursor from a CTE, fenced at the scan", ["SET pgkvx.scan_mode = fenced"], cte_poll)
+
     for mode in ("optimistic", "fenced"):
         add(f"identity tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
             lambda c, cur, n: _ids(c.execute("SELECT id FROM ident_events WHERE id > %s ORDER BY id LIMIT %s",
@@ -491,6 +553,7 @@ def run(connect, seed, seconds, writers=4):
     stop, drained = threading.Event(), threading.Event()
     ws = [Writer(connect, ledger, report, seed * 100 + i, stop, pledger, ident_ledger) for i in range(writers)]
     cs = consumers(connect, report, seed, stop, drained)
+    ws.append(lambda: watermark_writer(connect, report, stop))
     threads = [threading.Thread(target=w) for w in ws] + [threading.Thread(target=c) for c in cs]
     for t in threads:
         t.start()

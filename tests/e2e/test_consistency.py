@@ -1,0 +1,151 @@
+"""A statement that waited reads one state some serial order produces.
+
+The watermark shape of a hostile review: ids 1..7 committed and `hw = 7`;
+writer X updates row 3 (the read waits for it); meanwhile Z inserts id 8
+and commits, then Y, having seen 8, sets `hw = 8` and commits; then X
+commits.  A consumer that trusts the watermark must never get `hw = 8`
+without id 8 -- plain PostgreSQL never shows that -- in any mode, in a
+REPEATABLE READ transaction that adopted the state, and with the watermark
+in a second latched table read in no key order."""
+import threading
+
+import pytest
+
+from conftest import connect, wait_until
+
+READ = "SELECT (SELECT n FROM {hw}), array(SELECT id FROM {ev} WHERE id > 0 ORDER BY id LIMIT 100)"
+
+
+def setup(c, ev, hw, hw_latched):
+    c.execute(f"CREATE TABLE {ev} (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)")
+    c.execute("SELECT pgkvx.enable(%s)", (ev,))
+    c.execute(f"INSERT INTO {ev} (id) SELECT generate_series(1, 7)")
+    c.execute(f"CREATE TABLE {hw} (k int PRIMARY KEY, n int NOT NULL)")
+    c.execute(f"INSERT INTO {hw} VALUES (1, 7)")
+    if hw_latched:
+        c.execute("SELECT pgkvx.enable(%s)", (hw,))
+
+
+def race(db, conn, ev, hw, reader, *, mode, iso="read committed"):
+    """Plays the race around `reader(c)`, run in a thread on a connection in
+    `mode` and `iso`; returns what it returned and the connection (still
+    open, in its transaction for REPEATABLE READ)."""
+    c = connect(db, autocommit=iso == "read committed")
+    c.execute(f"SET pgkvx.scan_mode = {mode}")
+    (pid,) = c.execute("SELECT pg_backend_pid()").fetchone()
+    if iso != "read committed":
+        c.commit()
+        # The reader's statement is the first of its transaction.
+        c.execute(f"SET TRANSACTION ISOLATION LEVEL {iso}")
+    res = {}
+
+    def run():
+        try:
+            res["out"] = reader(c)
+        except Exception as e:  # noqa: BLE001 - reported below
+            res["error"] = e
+    with connect(db, autocommit=False) as x:
+        x.execute(f"UPDATE {ev} SET v = v + 1 WHERE id = 3")
+        t = threading.Thread(target=run)
+        t.start()
+        wait_until(lambda: "error" in res or conn.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (True,),
+            "the read to wait for X")
+        assert "error" not in res, res
+        conn.execute(f"INSERT INTO {ev} (id) VALUES (8)")          # Z
+        with connect(db, autocommit=False) as y:                     # Y saw 8
+            assert y.execute(f"SELECT max(id) FROM {ev}").fetchone() == (8,)
+            y.execute(f"UPDATE {hw} SET n = 8")
+            y.commit()
+        x.commit()
+    t.join(timeout=120)
+    assert "out" in res, res
+    return res["out"], c
+
+
+def cleanup(conn, ev, hw):
+    conn.execute(f"DROP TABLE {ev}, {hw}")
+
+
+@pytest.mark.parametrize("hw_latched", [False, True], ids=["plain-watermark", "latched-watermark"])
+@pytest.mark.parametrize("mode", ["optimistic", "fenced"])
+def test_a_watermark_never_shows_without_the_rows_it_saw(db, conn, table_name, mode, hw_latched):
+    ev, hw = f"{table_name}_ev", f"{table_name}_hw"
+    setup(conn, ev, hw, hw_latched)
+    (n, ids), c = race(db, conn, ev, hw, lambda c: c.execute(READ.format(hw=hw, ev=ev)).fetchone(), mode=mode)
+    c.close()
+    assert n in (7, 8)
+    assert n == 7 or 8 in ids, f"hw = {n} but ids {ids}: the watermark shows without the row it saw"
+    assert ids[:7] == list(range(1, 8)), ids
+    cleanup(conn, ev, hw)
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "fenced"])
+def test_a_repeatable_read_transaction_keeps_the_state_its_first_statement_read(db, conn, table_name, mode):
+    """The first statement waited and moved the transaction's snapshot: the
+    transaction reads at exactly the state that statement's rows came from."""
+    ev, hw = f"{table_name}_ev", f"{table_name}_hw"
+    setup(conn, ev, hw, False)
+    (n, ids), c = race(db, conn, ev, hw, lambda c: c.execute(READ.format(hw=hw, ev=ev)).fetchone(),
+                       mode=mode, iso="repeatable read")
+    try:
+        assert n == 7 or 8 in ids, (n, ids)
+        # Later statements of the transaction: the same watermark, the
+        # same rows, also read without the protocol.
+        assert c.execute(f"SELECT n FROM {hw}").fetchone() == (n,)
+        assert c.execute(f"SELECT array_agg(id ORDER BY id) FROM {ev}").fetchone() == (ids,)
+        assert c.execute(READ.format(hw=hw, ev=ev)).fetchone() == (n, ids)
+        c.rollback()
+    finally:
+        c.close()
+    cleanup(conn, ev, hw)
+
+
+def test_a_repeatable_read_first_statement_reading_no_other_table_keeps_its_state(db, conn, table_name):
+    """A first statement reading only the stream, then the watermark: the
+    watermark is the one of the state the stream was read at."""
+    ev, hw = f"{table_name}_ev", f"{table_name}_hw"
+    setup(conn, ev, hw, False)
+    ids, c = race(db, conn, ev, hw,
+                  lambda c: c.execute(f"SELECT array(SELECT id FROM {ev} WHERE id > 0 ORDER BY id LIMIT 100)")
+                  .fetchone()[0], mode="optimistic", iso="repeatable read")
+    try:
+        (n,) = c.execute(f"SELECT n FROM {hw}").fetchone()
+        assert n == 7 or 8 in ids, (n, ids)
+        c.rollback()
+    finally:
+        c.close()
+    cleanup(conn, ev, hw)
+
+
+def test_a_tail_stops_before_a_writer_that_started_after_it_waited(db, conn, table_name):
+    """After waiting for X the read takes a fresh snapshot; a writer W that
+    started during the wait is in flight there, behind a row that shows.
+    The read does not wait for W (that could go on for ever on a busy
+    table): it stops before W's key, and the next read returns it."""
+    ev = table_name
+    conn.execute(f"CREATE TABLE {ev} (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)")
+    conn.execute("SELECT pgkvx.enable(%s)", (ev,))
+    conn.execute(f"INSERT INTO {ev} (id) SELECT generate_series(1, 5)")
+    sql = f"SELECT id FROM {ev} WHERE id > 0 ORDER BY id LIMIT 100"
+    for mode in ("optimistic", "fenced"):
+        c = connect(db)
+        c.execute(f"SET pgkvx.scan_mode = {mode}")
+        (pid,) = c.execute("SELECT pg_backend_pid()").fetchone()
+        res = {}
+        with connect(db, autocommit=False) as x, connect(db, autocommit=False) as w:
+            x.execute(f"UPDATE {ev} SET v = v + 1 WHERE id = 3")
+            t = threading.Thread(target=lambda: res.update(rows=c.execute(sql).fetchall()))
+            t.start()
+            wait_until(lambda: conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                            (pid,)).fetchone() == (True,), "the read to wait for X")
+            w.execute(f"INSERT INTO {ev} (id) VALUES (10)")          # W, in flight
+            conn.execute(f"INSERT INTO {ev} (id) VALUES (11)")      # committed behind it
+            x.commit()
+            t.join(timeout=120)
+            assert [r[0] for r in res["rows"]] == [1, 2, 3, 4, 5], (mode, res)
+            w.commit()
+        assert [r[0] for r in c.execute(sql).fetchall()] == [1, 2, 3, 4, 5, 10, 11]
+        c.close()
+        conn.execute(f"DELETE FROM {ev} WHERE id > 5")
+    conn.execute(f"DROP TABLE {ev}")
