@@ -309,10 +309,10 @@ pub unsafe fn under_limit(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::Custo
     }
 }
 
-/// Whether guard `g`'s rows come in key order by its plan: a partitioned
-/// table's ordered stream, or an index scan (the node checks, when it
-/// begins, that the index runs in key order).
-pub fn ordered_by_plan(g: &Guard) -> bool {
+/// Whether guard `g`'s rows can be told by key as they come, by its plan:
+/// a partitioned table's ordered stream, or a scan of the table itself (the
+/// node finds, when it begins, where each row's key is).
+pub fn keyed_by_plan(g: &Guard) -> bool {
     if g.plan.tree {
         return g.plan.stream.is_some();
     }

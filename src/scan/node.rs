@@ -165,6 +165,11 @@ pub struct NodeRuntime {
     cut: Option<crate::latch::KeyBuf>,
     /// A scan moving up the key met the cut: it has ended.
     stopped: bool,
+    /// For a scan in no key order (`Anywhere`) of the latched table itself:
+    /// its scan state, whose scan slot holds the row it returned last, and
+    /// the key columns' positions there -- so that a cut can leave rows
+    /// out by key.
+    key_source: Option<(*mut pg_sys::ScanState, Vec<i32>)>,
 }
 
 /// Drops the Rust runtime when the executor's memory goes, also after an
@@ -315,6 +320,53 @@ unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> ScanPosit
     }
 }
 
+/// Where the row an unordered scan of the latched table returned last can
+/// be read with its key: the scan's slot and the key columns' positions in
+/// it.  None for anything but a scan of the table itself (a join, an
+/// Append, a function scan).
+///
+/// # Safety
+/// `child` is an initialised plan state (not EXPLAIN-only).
+unsafe fn key_source_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> Option<(*mut pg_sys::ScanState, Vec<i32>)> {
+    // SAFETY: per contract; nodes are checked by tag before each cast.
+    unsafe {
+        let mut s = child;
+        while node_tag(s) == pg_sys::NodeTag::T_ResultState && !(*s).lefttree.is_null() {
+            s = (*s).lefttree;
+        }
+        let heap_cols = || key.cols.iter().map(|c| i32::from(c.attnum)).collect::<Vec<_>>();
+        match node_tag(s) {
+            pg_sys::NodeTag::T_SeqScanState
+            | pg_sys::NodeTag::T_SampleScanState
+            | pg_sys::NodeTag::T_BitmapHeapScanState
+            | pg_sys::NodeTag::T_TidScanState
+            | pg_sys::NodeTag::T_TidRangeScanState
+            | pg_sys::NodeTag::T_IndexScanState => {
+                let ss = s as *mut pg_sys::ScanState;
+                let rel = (*ss).ss_currentRelation;
+                (!rel.is_null() && (*rel).rd_id == key.relid).then(|| (ss, heap_cols()))
+            }
+            pg_sys::NodeTag::T_IndexOnlyScanState => {
+                let is = s as *mut pg_sys::IndexOnlyScanState;
+                let index = (*is).ioss_RelationDesc;
+                let rel = (*is).ss.ss_currentRelation;
+                if index.is_null() || rel.is_null() || (*rel).rd_id != key.relid {
+                    return None;
+                }
+                let ind = &*(*index).rd_index;
+                let attnums = ind.indkey.values.as_slice(ind.indnatts as usize);
+                let attnos: Vec<i32> = key
+                    .cols
+                    .iter()
+                    .map(|c| attnums.iter().position(|a| *a == c.attnum).map_or(0, |p| p as i32 + 1))
+                    .collect();
+                (!attnos.contains(&0)).then_some((s as *mut pg_sys::ScanState, attnos))
+            }
+            _ => None,
+        }
+    }
+}
+
 // ---- begin -----------------------------------------------------------------
 
 /// No `#[pg_guard]`: [`crate::errors::rethrow_pending`] catches every
@@ -367,7 +419,12 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             (Some(l), None) if !plan.tree => position_of(child, &l.key),
             _ => ScanPosition::Anywhere,
         };
+        let key_source = match (&position, &latched) {
+            (ScanPosition::Anywhere, Some(l)) if !plan.tree && !explain_only => key_source_of(child, &l.key),
+            _ => None,
+        };
         let rt = (*ns).runtime.write(NodeRuntime {
+            key_source,
             rel: super::guards::latch_rel(&plan, latched.as_deref()),
             plan,
             latched,
@@ -473,10 +530,14 @@ unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) 
             if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
                 return slot;
             }
-            let (src, attnos, forward) = match &rt.position {
-                ScanPosition::Ordered { scan, attnos, forward, .. } => ((**scan).ss_ScanTupleSlot, attnos, *forward),
-                ScanPosition::Stream { attnos, forward } => (slot, attnos, *forward),
-                ScanPosition::Anywhere => return slot,
+            // An unordered scan's rows past the cut are left out one by one.
+            let (src, attnos, forward) = match (&rt.position, &rt.key_source) {
+                (ScanPosition::Ordered { scan, attnos, forward, .. }, _) => {
+                    ((**scan).ss_ScanTupleSlot, attnos, *forward)
+                }
+                (ScanPosition::Stream { attnos, forward }, _) => (slot, attnos, *forward),
+                (ScanPosition::Anywhere, Some((scan, attnos))) => ((**scan).ss_ScanTupleSlot, attnos, false),
+                (ScanPosition::Anywhere, None) => return slot,
             };
             let k = key.encode_slot_at(src, attnos);
             if crate::latch::KeyBuf::floor(k.bytes()) < cut {
@@ -505,7 +566,7 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &crate::lat
         // SAFETY: per contract.
         let rt = unsafe { runtime(n) };
         let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
-        if matches!(rt.position, ScanPosition::Anywhere) {
+        if matches!(rt.position, ScanPosition::Anywhere) && rt.key_source.is_none() {
             crate::errors::raise_full(
                 PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
                 "could not serialize access due to concurrent update",
@@ -532,7 +593,7 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
     unsafe {
         let rt = runtime(node);
         let stmt = (*(*node).ss.ps.state).es_plannedstmt;
-        !matches!(rt.position, ScanPosition::Anywhere)
+        (!matches!(rt.position, ScanPosition::Anywhere) || rt.key_source.is_some())
             && rt.declared(node).end.is_infinite()
             && super::guards::under_limit(stmt, (*node).ss.ps.plan as *mut pg_sys::CustomScan)
     }

@@ -269,7 +269,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 // start: apply_cut).
                 let mut fenced = run::Fenced {
                     may_cut: || {
-                        guards.0.iter().all(|g| guards::ordered_by_plan(g) && guards::under_limit(stmt, g.cs))
+                        guards.0.iter().all(|g| guards::keyed_by_plan(g) && guards::under_limit(stmt, g.cs))
                             && declared().iter().all(|(_, s)| s.end.is_infinite())
                     },
                 };
