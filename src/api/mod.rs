@@ -20,7 +20,18 @@ use pgrx::prelude::*;
 #[pg_extern(stable, parallel_safe, schema = "pgkvx")]
 fn _exposures(rel: crate::args::Regclass) -> SetOfIterator<'static, String> {
     let relid = rel.0;
-    let found = match crate::pg::OpenRel::try_open(relid, pgrx::pg_sys::AccessShareLock) {
+    // Monitoring never waits on a table lock: a table locked by someone
+    // else (DDL, TRUNCATE) is said to be so, and checked next time.
+    let opened = crate::pg::OpenRel::try_open_nowait(relid, pgrx::pg_sys::AccessShareLock);
+    if opened.is_none() && crate::registry::registration(relid).is_some() {
+        // SAFETY: a syscache probe: a table that still exists is locked.
+        if unsafe { !pgrx::pg_sys::get_rel_name(relid).is_null() } {
+            return SetOfIterator::new(vec![
+                "locked by another transaction (DDL or TRUNCATE in progress): not checked now".to_string(),
+            ]);
+        }
+    }
+    let found = match opened {
         Some(r) if crate::registry::registration(relid).is_some() => {
             let mut found = crate::registry::exposures(&r, relid);
             // A latched partitioned table: its partitions', each named.

@@ -165,36 +165,49 @@ fn wait_for(
         }
     };
     let may_drop_xmin = sole_statement(fn_oid);
-    refuse_holding_locks(may_drop_xmin);
+    refuse_holding_locks(relid, may_drop_xmin);
     drop(latched);
     wait(relid, cursor, backward, timeout_us, may_drop_xmin)
 }
 
 /// Refuses to sleep in a transaction that holds what a writer may wait for:
-/// a row it locked or wrote (it has an xid), or a table lock that blocks
-/// writers (LOCK TABLE in SHARE mode or stronger).  Advisory locks are the
-/// application's own protocol, and not looked at.  The writer would wait for this transaction
-/// while it sleeps waiting for a commit -- a deadlock no detector sees,
-/// since the sleep is not a lock wait.  A bare `SELECT pgkvx.wait_for(...)`
-/// outside a transaction block (`sole`) holds nothing but its own reading
-/// locks; anything else (a transaction block, a function, a DO block) is
-/// looked at in pg_locks.
-fn refuse_holding_locks(sole: bool) {
+/// a row it locked or wrote (it has an xid), a table lock that blocks
+/// writers (LOCK TABLE in SHARE mode or stronger), or any lock on the
+/// table waited on or its partitions (DDL queued behind it blocks the
+/// producers).  The writer would wait for this transaction while it
+/// sleeps waiting for a commit -- a deadlock no detector sees, since the
+/// sleep is not a lock wait.  A bare `SELECT pgkvx.wait_for(...)` outside a
+/// transaction block (`sole`) holds nothing of the kind (it takes no lock
+/// on the table across the sleep); anything else (a transaction block, a
+/// function, a DO block) is looked at in pg_locks.  Advisory locks are the
+/// application's own protocol, and not looked at.
+fn refuse_holding_locks(relid: Oid, sole: bool) {
     let holds = backend::my_xid_if_any().is_valid()
-        || !sole && Spi::get_one::<bool>(
+        || !sole
+            && {
+                let mut tables = registry::partitions::members(relid);
+                tables.push(relid);
+                let list = tables.iter().map(|o| o.to_u32().to_string()).collect::<Vec<_>>().join(",");
+                // The oids are numbers we print ourselves: nothing of the caller's
+                // reaches the text.
+                Spi::get_one::<bool>(&format!(
             "SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 FROM pg_catalog.pg_locks l
               WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND l.granted
                 AND l.locktype OPERATOR(pg_catalog.=) 'relation'
-                AND l.mode OPERATOR(pg_catalog.=) ANY ('{ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])",
-        )
+                AND (l.mode OPERATOR(pg_catalog.=) ANY ('{{ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}}'::pg_catalog.text[])
+                     OR (l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                              WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                         AND l.relation OPERATOR(pg_catalog.=) ANY ('{{{list}}}'::pg_catalog.oid[])))"
+        ))
         .ok()
         .flatten()
-        .unwrap_or(true);
+        .unwrap_or(true)
+            };
     if holds {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "pgkvx.wait_for() cannot wait in a transaction that holds row or table locks",
-            "A writer could be waiting for those locks while this session waits for its commit, a deadlock nothing would detect; commit (or roll back) first, or wait outside the transaction block.",
+            "A writer could be waiting for those locks (or DDL queued behind them) while this session waits for its commit, a deadlock nothing would detect; commit (or roll back) first, or wait outside the transaction block.",
         );
     }
 }

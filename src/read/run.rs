@@ -242,6 +242,25 @@ pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
     )
 }
 
+/// Raises 40001 for a scan fenced when it started whose statement had read
+/// at its snapshot already (its bound came from a CTE or a subquery): a
+/// writer in flight at that snapshot committed inside the span, and the
+/// scan can neither move the snapshot to show it nor stop before it.
+pub fn fenced_at_scan_failure(xid: Xid, rel: RelId) -> ! {
+    backend::count(Stat::SerializationFailures, 1);
+    let relid = pgrx::pg_sys::Oid::from(rel.rel());
+    errors::raise_full(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        "could not serialize access due to concurrent update",
+        Some(format!(
+            "Transaction {} was in flight at this statement's snapshot and wrote to \"{}\" inside the span a LIMIT scan read; the statement had read at that snapshot before the scan started (its bound came from a CTE or a subquery), and the scan could not stop before the write.",
+            xid.0,
+            rel_name(relid)
+        )),
+        Some("The statement might succeed if retried."),
+    )
+}
+
 /// Raises 40001 for a read that waited [`protocol::MAX_LATER_ROUNDS`]
 /// times for writers that started after it and kept entering a span it
 /// cannot stop short of: a bounded wait, and never an inconsistent answer.

@@ -197,7 +197,10 @@ impl Reader for OptimisticAttempts {
     fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
         // SAFETY: our statement's QueryDesc, started and run once: its
         // guard nodes have begun.
-        let ok = unsafe { guards::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n)) };
+        let ok = unsafe {
+            guards::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n))
+                && guards::reads_only_guarded((*self.qd).plannedstmt)
+        };
         ok.then(|| crate::read::run::cut_upward(conflicts))
     }
 

@@ -263,58 +263,202 @@ pub unsafe fn for_each_child(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut p
     }
 }
 
-/// Whether the guard `cs` of `stmt` hands its rows to a LIMIT with a count
-/// through nodes that keep them as they are (Result, SubqueryScan,
-/// Material, Unique, sorts): its reader takes fewer rows for what there
-/// was, so the scan may stop early (the protocol's cut).
+/// How a guard's rows come, for [`may_cut`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowOrder {
+    /// Up the key (an index scan in key order, an ordered partition stream).
+    Up,
+    /// Down the key, or in no order a Sort above could restore.
+    Other,
+    /// In no order, from a scan of the table itself: a Sort by the key
+    /// directly above restores key order.
+    Unordered,
+}
+
+/// Whether the guard `cs` of `stmt` may stop before a later writer's first
+/// key (the protocol's cut) and still hand its readers a state some serial
+/// order produces:
+/// - its rows come up the key (or unordered, sorted by the key right
+///   above) from a span open above (`open_above`);
+/// - every node from it up to the top of its plan (or subplan) passes a
+///   prefix of them on as a prefix: LIMIT, Result, SubqueryScan, Material,
+///   Unique, LockRows, Append and MergeAppend -- no aggregate, join,
+///   window or sort by anything else, which would turn a shorter prefix
+///   into another answer.
+///
+/// The statement-wide half (what else it reads) is [`reads_only_guarded`].
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`.
-pub unsafe fn under_limit(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> bool {
-    /// Finds `cs` below `p`; `limited` says whether `p` passes its rows
-    /// on to such a LIMIT.
-    unsafe fn find(p: *mut pg_sys::Plan, cs: *mut pg_sys::CustomScan, limited: bool) -> Option<bool> {
-        if p.is_null() {
-            return None;
-        }
-        if p == cs as *mut pg_sys::Plan {
-            return Some(limited);
-        }
-        // SAFETY: a valid plan node; casts follow tag checks.
-        unsafe {
-            let below = match node_tag(p as *const Node) {
-                pg_sys::NodeTag::T_Limit => !(*(p as *mut pg_sys::Limit)).limitCount.is_null(),
-                pg_sys::NodeTag::T_Result
+pub unsafe fn may_cut(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+    key: &crate::keys::KeyDesc,
+    order: RowOrder,
+    open_above: bool,
+) -> bool {
+    if !open_above || order == RowOrder::Other {
+        return false;
+    }
+    // SAFETY: per contract.
+    let Some(path) = (unsafe { path_to(stmt, cs) }) else { return false };
+    let mut sorted = order == RowOrder::Up;
+    // From the guard up: the first node may be a Sort by the key.
+    for (i, &p) in path.iter().rev().enumerate() {
+        // SAFETY: nodes of the statement's plan, checked by tag.
+        let ok = unsafe {
+            match node_tag(p as *const Node) {
+                pg_sys::NodeTag::T_Limit
+                | pg_sys::NodeTag::T_Result
                 | pg_sys::NodeTag::T_SubqueryScan
                 | pg_sys::NodeTag::T_Material
                 | pg_sys::NodeTag::T_Unique
-                | pg_sys::NodeTag::T_Sort
-                | pg_sys::NodeTag::T_IncrementalSort => limited,
-                _ => false,
-            };
-            let mut found = None;
-            for_each_child(p, &mut |child| {
-                if found.is_none() {
-                    found = find(*child, cs, below);
+                | pg_sys::NodeTag::T_LockRows
+                | pg_sys::NodeTag::T_Append
+                | pg_sys::NodeTag::T_MergeAppend => true,
+                pg_sys::NodeTag::T_Sort if i == 0 && sorts_by_key(p as *mut pg_sys::Sort, cs, key) => {
+                    sorted = true;
+                    true
                 }
-            });
-            found
+                _ => false,
+            }
+        };
+        if !ok {
+            return false;
         }
     }
+    sorted
+}
+
+/// The plan nodes from the top of `cs`'s plan tree (the statement's, or
+/// the subplan's it is in) down to its parent.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+unsafe fn path_to(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> Option<Vec<*mut pg_sys::Plan>> {
+    unsafe fn find(p: *mut pg_sys::Plan, cs: *mut pg_sys::CustomScan, path: &mut Vec<*mut pg_sys::Plan>) -> bool {
+        if p.is_null() {
+            return false;
+        }
+        if p == cs as *mut pg_sys::Plan {
+            return true;
+        }
+        path.push(p);
+        let mut found = false;
+        // SAFETY: a valid plan node.
+        unsafe {
+            for_each_child(p, &mut |child| {
+                if !found {
+                    found = find(*child, cs, path);
+                }
+            })
+        };
+        if !found {
+            path.pop();
+        }
+        found
+    }
+    let mut path = Vec::new();
     // SAFETY: per contract.
     unsafe {
-        find((*stmt).planTree, cs, false)
-            .or_else(|| list_iter::<pg_sys::Plan>((*stmt).subplans).find_map(|sp| find(sp, cs, false)))
-            .unwrap_or(false)
+        if find((*stmt).planTree, cs, &mut path) {
+            return Some(path);
+        }
+        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
+            path.clear();
+            if find(sp, cs, &mut path) {
+                return Some(path);
+            }
+        }
+    }
+    None
+}
+
+/// Whether `sort`, right above guard `cs`, sorts by the key: its leading
+/// sort columns are the key's columns, in key order (ascending encoding),
+/// under the key's operator families and collations.
+///
+/// # Safety
+/// `sort` and `cs` are valid plan nodes, `cs` the sort's child.
+unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key: &crate::keys::KeyDesc) -> bool {
+    // SAFETY: per contract; arrays hold numCols entries; target entries and
+    // their expressions are checked by tag.
+    unsafe {
+        if (*sort).plan.lefttree != cs as *mut pg_sys::Plan || ((*sort).numCols as usize) < key.cols.len() {
+            return false;
+        }
+        let tlist = (*cs).scan.plan.targetlist;
+        key.cols.iter().enumerate().all(|(i, col)| {
+            let resno = *(*sort).sortColIdx.add(i);
+            let Some(te) = crate::pg::list_nth::<pg_sys::TargetEntry>(tlist, (resno - 1) as usize) else {
+                return false;
+            };
+            let e = (*te).expr;
+            if e.is_null() || node_tag(e as *const Node) != pg_sys::NodeTag::T_Var {
+                return false;
+            }
+            if (*(e as *mut pg_sys::Var)).varattno != col.attnum {
+                return false;
+            }
+            let (mut family, mut intype, mut strategy) = (pg_sys::InvalidOid, pg_sys::InvalidOid, 0i16);
+            let op = *(*sort).sortOperators.add(i);
+            let known = pg_sys::get_ordering_op_properties(op, &mut family, &mut intype, &mut strategy);
+            let up = if col.desc { pg_sys::BTGreaterStrategyNumber } else { pg_sys::BTLessStrategyNumber };
+            known && family == col.opfamily && strategy as u32 == up && col.orders_like_key(*(*sort).collations.add(i))
+        })
     }
 }
 
-/// Whether guard `g`'s rows can be told by key as they come, by its plan:
-/// a partitioned table's ordered stream, or a scan of the table itself (the
-/// node finds, when it begins, where each row's key is).
-pub fn keyed_by_plan(g: &Guard) -> bool {
+/// Whether `plan`'s span is open above: no bound of its quals limits the
+/// key from above (equalities on a prefix do not: within them the span
+/// runs to the prefix's end, where a tail of that prefix never moves on).
+pub fn open_above(plan: &GuardPlan, key: &crate::keys::KeyDesc) -> bool {
+    plan.bounds.iter().all(|b| {
+        let desc = key.cols.get(b.col as usize).is_some_and(|c| c.desc);
+        let s = u32::from(b.strategy);
+        let caps = if desc {
+            s == pg_sys::BTGreaterStrategyNumber || s == pg_sys::BTGreaterEqualStrategyNumber
+        } else {
+            s == pg_sys::BTLessStrategyNumber || s == pg_sys::BTLessEqualStrategyNumber
+        };
+        !caps
+    })
+}
+
+/// Whether every table `stmt` reads is a latched table it guards, or one
+/// it locks rows of (a consumer's own offsets row, `FOR UPDATE`): a cut
+/// leaves rows of the guarded tables out, and anything else the statement
+/// read at the same snapshot -- a watermark written after reading those
+/// rows -- could then show ahead of what it returns.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt) -> bool {
+    // SAFETY: per contract; range table entries and row marks are read only.
+    unsafe {
+        let marked: Vec<u32> = list_iter::<pg_sys::PlanRowMark>((*stmt).rowMarks).map(|m| (*m).rti).collect();
+        let roots: Vec<pg_sys::Oid> =
+            Guards::of(stmt).0.iter().filter_map(|g| g.latched.as_ref().map(|l| l.root)).collect();
+        list_iter::<pg_sys::RangeTblEntry>((*stmt).rtable).enumerate().all(|(i, rte)| {
+            if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
+                || (*rte).relkind as u8 == pg_sys::RELKIND_VIEW
+                || marked.contains(&(i as u32 + 1))
+            {
+                return true;
+            }
+            registry::lookup((*rte).relid).is_some_and(|l| roots.contains(&l.root))
+        })
+    }
+}
+
+/// How guard `g`'s rows come, by its plan (before its node begins, which
+/// checks it: `node::apply_cut`).
+pub fn order_by_plan(g: &Guard) -> RowOrder {
     if g.plan.tree {
-        return g.plan.stream.is_some();
+        return match &g.plan.stream {
+            Some(s) if s.forward => RowOrder::Up,
+            _ => RowOrder::Other,
+        };
     }
     // SAFETY: our plan node's child list; nodes are checked by tag.
     unsafe {
@@ -322,8 +466,26 @@ pub fn keyed_by_plan(g: &Guard) -> bool {
         while !p.is_null() && node_tag(p as *const Node) == pg_sys::NodeTag::T_Result && !(*p).lefttree.is_null() {
             p = (*p).lefttree;
         }
-        !p.is_null()
-            && matches!(node_tag(p as *const Node), pg_sys::NodeTag::T_IndexScan | pg_sys::NodeTag::T_IndexOnlyScan)
+        if p.is_null() {
+            return RowOrder::Other;
+        }
+        let forward = |dir: pg_sys::ScanDirection::Type| {
+            if dir == pg_sys::ScanDirection::ForwardScanDirection {
+                RowOrder::Up
+            } else {
+                RowOrder::Other
+            }
+        };
+        match node_tag(p as *const Node) {
+            pg_sys::NodeTag::T_IndexScan => forward((*(p as *mut pg_sys::IndexScan)).indexorderdir),
+            pg_sys::NodeTag::T_IndexOnlyScan => forward((*(p as *mut pg_sys::IndexOnlyScan)).indexorderdir),
+            pg_sys::NodeTag::T_SeqScan
+            | pg_sys::NodeTag::T_SampleScan
+            | pg_sys::NodeTag::T_BitmapHeapScan
+            | pg_sys::NodeTag::T_TidScan
+            | pg_sys::NodeTag::T_TidRangeScan => RowOrder::Unordered,
+            _ => RowOrder::Other,
+        }
     }
 }
 

@@ -556,8 +556,8 @@ unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) 
 
 /// Gives the guard nodes of a started executor the protocol's cut: each
 /// stops before the first key `cut` leaves out of its table.  Raises 40001
-/// for a node that reads in no key order, which cannot stop early (the
-/// protocol allowed the cut from the plan, before the nodes existed).
+/// for a node that cannot stop early after all (the protocol allowed the
+/// cut from the plan, before the nodes existed).
 ///
 /// # Safety
 /// `nodes` are begun guard nodes.
@@ -566,12 +566,13 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &crate::lat
         // SAFETY: per contract.
         let rt = unsafe { runtime(n) };
         let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
-        if matches!(rt.position, ScanPosition::Anywhere) && rt.key_source.is_none() {
+        // SAFETY: per contract.
+        if !unsafe { can_stop_early(n) } {
             crate::errors::raise_full(
                 PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
                 "could not serialize access due to concurrent update",
                 Some(format!(
-                    "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan reads in no key order, so it cannot stop before that write.",
+                    "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan cannot stop before that write (it does not read up the key into a LIMIT or a cursor).",
                     rel_name(pg_sys::Oid::from(rt.rel.rel()))
                 )),
                 Some("The statement might succeed if retried."),
@@ -582,20 +583,28 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &crate::lat
     }
 }
 
-/// Whether this node's scan can stop before a key and still hand up a
-/// prefix of its rows in key order from a bound left open in the direction
-/// of the cut (the protocol's cuts leave out keys from one up to +∞).
+/// Whether this node's scan can stop before a later writer's key and
+/// leave its statement a state some serial order produces
+/// (`guards::may_cut`).
 ///
 /// # Safety
 /// `node` is a begun guard node.
 pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
+    use super::guards::RowOrder;
     // SAFETY: per contract.
     unsafe {
         let rt = runtime(node);
+        let Some(latched) = rt.latched.clone() else { return false };
+        let order = match (&rt.position, &rt.key_source) {
+            (ScanPosition::Ordered { forward: true, .. } | ScanPosition::Stream { forward: true, .. }, _) => {
+                RowOrder::Up
+            }
+            (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
+            _ => RowOrder::Other,
+        };
         let stmt = (*(*node).ss.ps.state).es_plannedstmt;
-        (!matches!(rt.position, ScanPosition::Anywhere) || rt.key_source.is_some())
-            && rt.declared(node).end.is_infinite()
-            && super::guards::under_limit(stmt, (*node).ss.ps.plan as *mut pg_sys::CustomScan)
+        let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+        super::guards::may_cut(stmt, cs, &latched.key, order, super::guards::open_above(&rt.plan, &latched.key))
     }
 }
 
@@ -639,7 +648,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             xids.sort_unstable_by_key(|x| x.0);
             xids.dedup();
             report.conflicts = xids.len() as u32;
-            if can_stop_early(node) {
+            if can_stop_early(node) && super::guards::reads_only_guarded((*estate).es_plannedstmt) {
                 // Their rows would stay invisible even after a wait.
                 report.cuts = 1;
                 apply_cut(&[node], &run::cut_upward(&met));
@@ -660,7 +669,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
                 report.validations += 1;
                 if let Some(c) = met.first() {
                     run::count(&report);
-                    run::serialization_failure(c.xid, c.rel, "LIMIT scan");
+                    run::fenced_at_scan_failure(c.xid, c.rel);
                 }
             }
             report.checked = Some(fp.clone());

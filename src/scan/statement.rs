@@ -264,13 +264,22 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 }
             }
             ReadMode::Fenced => {
-                // Its scans may stop early when each feeds a LIMIT and every
-                // span is open above (the nodes check their order when they
-                // start: apply_cut).
+                // Its scans may stop early where that leaves a state some
+                // serial order produces (the nodes check their order when
+                // they start: apply_cut).
                 let mut fenced = run::Fenced {
                     may_cut: || {
-                        guards.0.iter().all(|g| guards::keyed_by_plan(g) && guards::under_limit(stmt, g.cs))
-                            && declared().iter().all(|(_, s)| s.end.is_infinite())
+                        guards.0.iter().all(|g| {
+                            g.latched.as_ref().is_some_and(|l| {
+                                guards::may_cut(
+                                    stmt,
+                                    g.cs,
+                                    &l.key,
+                                    guards::order_by_plan(g),
+                                    guards::open_above(&g.plan, &l.key),
+                                )
+                            })
+                        }) && guards::reads_only_guarded(stmt)
                     },
                 };
                 let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");

@@ -149,3 +149,64 @@ def test_a_tail_stops_before_a_writer_that_started_after_it_waited(db, conn, tab
         c.close()
         conn.execute(f"DELETE FROM {ev} WHERE id > 5")
     conn.execute(f"DROP TABLE {ev}")
+
+
+def _later_writer_race(db, conn, t, sql, mode):
+    """ids 1..10 committed.  E writes 11 and stays open; the read starts and
+    waits for E; L (started after the read's snapshot) writes 12 and stays
+    open; M writes 13 and commits; E commits; then L commits.  Returns the
+    read's rows: a read that cannot stop before L's key waits for it."""
+    c = connect(db)
+    c.execute(f"SET pgkvx.scan_mode = {mode}")
+    (pid,) = c.execute("SELECT pg_backend_pid()").fetchone()
+    res = {}
+
+    def run():
+        try:
+            res["rows"] = c.execute(sql).fetchall()
+        except Exception as e:  # noqa: BLE001 - reported below
+            res["error"] = e
+    with connect(db, autocommit=False) as e, connect(db, autocommit=False) as late:
+        e.execute(f"INSERT INTO {t} (id, v) VALUES (11, 1)")
+        th = threading.Thread(target=run)
+        th.start()
+        wait_until(lambda: "error" in res or conn.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (True,),
+            "the read to wait for E")
+        late.execute(f"INSERT INTO {t} (id, v) VALUES (12, 0)")
+        conn.execute(f"INSERT INTO {t} (id, v) VALUES (13, 3)")
+        e.commit()
+        th.join(timeout=1)
+        late.commit()
+        th.join(timeout=120)
+    c.close()
+    assert "rows" in res, res
+    conn.execute(f"DELETE FROM {t} WHERE id > 10")
+    return res["rows"]
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "fenced"])
+def test_reads_that_a_cut_would_falsify_read_whole_states(db, conn, table_name, mode):
+    """Newest first, a sort on another column, a watermark read beside the
+    stream: stopping before L's key would hide 13, committed before 11 --
+    an answer no snapshot gives.  These reads see 11, 12 and 13 together."""
+    t = table_name
+    conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)")
+    conn.execute("SELECT pgkvx.enable(%s)", (t,))
+    conn.execute(f"INSERT INTO {t} (id) SELECT generate_series(1, 10)")
+    conn.execute(f"CREATE TABLE {t}_wm (k int PRIMARY KEY, hw int)")
+    conn.execute(f"INSERT INTO {t}_wm VALUES (1, 13)")
+    newest = _later_writer_race(db, conn, t, f"SELECT id FROM {t} ORDER BY id DESC LIMIT 3", mode)
+    assert [r[0] for r in newest] == [13, 12, 11], newest
+    by_v = _later_writer_race(
+        db, conn, t, f"SELECT id, v FROM (SELECT id, v FROM {t} WHERE id > 0 ORDER BY id) s ORDER BY v DESC LIMIT 1",
+        mode)
+    assert by_v == [(13, 3)], by_v
+    with_wm = _later_writer_race(
+        db, conn, t, f"SELECT id, (SELECT hw FROM {t}_wm WHERE k = 1) FROM {t} WHERE id > 10 ORDER BY id LIMIT 100",
+        mode)
+    assert [r[0] for r in with_wm] == [11, 12, 13] and {r[1] for r in with_wm} == {13}, with_wm
+    # A tail that reads nothing else stops before L's key instead.
+    tail = _later_writer_race(db, conn, t, f"SELECT id FROM {t} WHERE id > 10 ORDER BY id LIMIT 100", mode)
+    assert [r[0] for r in tail] == [11], tail
+    conn.execute(f"DROP TABLE {t}, {t}_wm")

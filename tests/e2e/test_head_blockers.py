@@ -201,6 +201,10 @@ def test_monitoring_never_waits_behind_the_lock_it_should_show(db, table_name):
                         m.execute("SELECT * FROM pgkvx.ranges").fetchall()
                         m.execute("SELECT * FROM pgkvx.wait_stats()").fetchall()
                         m.execute("SELECT * FROM pgkvx.waiters").fetchall()
+                        problems = m.execute("SELECT relid::text, problem FROM pgkvx.check()").fetchall()
+                        if who is None:
+                            assert (table_name, "locked by another transaction (DDL or TRUNCATE in progress): "
+                                                "not checked now") in problems, problems
                         rows = m.execute("SELECT holder_pid, span FROM pgkvx.head_blockers").fetchall()
                         if who is None:
                             assert (pid, None) in rows, rows

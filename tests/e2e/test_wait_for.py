@@ -341,7 +341,7 @@ def test_inside_a_larger_query_the_snapshot_is_kept(db, ev):
     """Called inside a larger statement, the statement's snapshot may be
     read after the call, so the waiter keeps its xmin (and still wakes)."""
     with connect(db) as c:
-        w = Waiter(db, f"SELECT pgkvx.wait_for(%s, NULL, %s::interval), (SELECT count(*) FROM {ev})",
+        w = Waiter(db, "SELECT pgkvx.wait_for(%s, NULL, %s::interval), (SELECT count(*) FROM pg_class)",
                    (ev, FOREVER))
         w.start()
         try:
@@ -549,10 +549,11 @@ def test_a_key_changed_under_a_waiter_is_parsed_anew(db, table_name):
 
 
 def test_no_wait_while_holding_locks_a_writer_may_wait_for(db, ev):
-    """LOCK TABLE or SELECT ... FOR UPDATE, then wait_for in the same
-    transaction: the writer could be waiting for those locks while the
-    session waits for its commit, which no deadlock detector sees.  Refused;
-    a transaction that only read may wait."""
+    """LOCK TABLE, SELECT ... FOR UPDATE or a plain read of the table, then
+    wait_for in the same transaction: the writer could be waiting for those
+    locks (or behind DDL waiting for them) while the session waits for its
+    commit, which no deadlock detector sees.  Refused; a transaction that
+    read other tables may wait."""
     with connect(db) as c:
         c.execute(f"INSERT INTO {ev} (payload) VALUES ('a')")
     for first in (f"LOCK TABLE {ev} IN SHARE MODE", f"SELECT id FROM {ev} WHERE id = 1 FOR UPDATE"):
@@ -562,8 +563,16 @@ def test_no_wait_while_holding_locks_a_writer_may_wait_for(db, ev):
                 r.execute("SELECT pgkvx.wait_for(%s, '1', '1 s')", (ev,))
             assert "locks" in str(e.value), e.value
             r.rollback()
+    # A read of the waited table in the same transaction holds a lock that
+    # DDL queues behind, and producers behind the DDL: refused too.
     with connect(db, autocommit=False) as r:
         r.execute(f"SELECT count(*) FROM {ev}")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            r.execute("SELECT pgkvx.wait_for(%s, '0', '1 s')", (ev,))
+        r.rollback()
+    # Other reads only: it waits.
+    with connect(db, autocommit=False) as r:
+        r.execute("SELECT count(*) FROM pg_class")
         assert r.execute("SELECT pgkvx.wait_for(%s, '0', '1 s')", (ev,)).fetchone() == (True,)
         r.rollback()
 
