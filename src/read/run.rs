@@ -223,22 +223,29 @@ pub fn run_protocol<R: Reader>(
     ProtocolResult { decision, report, wait_us, base, waited }
 }
 
-/// Raises 40001 for a write by `xid` to `rel` that a fixed
-/// snapshot cannot see.  The message is PostgreSQL's own for a serialization
-/// failure under REPEATABLE READ, so that clients' retry logic recognises
-/// it; the detail names the table but no key (keys are table data).
-pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
+/// Raises 40001 with PostgreSQL's own message for a serialization failure,
+/// so that clients' retry logic recognises it, and `detail` (which names
+/// tables, never keys: keys are table data); counts it.
+pub fn serialization_error(detail: String, hint: &str) -> ! {
     backend::count(Stat::SerializationFailures, 1);
-    let relid = pgrx::pg_sys::Oid::from(rel.rel());
     errors::raise_full(
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         "could not serialize access due to concurrent update",
-        Some(format!(
+        Some(detail),
+        Some(hint),
+    )
+}
+
+/// Raises 40001 for a write by `xid` to `rel` that a fixed snapshot cannot
+/// see.
+pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
+    serialization_error(
+        format!(
             "Transaction {} was in flight at this transaction's snapshot and wrote to \"{}\" inside the span this {what} read; a snapshot that earlier statements of the transaction already read at cannot see it.",
             xid.0,
-            rel_name(relid)
-        )),
-        Some("The transaction might succeed if retried."),
+            rel_name(pgrx::pg_sys::Oid::from(rel.rel()))
+        ),
+        "The transaction might succeed if retried.",
     )
 }
 
@@ -247,17 +254,13 @@ pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
 /// writer in flight at that snapshot committed inside the span, and the
 /// scan can neither move the snapshot to show it nor stop before it.
 pub fn fenced_at_scan_failure(xid: Xid, rel: RelId) -> ! {
-    backend::count(Stat::SerializationFailures, 1);
-    let relid = pgrx::pg_sys::Oid::from(rel.rel());
-    errors::raise_full(
-        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-        "could not serialize access due to concurrent update",
-        Some(format!(
+    serialization_error(
+        format!(
             "Transaction {} was in flight at this statement's snapshot and wrote to \"{}\" inside the span a LIMIT scan read; the statement had read at that snapshot before the scan started (its bound came from a CTE or a subquery), and the scan could not stop before the write.",
             xid.0,
-            rel_name(relid)
-        )),
-        Some("The statement might succeed if retried."),
+            rel_name(pgrx::pg_sys::Oid::from(rel.rel()))
+        ),
+        "The statement might succeed if retried.",
     )
 }
 
@@ -265,17 +268,13 @@ pub fn fenced_at_scan_failure(xid: Xid, rel: RelId) -> ! {
 /// times for writers that started after it and kept entering a span it
 /// cannot stop short of: a bounded wait, and never an inconsistent answer.
 fn writers_kept_coming(rel: RelId, what: &str) -> ! {
-    backend::count(Stat::SerializationFailures, 1);
-    let relid = pgrx::pg_sys::Oid::from(rel.rel());
-    errors::raise_full(
-        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-        "could not serialize access due to concurrent update",
-        Some(format!(
-            "Transactions kept writing to \"{}\" inside the span this {what} read after it had waited {} times; the read is bounded in the direction it reads (or reads in no key order), so it cannot stop before their keys.",
-            rel_name(relid),
+    serialization_error(
+        format!(
+            "Transactions kept writing to \"{}\" inside the span this {what} read after it had waited {} times; stopping before their keys would change the statement's answer (it is not a tail read up the key that reads no other table), so it cannot.",
+            rel_name(pgrx::pg_sys::Oid::from(rel.rel())),
             protocol::MAX_LATER_ROUNDS
-        )),
-        Some("The statement might succeed if retried."),
+        ),
+        "The statement might succeed if retried.",
     )
 }
 

@@ -568,14 +568,12 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &crate::lat
         let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
         // SAFETY: per contract.
         if !unsafe { can_stop_early(n) } {
-            crate::errors::raise_full(
-                PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-                "could not serialize access due to concurrent update",
-                Some(format!(
+            crate::read::run::serialization_error(
+                format!(
                     "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan cannot stop before that write (it does not read up the key into a LIMIT or a cursor).",
                     rel_name(pg_sys::Oid::from(rt.rel.rel()))
-                )),
-                Some("The statement might succeed if retried."),
+                ),
+                "The statement might succeed if retried.",
             );
         }
         rt.cut = Some(start);

@@ -16,6 +16,27 @@ from conftest import connect, wait_until
 READ = "SELECT (SELECT n FROM {hw}), array(SELECT id FROM {ev} WHERE id > 0 ORDER BY id LIMIT 100)"
 
 
+def start_waiting(conn, c, what, fn):
+    """Runs `fn()` on connection `c` in a thread and returns (thread, result)
+    once `c`'s backend waits for a lock (or `fn` failed): `result` gets
+    "out" or "error"."""
+    pid = c.info.backend_pid
+    res = {}
+
+    def run():
+        try:
+            res["out"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            res["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: "error" in res or conn.execute(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (True,),
+        what)
+    assert "error" not in res, res
+    return t, res
+
+
 def setup(c, ev, hw, hw_latched):
     c.execute(f"CREATE TABLE {ev} (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)")
     c.execute("SELECT pgkvx.enable(%s)", (ev,))
@@ -32,26 +53,13 @@ def race(db, conn, ev, hw, reader, *, mode, iso="read committed"):
     open, in its transaction for REPEATABLE READ)."""
     c = connect(db, autocommit=iso == "read committed")
     c.execute(f"SET pgkvx.scan_mode = {mode}")
-    (pid,) = c.execute("SELECT pg_backend_pid()").fetchone()
     if iso != "read committed":
         c.commit()
         # The reader's statement is the first of its transaction.
         c.execute(f"SET TRANSACTION ISOLATION LEVEL {iso}")
-    res = {}
-
-    def run():
-        try:
-            res["out"] = reader(c)
-        except Exception as e:  # noqa: BLE001 - reported below
-            res["error"] = e
     with connect(db, autocommit=False) as x:
         x.execute(f"UPDATE {ev} SET v = v + 1 WHERE id = 3")
-        t = threading.Thread(target=run)
-        t.start()
-        wait_until(lambda: "error" in res or conn.execute(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (True,),
-            "the read to wait for X")
-        assert "error" not in res, res
+        t, res = start_waiting(conn, c, "the read to wait for X", lambda: reader(c))
         conn.execute(f"INSERT INTO {ev} (id) VALUES (8)")          # Z
         with connect(db, autocommit=False) as y:                     # Y saw 8
             assert y.execute(f"SELECT max(id) FROM {ev}").fetchone() == (8,)
@@ -158,21 +166,9 @@ def _later_writer_race(db, conn, t, sql, mode):
     read's rows: a read that cannot stop before L's key waits for it."""
     c = connect(db)
     c.execute(f"SET pgkvx.scan_mode = {mode}")
-    (pid,) = c.execute("SELECT pg_backend_pid()").fetchone()
-    res = {}
-
-    def run():
-        try:
-            res["rows"] = c.execute(sql).fetchall()
-        except Exception as e:  # noqa: BLE001 - reported below
-            res["error"] = e
     with connect(db, autocommit=False) as e, connect(db, autocommit=False) as late:
         e.execute(f"INSERT INTO {t} (id, v) VALUES (11, 1)")
-        th = threading.Thread(target=run)
-        th.start()
-        wait_until(lambda: "error" in res or conn.execute(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (True,),
-            "the read to wait for E")
+        th, res = start_waiting(conn, c, "the read to wait for E", lambda: c.execute(sql).fetchall())
         late.execute(f"INSERT INTO {t} (id, v) VALUES (12, 0)")
         conn.execute(f"INSERT INTO {t} (id, v) VALUES (13, 3)")
         e.commit()
@@ -180,9 +176,9 @@ def _later_writer_race(db, conn, t, sql, mode):
         late.commit()
         th.join(timeout=120)
     c.close()
-    assert "rows" in res, res
+    assert "out" in res, res
     conn.execute(f"DELETE FROM {t} WHERE id > 10")
-    return res["rows"]
+    return res["out"]
 
 
 @pytest.mark.parametrize("mode", ["optimistic", "fenced"])

@@ -23,17 +23,24 @@ def test_objects_live_in_pgkvx_schema(conn):
     assert rows == []
 
 
-@pytest.fixture
-def unpreloaded_cluster():
-    port = str(free_port(int(os.environ.get("PGPORT", "55432")) + 17))
-    env = dict(os.environ, PGKVX_PORT=port, PGKVX_PRELOAD="",
-               PGKVX_CLUSTER=f"/tmp/pgkvx-cluster-nopreload-{port}")
+def scratch_cluster_env(name, offset, preload):
+    """The environment of scripts/cluster for a scratch cluster of our tree
+    on the first free port from PGPORT + `offset`, preloading `preload`."""
+    port = str(free_port(int(os.environ.get("PGPORT", "55432")) + offset))
+    env = dict(os.environ, PGKVX_PORT=port, PGKVX_PRELOAD=preload,
+               PGKVX_CLUSTER=f"/tmp/pgkvx-cluster-{name}-{port}")
     env.pop("PGHOST", None)
     env.pop("PGPORT", None)
     cluster("destroy", env=env)
     cluster("start", env=env)
+    return env, conninfo("postgres", host=f"{env['PGKVX_CLUSTER']}/sock", port=port)
+
+
+@pytest.fixture
+def unpreloaded_cluster():
+    env, info = scratch_cluster_env("nopreload", 17, "")
     try:
-        yield conninfo("postgres", host=f"{env['PGKVX_CLUSTER']}/sock", port=port)
+        yield info
     finally:
         cluster("destroy", env=env)
 
@@ -50,14 +57,7 @@ def once_preloaded_cluster():
     """A cluster whose database got pgkvx and latched tables while the
     server preloaded it, then restarted without the preload (an operator
     switching it off, a restore or a promoted replica set up otherwise)."""
-    port = str(free_port(int(os.environ.get("PGPORT", "55432")) + 19))
-    env = dict(os.environ, PGKVX_PORT=port, PGKVX_PRELOAD="pgkvx",
-               PGKVX_CLUSTER=f"/tmp/pgkvx-cluster-unloaded-{port}")
-    env.pop("PGHOST", None)
-    env.pop("PGPORT", None)
-    cluster("destroy", env=env)
-    cluster("start", env=env)
-    info = conninfo("postgres", host=f"{env['PGKVX_CLUSTER']}/sock", port=port)
+    env, info = scratch_cluster_env("unloaded", 19, "pgkvx")
     try:
         with psycopg.connect(info, autocommit=True) as c:
             c.execute("CREATE EXTENSION pgkvx")

@@ -30,8 +30,8 @@ def setup_tail(c, t, offsets, *tables):
 
 
 def run_waiting(db, sql, conn):
-    """Runs `sql` fenced in a thread; returns (thread, result dict, pid)
-    once it waits for a lock."""
+    """Runs `sql` fenced in a thread; returns (thread, result dict) once it
+    waits for a lock.  The dict gets its rows, or its error."""
     res = {}
     c = connect(db)
     c.execute("SET pgkvx.scan_mode = fenced")
@@ -40,6 +40,8 @@ def run_waiting(db, sql, conn):
     def go():
         try:
             res["rows"] = c.execute(sql).fetchall()
+        except psycopg.Error as e:
+            res["error"] = e
         finally:
             c.close()
     t = threading.Thread(target=go)
@@ -65,26 +67,12 @@ def test_a_bounded_scan_waits_and_fails_rather_than_show_a_state_it_cannot(db, c
     with connect(db, autocommit=False) as p:
         p.execute(f"INSERT INTO {table_name} VALUES (10)")
         conn.execute(f"INSERT INTO {table_name} VALUES (11)")
-        res = {}
-        c = connect(db)
-        c.execute("SET pgkvx.scan_mode = fenced")
-        (pid,) = c.execute("SELECT pg_backend_pid()").fetchone()
-
-        def go():
-            try:
-                res["rows"] = c.execute(sql).fetchall()
-            except psycopg.Error as e:
-                res["error"] = e
-        t = threading.Thread(target=go)
-        t.start()
-        wait_until(lambda: conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                                        (pid,)).fetchone() == (True,), "the read to wait for the writer")
+        t, res = run_waiting(db, sql, conn)
         # More writers of the table during the wait than a fold could list.
         conn.execute(f"DO $$ BEGIN FOR i IN 1..9000 LOOP INSERT INTO {table_name} VALUES (100000 + i); "
                      "COMMIT; END LOOP; END $$")
         p.commit()
         t.join(timeout=120)
-        c.close()
     assert isinstance(res.get("error"), psycopg.errors.SerializationFailure), res
     assert [r[0] for r in poll(db, sql)] == [10, 11]
 
