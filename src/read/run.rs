@@ -119,6 +119,11 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 
     fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        // Under REPEATABLE READ the transaction's later statements read at
+        // this snapshot, and would show what a cut left out.
+        if snapshot::fixed_snapshot() {
+            return None;
+        }
         self.reader.cut(conflicts)
     }
 

@@ -280,11 +280,11 @@ pub enum RowOrder {
 /// order produces:
 /// - its rows come up the key (or unordered, sorted by the key right
 ///   above) from a span open above (`open_above`);
-/// - every node from it up to the top of its plan (or subplan) passes a
+/// - every node from it up to the top of the statement's plan passes a
 ///   prefix of them on as a prefix: LIMIT, Result, SubqueryScan, Material,
 ///   Unique, LockRows, Append and MergeAppend -- no aggregate, join,
 ///   window or sort by anything else, which would turn a shorter prefix
-///   into another answer.
+///   into another answer, and no subplan, whose rows become a value.
 ///
 /// The statement-wide half (what else it reads) is [`reads_only_guarded`].
 ///
@@ -330,8 +330,8 @@ pub unsafe fn may_cut(
     sorted
 }
 
-/// The plan nodes from the top of `cs`'s plan tree (the statement's, or
-/// the subplan's it is in) down to its parent.
+/// The plan nodes from the top of the statement's plan tree down to `cs`'s
+/// parent; None when `cs` is in a subplan.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt.
@@ -359,19 +359,10 @@ unsafe fn path_to(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -
         found
     }
     let mut path = Vec::new();
-    // SAFETY: per contract.
-    unsafe {
-        if find((*stmt).planTree, cs, &mut path) {
-            return Some(path);
-        }
-        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
-            path.clear();
-            if find(sp, cs, &mut path) {
-                return Some(path);
-            }
-        }
-    }
-    None
+    // SAFETY: per contract.  Only the statement's own tree: a subplan's
+    // rows become a value (an array, a scalar, a test) that a prefix of
+    // them would change.
+    unsafe { find((*stmt).planTree, cs, &mut path).then_some(path) }
 }
 
 /// Whether `sort`, right above guard `cs`, sorts by the key: its leading
@@ -425,29 +416,62 @@ pub fn open_above(plan: &GuardPlan, key: &crate::keys::KeyDesc) -> bool {
     })
 }
 
-/// Whether every table `stmt` reads is a latched table it guards, or one
-/// it locks rows of (a consumer's own offsets row, `FOR UPDATE`): a cut
-/// leaves rows of the guarded tables out, and anything else the statement
-/// read at the same snapshot -- a watermark written after reading those
-/// rows -- could then show ahead of what it returns.
+/// Whether nothing else `stmt` reads could show ahead of rows a cut leaves
+/// out: it guards one latched table (or one partitioned tree), it reads no
+/// other table -- a watermark written after reading the stream would show
+/// beside a stream cut short of it, and a second latched table is cut at
+/// its own keys, not at the same point in time -- except rows it locks for
+/// update (a consumer group's own offsets row, `FOR UPDATE`), and it calls
+/// no function that may read tables (none that is not immutable, no
+/// function in FROM).
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt.
 pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt) -> bool {
-    // SAFETY: per contract; range table entries and row marks are read only.
+    // SAFETY: per contract; range table entries, row marks and plan nodes
+    // are read only.
     unsafe {
-        let marked: Vec<u32> = list_iter::<pg_sys::PlanRowMark>((*stmt).rowMarks).map(|m| (*m).rti).collect();
-        let roots: Vec<pg_sys::Oid> =
+        let marked: Vec<u32> = list_iter::<pg_sys::PlanRowMark>((*stmt).rowMarks)
+            .filter(|&m| {
+                matches!(
+                    (*m).markType,
+                    pg_sys::RowMarkType::ROW_MARK_EXCLUSIVE | pg_sys::RowMarkType::ROW_MARK_NOKEYEXCLUSIVE
+                )
+            })
+            .map(|m| (*m).rti)
+            .collect();
+        let mut roots: Vec<pg_sys::Oid> =
             Guards::of(stmt).0.iter().filter_map(|g| g.latched.as_ref().map(|l| l.root)).collect();
-        list_iter::<pg_sys::RangeTblEntry>((*stmt).rtable).enumerate().all(|(i, rte)| {
-            if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
-                || (*rte).relkind as u8 == pg_sys::RELKIND_VIEW
-                || marked.contains(&(i as u32 + 1))
-            {
-                return true;
-            }
-            registry::lookup((*rte).relid).is_some_and(|l| roots.contains(&l.root))
-        })
+        roots.sort_unstable_by_key(|o| o.to_u32());
+        roots.dedup();
+        if roots.len() != 1 {
+            return false;
+        }
+        let tables =
+            list_iter::<pg_sys::RangeTblEntry>((*stmt).rtable).enumerate().all(|(i, rte)| match (*rte).rtekind {
+                pg_sys::RTEKind::RTE_RELATION => {
+                    (*rte).relkind as u8 == pg_sys::RELKIND_VIEW
+                        || marked.contains(&(i as u32 + 1))
+                        || registry::lookup((*rte).relid).is_some_and(|l| l.root == roots[0])
+                }
+                pg_sys::RTEKind::RTE_FUNCTION | pg_sys::RTEKind::RTE_TABLEFUNC => false,
+                _ => true,
+            });
+        if !tables {
+            return false;
+        }
+        let mut pure = true;
+        let mut check = |p: *mut pg_sys::Plan| {
+            pure = pure
+                && !pg_sys::contain_mutable_functions((*p).targetlist as *mut Node)
+                && !pg_sys::contain_mutable_functions((*p).qual as *mut Node);
+            pure
+        };
+        walk_plans((*stmt).planTree, &mut check);
+        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
+            walk_plans(sp, &mut check);
+        }
+        pure
     }
 }
 

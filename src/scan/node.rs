@@ -646,7 +646,12 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             xids.sort_unstable_by_key(|x| x.0);
             xids.dedup();
             report.conflicts = xids.len() as u32;
-            if can_stop_early(node) && super::guards::reads_only_guarded((*estate).es_plannedstmt) {
+            // Under REPEATABLE READ later statements would show what a cut
+            // left out.
+            if !snapshot::fixed_snapshot()
+                && can_stop_early(node)
+                && super::guards::reads_only_guarded((*estate).es_plannedstmt)
+            {
                 // Their rows would stay invisible even after a wait.
                 report.cuts = 1;
                 apply_cut(&[node], &run::cut_upward(&met));

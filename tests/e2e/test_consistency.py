@@ -206,3 +206,83 @@ def test_reads_that_a_cut_would_falsify_read_whole_states(db, conn, table_name, 
     tail = _later_writer_race(db, conn, t, f"SELECT id FROM {t} WHERE id > 10 ORDER BY id LIMIT 100", mode)
     assert [r[0] for r in tail] == [11], tail
     conn.execute(f"DROP TABLE {t}, {t}_wm")
+
+
+def _half_visible_race(db, conn, t, read, y_extra=(), iso=None):
+    """ids 1..3 committed.  X writes 4 and stays open; `read(c)` starts and
+    waits for X; W (later) writes 5 and stays open; Y writes 6 (and runs
+    `y_extra`) and commits; X commits; a moment later W commits.  Y
+    committed before X: no state shows 4 without 6, or without Y's other
+    writes.  Returns what `read` returned."""
+    c = connect(db, autocommit=iso is None)
+    if iso:
+        c.execute(f"SET TRANSACTION ISOLATION LEVEL {iso}")
+    with connect(db, autocommit=False) as x, connect(db, autocommit=False) as w:
+        x.execute(f"INSERT INTO {t} (id) VALUES (4)")
+        th, res = start_waiting(conn, c, "the read to wait for X", lambda: read(c))
+        w.execute(f"INSERT INTO {t} (id) VALUES (5)")
+        with connect(db, autocommit=False) as y:
+            y.execute(f"INSERT INTO {t} (id) VALUES (6)")
+            for sql in y_extra:
+                y.execute(sql)
+            y.commit()
+        x.commit()
+        th.join(timeout=1)
+        w.commit()
+        th.join(timeout=120)
+    c.close()
+    assert "out" in res, res
+    return res["out"]
+
+
+def test_no_cut_where_something_else_the_statement_shows_could_be_ahead(db, conn, table_name):
+    """Shapes a hostile review found a cut to falsify: a subplan whose rows
+    become a value, a function reading another table, a row read FOR SHARE,
+    a second latched table, a REPEATABLE READ transaction that reads on.
+    Each read sees Y's writes whole (it waits for W instead of cutting)."""
+    t, t2, wm = table_name, f"{table_name}_b", f"{table_name}_wm"
+    conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    conn.execute(f"CREATE TABLE {t2} (id int PRIMARY KEY)")
+    for r in (t, t2):
+        conn.execute("SELECT pgkvx.enable(%s)", (r,))
+        conn.execute(f"INSERT INTO {r} SELECT generate_series(1, 3)")
+    conn.execute(f"CREATE TABLE {wm} (k int PRIMARY KEY, v int)")
+    conn.execute(f"INSERT INTO {wm} VALUES (1, 0)")
+    conn.execute(f"CREATE FUNCTION {wm}_hw() RETURNS int LANGUAGE plpgsql STABLE AS "
+                 f"$$BEGIN RETURN (SELECT v FROM {wm} WHERE k = 1); END$$")
+
+    def reset():
+        conn.execute(f"DELETE FROM {t} WHERE id > 3")
+        conn.execute(f"DELETE FROM {t2} WHERE id > 3")
+        conn.execute(f"UPDATE {wm} SET v = 0")
+
+    got = _half_visible_race(db, conn, t, lambda c: c.execute(
+        f"SELECT max(x) FROM unnest(ARRAY(SELECT id FROM {t} WHERE id > 0 ORDER BY id)) x").fetchone()[0])
+    assert got >= 6, got
+    reset()
+    for read in (f"SELECT id, {wm}_hw() FROM {t} WHERE id > 0 ORDER BY id LIMIT 100",
+                 f"SELECT id, (SELECT v FROM {wm} WHERE k = 1 FOR SHARE) FROM {t} WHERE id > 0 ORDER BY id LIMIT 100"):
+        rows = _half_visible_race(db, conn, t, lambda c, read=read: c.execute(read).fetchall(),
+                                  [f"UPDATE {wm} SET v = 6"])
+        ids = [r[0] for r in rows]
+        assert rows[0][1] != 6 or 6 in ids, (read, rows)
+        reset()
+    def union(c):
+        # Index scans on both branches: each could cut on its own.
+        c.execute("SET enable_seqscan = off")
+        c.execute("SET enable_bitmapscan = off")
+        return c.execute(f"(SELECT id, 'a' FROM {t} WHERE id > 0 ORDER BY id) UNION ALL "
+                         f"(SELECT id, 'b' FROM {t2} WHERE id > 0 ORDER BY id)").fetchall()
+    rows = _half_visible_race(db, conn, t, union, [f"INSERT INTO {t2} VALUES (4)"])
+    assert ((4, "b") in rows) == ((6, "a") in rows), rows
+    reset()
+
+    def rr(c):
+        ids = [r[0] for r in c.execute(f"SELECT id FROM {t} WHERE id > 0 ORDER BY id LIMIT 100").fetchall()]
+        (n,) = c.execute(f"SELECT count(*) FROM {t}").fetchone()
+        c.rollback()
+        return ids, n
+    ids, n = _half_visible_race(db, conn, t, rr, iso="REPEATABLE READ")
+    assert len(ids) == n, (ids, n)
+    conn.execute(f"DROP TABLE {t}, {t2}, {wm} CASCADE")
+    conn.execute(f"DROP FUNCTION IF EXISTS {wm}_hw()")
