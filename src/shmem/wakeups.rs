@@ -6,8 +6,9 @@
 //! that waited for a writer (its per-table wait counts live here too, for
 //! `pgkvx.wait_stats()` and `pgkvx.stats(rel)`) -- (keyed by database and
 //! relation oid; claimed and freed under a claim flag, freed when the table
-//! is dropped or disabled, so tables that come and go do not use them up;
-//! slot 0 takes every table once the others are used up), each with a
+//! is dropped or disabled, and given to another table when all are taken
+//! and nobody waits on it, so no role can use them up; slot 0 takes a
+//! table only when every other slot has a waiter), each with a
 //! condition variable, the
 //! number of sessions waiting on it now and cumulative statistics, plus a
 //! global count of waiting sessions and one **waiter record** per backend
@@ -221,29 +222,48 @@ fn claiming<T>(r: &Region, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// The slot of `key`, claimed if need be; slot 0 when all are taken.
+/// The slot of `key`, claimed if need be.  When every slot is taken, one
+/// that nobody waits on now gives its place up (its counts go to slot 0,
+/// which sums the tables without a slot of their own), so tables that were
+/// waited on once cannot use the slots up; slot 0 only when every slot has
+/// a waiter.
 fn find_or_claim(r: &Region, key: u64) -> u32 {
     if let Some(i) = find(r, key) {
         return i;
     }
-    claiming(r, || {
-        if let Some(i) = find(r, key) {
-            return i;
+    claiming(r, || claim_locked(r, key))
+}
+
+/// [`find_or_claim`] under the claim flag.
+fn claim_locked(r: &Region, key: u64) -> u32 {
+    if let Some(i) = find(r, key) {
+        return i;
+    }
+    let n = r.hdr.nslots;
+    let take = |i: u32| {
+        let s = &r.slots[i as usize];
+        s.retire_stats_into(&r.slots[0]);
+        s.key.store(key, SeqCst);
+        i
+    };
+    let mut i = home(key, n);
+    for _ in 1..n {
+        let k = r.slots[i as usize].key.load(SeqCst);
+        if k == 0 || k == FREED_KEY {
+            return take(i);
         }
-        let n = r.hdr.nslots;
-        let mut i = home(key, n);
-        for _ in 1..n {
-            let s = &r.slots[i as usize];
-            let k = s.key.load(SeqCst);
-            if k == 0 || k == FREED_KEY {
-                s.retire_stats_into(&r.slots[0]);
-                s.key.store(key, SeqCst);
-                return i;
-            }
-            i = if i + 1 == n { 1 } else { i + 1 };
+        i = if i + 1 == n { 1 } else { i + 1 };
+    }
+    // Full: no slot is empty, so every probe runs the whole table, and a
+    // slot given to `key` anywhere is found.  Registrations hold the claim
+    // flag, so a slot with no waiters gets none while it changes hands.
+    for _ in 1..n {
+        if r.slots[i as usize].waiters.load(SeqCst) == 0 {
+            return take(i);
         }
-        0
-    })
+        i = if i + 1 == n { 1 } else { i + 1 };
+    }
+    0
 }
 
 /// A latched table was dropped or disabled (this transaction committed
@@ -367,11 +387,16 @@ impl Waiting {
         ensure_exit_hook();
         unregister(); // a leftover of an earlier call (cannot happen, but cheap)
         let key = key_of(rel);
-        let slot = find_or_claim(r, key);
+        // Counted in the slot before the claim flag goes: a slot with a
+        // waiter never changes hands.
+        let slot = claiming(r, || {
+            let i = claim_locked(r, key);
+            r.slots[i as usize].waiters.fetch_add(1, SeqCst);
+            i
+        });
         let s = &r.slots[slot as usize];
         s.calls.fetch_add(1, SeqCst);
         MY_WAIT.with(|c| c.set(Some(slot)));
-        s.waiters.fetch_add(1, SeqCst);
         r.hdr.waiting.fetch_add(1, SeqCst);
         if let Some(p) = my_procno(r) {
             let w = &r.waiters[p];

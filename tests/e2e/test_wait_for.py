@@ -6,6 +6,7 @@ minutes and the test a much shorter hang guard: a lost wake-up shows as a
 hang caught by the guard, never as a slow pass.  Waits that should time out
 get short timeouts."""
 import threading
+import time
 
 import psycopg
 import pytest
@@ -579,7 +580,7 @@ def test_no_wait_while_holding_locks_a_writer_may_wait_for(db, ev):
 
 def test_wait_slots_of_tables_that_went_are_reused(db):
     """Tables that come and go do not use the wait slots up: a new table
-    waited on after thousands of others were created, waited on and dropped
+    waited on after a thousand others were created, waited on and dropped
     still has a slot of its own (wait_stats shows it by name)."""
     with connect(db) as c:
         c.execute("""DO $$ BEGIN FOR i IN 1..1200 LOOP
@@ -595,3 +596,37 @@ def test_wait_slots_of_tables_that_went_are_reused(db):
         c.execute("SELECT pgkvx.wait_for('slot_churn_last', NULL, '0')")
         assert table_stats(c, "slot_churn_last")["calls"] == 1
         c.execute("DROP TABLE slot_churn_last")
+
+
+def test_tables_waited_on_once_cannot_use_the_wait_slots_up(db):
+    """A role that latches more tables than there are wait slots and waits
+    on each once, keeping them: a table waited on later still gets a slot
+    of its own (an idle one changes hands), and a commit there wakes only
+    its waiters."""
+    with connect(db) as c:
+        c.execute("""DO $$ BEGIN FOR i IN 1..1100 LOOP
+                       EXECUTE format('CREATE TABLE slot_keep_%s (id int PRIMARY KEY)', i);
+                       PERFORM pgkvx.enable(format('slot_keep_%s', i)::regclass);
+                       COMMIT;
+                       PERFORM pgkvx.wait_for(format('slot_keep_%s', i)::regclass, NULL, '0');
+                     END LOOP; END $$""")
+        c.execute("CREATE TABLE slot_keep_last (id int PRIMARY KEY)")
+        c.execute("SELECT pgkvx.enable('slot_keep_last')")
+        c.execute("SELECT pgkvx.wait_for('slot_keep_last', NULL, '0')")
+        assert table_stats(c, "slot_keep_last")["calls"] == 1
+        w = start_waiter(db, "slot_keep_last", None)
+        try:
+            before = table_stats(c, "slot_keep_last")
+            # A commit elsewhere: a shared slot would wake the waiter to
+            # nothing (a spurious wake-up); its own slot does not.
+            c.execute("INSERT INTO slot_keep_1 VALUES (1)")
+            time.sleep(0.2)
+            assert w.is_alive()
+            c.execute("INSERT INTO slot_keep_last VALUES (1)")
+            assert w.finish() is True
+            assert table_stats(c, "slot_keep_last")["spurious"] == before["spurious"]
+        finally:
+            w.close()
+        c.execute("""DO $$ BEGIN FOR i IN 1..1100 LOOP
+                       EXECUTE format('DROP TABLE slot_keep_%s', i); END LOOP; END $$""")
+        c.execute("DROP TABLE slot_keep_last")
