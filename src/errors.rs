@@ -89,12 +89,17 @@ pub mod raw {
         pub fn LWLockRelease(lock: *mut pg_sys::LWLock);
         pub fn palloc0(size: usize) -> *mut std::ffi::c_void;
         pub fn standard_ExecutorStart(qd: *mut pg_sys::QueryDesc, eflags: i32);
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
         pub fn standard_ExecutorRun(
             qd: *mut pg_sys::QueryDesc,
             dir: pg_sys::ScanDirection::Type,
             count: u64,
             execute_once: bool,
         );
+        // PG18 dropped execute_once: see standard_ExecutorRun below.
+        #[cfg(feature = "pg18")]
+        #[link_name = "standard_ExecutorRun"]
+        fn standard_ExecutorRun_pg18(qd: *mut pg_sys::QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64);
         pub fn standard_ExecutorFinish(qd: *mut pg_sys::QueryDesc);
         #[allow(clippy::too_many_arguments)]
         pub fn standard_ProcessUtility(
@@ -128,6 +133,25 @@ pub mod raw {
             slot: *mut pg_sys::TupleTableSlot,
             should_free: bool,
         ) -> *mut pg_sys::TupleTableSlot;
+    }
+
+    /// PG18's standard_ExecutorRun under the older signature: the executor
+    /// now decides on its own whether a plan may run in parallel, so
+    /// `execute_once` has nowhere to go.
+    ///
+    /// # Safety
+    /// As standard_ExecutorRun.
+    #[cfg(feature = "pg18")]
+    #[inline(always)]
+    #[allow(non_snake_case)]
+    pub unsafe fn standard_ExecutorRun(
+        qd: *mut pg_sys::QueryDesc,
+        dir: pg_sys::ScanDirection::Type,
+        count: u64,
+        _execute_once: bool,
+    ) {
+        // SAFETY: per contract.
+        unsafe { standard_ExecutorRun_pg18(qd, dir, count) }
     }
 
     /// `ExecEvalExprSwitchContext` (an inline function in C) as a plain C

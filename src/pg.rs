@@ -7,6 +7,77 @@ use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::PgSqlErrorCode;
 use std::ffi::{CStr, CString};
 
+/// `index_beginscan` without instrumentation (PG18 added the
+/// `IndexScanInstrumentation *` argument before the key counts).
+///
+/// # Safety
+/// As `index_beginscan`: open, locked relations and a registered snapshot.
+pub unsafe fn index_beginscan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snap: pg_sys::Snapshot,
+    nkeys: i32,
+    norderbys: i32,
+) -> pg_sys::IndexScanDesc {
+    // SAFETY: per contract.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+        return pg_sys::index_beginscan(heap, index, snap, nkeys, norderbys);
+        #[cfg(feature = "pg18")]
+        return pg_sys::index_beginscan(heap, index, snap, std::ptr::null_mut(), nkeys, norderbys);
+    }
+}
+
+/// Whether `role` owns relation `relid` (PG16 folded pg_class_ownercheck
+/// into object_ownercheck).
+///
+/// # Safety
+/// A transaction is open (a syscache lookup; raises for a missing relation).
+pub unsafe fn owns_relation(relid: Oid, role: Oid) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        return pg_sys::pg_class_ownercheck(relid, role);
+        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+        return pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, role);
+    }
+}
+
+/// This backend's PGPROC number, or `None` without a PGPROC.
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+pub fn my_proc_number() -> Option<i32> {
+    // SAFETY: plain read of a backend global; checked for NULL.
+    Some(unsafe { pg_sys::MyProc.as_ref() }?.pgprocno)
+}
+
+/// This backend's PGPROC number, or `None` without a PGPROC.  PG17 dropped
+/// PGPROC.pgprocno for the MyProcNumber global (the same index).
+#[cfg(any(feature = "pg17", feature = "pg18"))]
+pub fn my_proc_number() -> Option<i32> {
+    // SAFETY: plain reads of backend globals, set together.
+    unsafe { pg_sys::MyProc.as_ref() }?;
+    Some(unsafe { pg_sys::MyProcNumber })
+}
+
+/// get_ordering_op_properties: the btree family, input type and strategy
+/// number (BTLessStrategyNumber or BTGreaterStrategyNumber) of ordering
+/// operator `op`, or None when it is none.  PG18 answers with a CompareType,
+/// whose COMPARE_LT..COMPARE_GT equal the btree strategy numbers.
+///
+/// # Safety
+/// A transaction is open (a syscache lookup).
+#[allow(clippy::unnecessary_cast)]
+pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
+    let (mut family, mut intype) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    let mut strategy = 0i16;
+    #[cfg(feature = "pg18")]
+    let mut strategy = pg_sys::CompareType::COMPARE_INVALID;
+    // SAFETY: per contract; the out-arguments are locals.
+    let known = unsafe { pg_sys::get_ordering_op_properties(op, &mut family, &mut intype, &mut strategy) };
+    known.then_some((family, intype, strategy as u32))
+}
+
 /// True while the transaction can still run catalog and buffer-manager code.
 /// During abort Postgres releases pins, locks and snapshots through resource
 /// owners *before* memory contexts (and with them our Rust state) are freed;
@@ -277,6 +348,26 @@ pub struct Attr {
     pub generated: u8,
 }
 
+/// The `pg_attribute` rows of `tupdesc`, as the C macro TupleDescAttr
+/// reaches them.
+///
+/// # Safety
+/// `tupdesc` is a valid tuple descriptor.
+pub unsafe fn form_attrs<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
+    // SAFETY: per contract.  PG18 keeps natts CompactAttributes first and
+    // the FormData_pg_attribute array right after them (TupleDescAttr).
+    unsafe {
+        let natts = (*tupdesc).natts as usize;
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+        return (*tupdesc).attrs.as_slice(natts);
+        #[cfg(feature = "pg18")]
+        return std::slice::from_raw_parts(
+            (*tupdesc).compact_attrs.as_ptr().add(natts).cast::<pg_sys::FormData_pg_attribute>(),
+            natts,
+        );
+    }
+}
+
 /// Every attribute of `tupdesc`, dropped ones included (so that index i is
 /// attribute number i + 1).
 ///
@@ -286,10 +377,7 @@ pub unsafe fn tupdesc_attrs(tupdesc: pg_sys::TupleDesc) -> Vec<Attr> {
     // SAFETY: per the contract; attrs is a flexible array of natts entries,
     // and each name a NUL-terminated NameData.
     unsafe {
-        let natts = (*tupdesc).natts as usize;
-        (*tupdesc)
-            .attrs
-            .as_slice(natts)
+        form_attrs(tupdesc)
             .iter()
             .map(|a| Attr {
                 attnum: a.attnum,
@@ -424,7 +512,12 @@ impl OpenRel {
 
     pub fn primary_key_index(&self) -> Option<Oid> {
         // SAFETY: an open relation; the call fills its index list.
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
         let oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(self.rel) };
+        // PG18 also tracks a deferrable primary key; before it rd_pkindex
+        // never named one, so ask for immediate ones only.
+        #[cfg(feature = "pg18")]
+        let oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(self.rel, false) };
         (oid != pg_sys::InvalidOid).then_some(oid)
     }
 

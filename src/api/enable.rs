@@ -19,7 +19,7 @@ use std::ffi::CStr;
 fn require_owner(relid: Oid) {
     // SAFETY: catalog checks; aclcheck_error raises the standard 42501 error.
     unsafe {
-        if !pg_sys::pg_class_ownercheck(relid, pg_sys::GetUserId()) {
+        if !crate::pg::owns_relation(relid, pg_sys::GetUserId()) {
             let kind = pg_sys::get_rel_relkind(relid);
             pg_sys::aclcheck_error(
                 pg_sys::AclResult::ACLCHECK_NOT_OWNER,

@@ -160,7 +160,7 @@ fn rows_behind(
     // relation and is dropped before the scan ends.
     unsafe {
         let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = pg_sys::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
+        let scan = crate::pg::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
         while read < *budget && pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {

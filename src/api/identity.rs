@@ -37,12 +37,14 @@ unsafe extern "C-unwind" {
     // nodes/nodeFuncs.h, declared with the callback
     // type Postgres calls (pgrx's bindings take an argument-less one).
     // Called only through the FFI boundary guard.
+    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_mutator_impl")]
     fn query_tree_mutator(
         query: *mut pg_sys::Query,
         mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
         context: *mut c_void,
         flags: i32,
     ) -> *mut pg_sys::Query;
+    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "expression_tree_mutator_impl")]
     fn expression_tree_mutator(
         node: *mut Node,
         mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
@@ -129,6 +131,36 @@ fn gapless_key(relid: Oid) -> Option<(i16, String)> {
     Some((attnum, name))
 }
 
+/// The identity sequence of column `attnum` of `relid`, or InvalidOid.
+///
+/// # Safety
+/// A transaction is open (catalog and relcache lookups).
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
+    // SAFETY: per contract.
+    unsafe { pg_sys::getIdentitySequence(relid, attnum, true) }
+}
+
+/// PG17 takes the relation (and answers for a partition with its root's
+/// sequence).  A relcache reference takes no lock, as the oid-only call
+/// did: a lock here could be upgraded by the ALTER TABLE that follows.
+///
+/// # Safety
+/// A transaction is open (catalog and relcache lookups).
+#[cfg(any(feature = "pg17", feature = "pg18"))]
+unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
+    // SAFETY: per contract; the reference is released before returning.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let seq = pg_sys::getIdentitySequence(rel, attnum, true);
+        pg_sys::RelationClose(rel);
+        seq
+    }
+}
+
 /// The identity sequence of `relid`'s key column when `relid` is latched
 /// gapless and its key is an identity column.
 fn gapless_identity_sequence(relid: Oid) -> Option<Oid> {
@@ -140,7 +172,7 @@ fn gapless_identity_sequence(relid: Oid) -> Option<Oid> {
             return None;
         }
         // SAFETY: a pg_depend lookup; InvalidOid when there is none.
-        let seq = unsafe { pg_sys::getIdentitySequence(relid, attnum, true) };
+        let seq = unsafe { identity_sequence(relid, attnum) };
         (seq != pg_sys::InvalidOid).then_some(seq)
     });
     IDENTITY_SEQUENCES.with(|c| c.borrow_mut().insert(relid, found));
@@ -522,7 +554,7 @@ pub unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
             pg_sys::NodeTag::T_AlterSeqStmt => {
                 let s = &*(stmt as *mut pg_sys::AlterSeqStmt);
                 let Some(seq) = crate::pg::relation_named(s.sequence) else { return };
-                if !pg_sys::pg_class_ownercheck(seq, pg_sys::GetUserId()) {
+                if !crate::pg::owns_relation(seq, pg_sys::GetUserId()) {
                     return; // Postgres refuses it
                 }
                 if let Some(table) = gapless_table_of(seq) {
@@ -551,7 +583,7 @@ pub unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
                             | pg_sys::AlterTableType::AT_AddIdentity
                     )
                 });
-                if !touches_identity || !pg_sys::pg_class_ownercheck(relid, pg_sys::GetUserId()) {
+                if !touches_identity || !crate::pg::owns_relation(relid, pg_sys::GetUserId()) {
                     return;
                 }
                 let Some((attnum, key)) = gapless_key(relid) else { return };
@@ -571,7 +603,7 @@ pub unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
                     if c.subtype != pg_sys::AlterTableType::AT_SetIdentity {
                         continue;
                     }
-                    let seq = pg_sys::getIdentitySequence(relid, attnum, true);
+                    let seq = identity_sequence(relid, attnum);
                     if seq != pg_sys::InvalidOid {
                         check_sequence_options(relid, seq, c.def as *mut pg_sys::List);
                     }

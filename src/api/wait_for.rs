@@ -402,7 +402,7 @@ fn committed_past(heap: OpenRel, after: Option<&After>, backward: bool) -> bool 
     // relation and is dropped with the scan.
     unsafe {
         let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = pg_sys::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
+        let scan = crate::pg::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
         let mut found = false;

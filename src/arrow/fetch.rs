@@ -501,7 +501,7 @@ impl Deformer {
         projected.dedup();
         let natts = projected.last().map_or(0, |m| m + 1);
         // SAFETY: an open relation's descriptor has the projected attributes.
-        let attrs = unsafe { (*(*rel).rd_att).attrs.as_slice(natts) };
+        let attrs = unsafe { &crate::pg::form_attrs((*rel).rd_att)[..natts] };
         let mut atts = Vec::with_capacity(natts);
         let mut off = Some(0usize);
         for a in attrs {

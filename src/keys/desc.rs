@@ -18,7 +18,33 @@ use std::ffi::CStr;
 unsafe extern "C-unwind" {
     // utils/pg_locale.h; not in pgrx's bindings.  Call through
     // `collation_is_bytewise`, which guards the FFI boundary.
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
     fn lc_collate_is_c(collation: Oid) -> bool;
+    // PG18 dropped lc_collate_is_c: the answer is a flag of the collation's
+    // pg_locale_t.
+    #[cfg(feature = "pg18")]
+    fn pg_newlocale_from_collation(collid: Oid) -> *const Pg18LocaleHead;
+}
+
+/// The head of PG18's `struct pg_locale_struct` (utils/pg_locale.h), up to
+/// the flag read here; not in pgrx's bindings.
+#[cfg(feature = "pg18")]
+#[repr(C)]
+struct Pg18LocaleHead {
+    provider: std::ffi::c_char,
+    deterministic: bool,
+    collate_is_c: bool,
+}
+
+/// lc_collate_is_c as PG17 had it: false for InvalidOid (where
+/// pg_newlocale_from_collation raises), else the locale's flag.
+#[cfg(feature = "pg18")]
+unsafe fn lc_collate_is_c(collation: Oid) -> bool {
+    if collation == pg_sys::InvalidOid {
+        return false;
+    }
+    // SAFETY: a valid collation oid; the locale is cached for the backend.
+    unsafe { (*pg_newlocale_from_collation(collation)).collate_is_c }
 }
 
 /// Whether `coll` orders strings by their bytes ("C", "POSIX", ucs_basic, or

@@ -45,7 +45,15 @@ pub fn init() {
 
 fn local_xact() -> u32 {
     // SAFETY: MyProc is set in every backend.
-    unsafe { (*pg_sys::MyProc).lxid }
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    unsafe {
+        (*pg_sys::MyProc).lxid
+    }
+    // PG17 moved it into PGPROC.vxid.
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    unsafe {
+        (*pg_sys::MyProc).vxid.lxid
+    }
 }
 
 /// REPEATABLE READ or SERIALIZABLE: one snapshot for the whole transaction.

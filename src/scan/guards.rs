@@ -391,11 +391,11 @@ unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key
             if (*(e as *mut pg_sys::Var)).varattno != col.attnum {
                 return false;
             }
-            let (mut family, mut intype, mut strategy) = (pg_sys::InvalidOid, pg_sys::InvalidOid, 0i16);
             let op = *(*sort).sortOperators.add(i);
-            let known = pg_sys::get_ordering_op_properties(op, &mut family, &mut intype, &mut strategy);
             let up = if col.desc { pg_sys::BTGreaterStrategyNumber } else { pg_sys::BTLessStrategyNumber };
-            known && family == col.opfamily && strategy as u32 == up && col.orders_like_key(*(*sort).collations.add(i))
+            crate::pg::ordering_op_properties(op)
+                .is_some_and(|(family, _, strategy)| family == col.opfamily && strategy == up)
+                && col.orders_like_key(*(*sort).collations.add(i))
         })
     }
 }
@@ -687,7 +687,7 @@ unsafe fn known_at_start(expr: *mut pg_sys::Expr) -> bool {
             _ => false,
         };
         simple
-            || pg_sys::pull_paramids(expr).is_null()
+            || super::planner::exec_param_ids(expr as *mut Node).is_empty()
                 && !pg_sys::contain_subplans(expr as *mut Node)
                 && !pg_sys::contain_var_clause(expr as *mut Node)
     }

@@ -993,9 +993,8 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         // result, are known only at run time.
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
         let bounds_run_functions = || {
-            list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| {
-                pg_sys::contain_mutable_functions(e) || !pg_sys::pull_paramids(e as *mut pg_sys::Expr).is_null()
-            })
+            list_iter::<pg_sys::Node>((*cs).custom_exprs)
+                .any(|e| pg_sys::contain_mutable_functions(e) || !super::planner::exec_param_ids(e).is_empty())
         };
         // Spans are keys, and keys are table data: only for a role that
         // may read every row of the key (a view can hide the key column).

@@ -143,8 +143,16 @@ unsafe fn is_column(e: *mut Node, rti: u32, attnum: i16) -> bool {
 unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16) -> bool {
     // SAFETY: per contract; members are EquivalenceMembers.
     unsafe {
-        list_iter::<pg_sys::EquivalenceMember>((*ec).ec_members)
-            .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum))
+        let found = list_iter::<pg_sys::EquivalenceMember>((*ec).ec_members)
+            .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum));
+        // PG18 keeps child rels' members (partitions, inheritance children)
+        // out of ec_members, in ec_childmembers indexed by relid.
+        #[cfg(feature = "pg18")]
+        if !found && !(*ec).ec_childmembers.is_null() && (rti as i32) < (*ec).ec_childmembers_size {
+            return list_iter::<pg_sys::EquivalenceMember>(*(*ec).ec_childmembers.add(rti as usize))
+                .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum));
+        }
+        found
     }
 }
 
@@ -488,9 +496,39 @@ unsafe fn one_value_per_statement(value: *mut Node, init_params: &[i32]) -> bool
     unsafe {
         pg_sys::is_pseudo_constant_clause(value)
             && !pg_sys::contain_subplans(value)
-            && crate::pg::bitmapset_members(pg_sys::pull_paramids(value as *mut pg_sys::Expr))
-                .all(|id| init_params.contains(&id))
+            && exec_param_ids(value).iter().all(|id| init_params.contains(id))
     }
+}
+
+/// The PARAM_EXEC ids in `value`.  Not pull_paramids: from PG16 on it also
+/// returns the query's own parameters (PARAM_EXTERN `$n`), which are one
+/// value for the statement.
+///
+/// # Safety
+/// `value` is a valid expression.
+pub(super) unsafe fn exec_param_ids(value: *mut Node) -> Vec<i32> {
+    #[pg_guard]
+    unsafe extern "C-unwind" fn walk(node: *mut Node, cx: *mut std::ffi::c_void) -> bool {
+        if node.is_null() {
+            return false;
+        }
+        // SAFETY: nodes of a valid expression, cast after the tag check;
+        // `cx` is the Vec of exec_param_ids, alive for the whole walk.
+        unsafe {
+            if node_tag(node) == pg_sys::NodeTag::T_Param {
+                let p = &*(node as *mut pg_sys::Param);
+                if p.paramkind == pg_sys::ParamKind::PARAM_EXEC {
+                    (*(cx as *mut Vec<i32>)).push(p.paramid);
+                }
+                return false;
+            }
+            pg_sys::ffi::pg_guard_ffi_boundary(|| super::restartable::expression_tree_walker(node, Some(walk), cx))
+        }
+    }
+    let mut ids = Vec::new();
+    // SAFETY: per contract.
+    unsafe { walk(value, &mut ids as *mut Vec<i32> as *mut std::ffi::c_void) };
+    ids
 }
 
 /// A row comparison `(k1, k2, ...) op (v1, v2, ...)` whose first column is
@@ -513,11 +551,24 @@ unsafe fn row_bound(
         let r = list_nth::<Node>(rc.rargs, 0)?;
         let opno = pg_sys::Oid::from(list_oids(rc.opnos).next()?.to_u32());
         let collation = list_oids(rc.inputcollids).next().unwrap_or(pg_sys::InvalidOid);
-        use pg_sys::RowCompareType::*;
-        let (column, value, upward) = match rc.rctype {
-            ROWCOMPARE_GT | ROWCOMPARE_GE => (l, r, true),
-            ROWCOMPARE_LT | ROWCOMPARE_LE => (l, r, false),
-            _ => return None,
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+        let (column, value, upward) = {
+            use pg_sys::RowCompareType::*;
+            match rc.rctype {
+                ROWCOMPARE_GT | ROWCOMPARE_GE => (l, r, true),
+                ROWCOMPARE_LT | ROWCOMPARE_LE => (l, r, false),
+                _ => return None,
+            }
+        };
+        // PG18 replaced RowCompareType with CompareType (rctype -> cmptype).
+        #[cfg(feature = "pg18")]
+        let (column, value, upward) = {
+            use pg_sys::CompareType::*;
+            match rc.cmptype {
+                COMPARE_GT | COMPARE_GE => (l, r, true),
+                COMPARE_LT | COMPARE_LE => (l, r, false),
+                _ => return None,
+            }
         };
         let (col, c, value, opno, upward) = match key.cols.iter().position(|c| is_column(column, rti, c.attnum)) {
             Some(col) => (col, &key.cols[col], value, opno, upward),

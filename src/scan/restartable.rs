@@ -22,13 +22,15 @@ use pgrx::prelude::*;
 unsafe extern "C-unwind" {
     // nodes/nodeFuncs.h; not in pgrx's bindings.  Called only through the
     // FFI boundary guard.
+    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_walker_impl")]
     fn query_tree_walker(
         query: *mut pg_sys::Query,
         walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> bool>,
         context: *mut std::ffi::c_void,
         flags: i32,
     ) -> bool;
-    fn expression_tree_walker(
+    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "expression_tree_walker_impl")]
+    pub(super) fn expression_tree_walker(
         node: *mut Node,
         walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> bool>,
         context: *mut std::ffi::c_void,

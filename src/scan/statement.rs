@@ -162,8 +162,14 @@ unsafe fn prev_start(qd: *mut QueryDesc, eflags: i32) {
 pub(super) unsafe fn prev_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
     // SAFETY: chaining with the same arguments.
     unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
         match PREV_RUN {
             Some(f) => f(qd, dir, count, once),
+            None => raw::standard_ExecutorRun(qd, dir, count, once),
+        }
+        #[cfg(feature = "pg18")]
+        match PREV_RUN {
+            Some(f) => f(qd, dir, count),
             None => raw::standard_ExecutorRun(qd, dir, count, once),
         }
     }
@@ -464,8 +470,23 @@ unsafe fn adopt_for_transaction(base: &BaseSnapshot, rel: crate::latch::RelId) {
 /// itself through SQL) passes through this frame at every level, so for
 /// statements that are not ours it is as small as a C hook's and calls on
 /// with a plain C call; it keeps no state, so an ERROR longjmps past it.
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
 unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
     // SAFETY: the executor's arguments, passed on unchanged.
+    unsafe { executor_run_with(qd, dir, count, once) }
+}
+
+/// PG18's ExecutorRun has no execute_once (the executor decides parallelism
+/// itself); `once` is threaded through unused and dropped by [`prev_run`].
+#[cfg(feature = "pg18")]
+unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64) {
+    // SAFETY: the executor's arguments, passed on unchanged.
+    unsafe { executor_run_with(qd, dir, count, true) }
+}
+
+#[inline(always)]
+unsafe fn executor_run_with(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
+    // SAFETY: per executor_run.
     unsafe {
         if statement(qd).is_none() {
             prev_run(qd, dir, count, once)

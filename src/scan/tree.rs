@@ -213,15 +213,12 @@ unsafe fn sort_order(ma: *mut pg_sys::MergeAppend, parent_rti: u32, key: &crate:
             if (*var).varnosyn != parent_rti || (*var).varattnosyn != c.attnum {
                 return None;
             }
-            let (mut opfamily, mut opcintype, mut strategy) = (pg_sys::InvalidOid, pg_sys::InvalidOid, 0i16);
             let op = *(*ma).sortOperators.add(i);
-            if !pg_sys::get_ordering_op_properties(op, &mut opfamily, &mut opcintype, &mut strategy)
-                || opfamily != c.opfamily
-                || !c.orders_like_key(*(*ma).collations.add(i))
-            {
+            let (opfamily, _, strategy) = crate::pg::ordering_op_properties(op)?;
+            if opfamily != c.opfamily || !c.orders_like_key(*(*ma).collations.add(i)) {
                 return None;
             }
-            let ascending = strategy as u32 == pg_sys::BTLessStrategyNumber;
+            let ascending = strategy == pg_sys::BTLessStrategyNumber;
             let f = ascending != c.desc;
             if forward.is_some_and(|o| o != f) {
                 return None;
@@ -360,10 +357,15 @@ unsafe fn outer_vars_replaced(expr: *mut Node, tlist: *mut List) -> *mut Node {
                 }
             }
             // SAFETY: expression_tree_mutator's callback takes (node, context).
+            #[cfg(feature = "pg15")]
             let callback: unsafe extern "C-unwind" fn() -> *mut Node = std::mem::transmute(
                 mutate as unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> *mut Node,
             );
-            pg_sys::expression_tree_mutator(node, Some(callback), cx)
+            #[cfg(feature = "pg15")]
+            return pg_sys::expression_tree_mutator(node, Some(callback), cx);
+            // PG16: a macro over expression_tree_mutator_impl, typed callback.
+            #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+            return pg_sys::expression_tree_mutator_impl(node, Some(mutate), cx);
         }
     }
     // SAFETY: per contract.

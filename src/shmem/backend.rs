@@ -57,8 +57,7 @@ pub fn my_slot() -> u32 {
 /// This process's backend slot in `t`: its PGPROC number, if it has a
 /// PGPROC and the number fits.  Panic-free (see `xact_callback`).
 fn slot_in(t: &super::SharedLatchTable) -> Option<u32> {
-    // SAFETY: plain read of a backend global; checked for NULL.
-    let n = unsafe { pg_sys::MyProc.as_ref() }?.pgprocno;
+    let n = crate::pg::my_proc_number()?;
     u32::try_from(n).ok().filter(|&n| n < t.config().max_backends)
 }
 
@@ -182,7 +181,11 @@ pub fn running_horizon() -> Xid {
     unsafe {
         let lock = &raw mut (*pg_sys::MainLWLockArray.add(4)).lock;
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_SHARED);
+        // PG17 renamed ShmemVariableCache to TransamVariables.
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
         let latest = (*pg_sys::ShmemVariableCache).latestCompletedXid.value as u32;
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        let latest = (*pg_sys::TransamVariables).latestCompletedXid.value as u32;
         let mut h = Xid(latest.wrapping_add(1));
         if !h.is_valid() {
             h = Xid(Xid::FIRST_NORMAL);

@@ -368,8 +368,7 @@ fn broadcast(s: &Slot) {
 }
 
 fn my_procno(r: &Region) -> Option<usize> {
-    // SAFETY: plain read of a backend global; checked for NULL.
-    let n = unsafe { pg_sys::MyProc.as_ref() }?.pgprocno;
+    let n = crate::pg::my_proc_number()?;
     usize::try_from(n).ok().filter(|&n| n < r.waiters.len())
 }
 
