@@ -578,24 +578,28 @@ def test_no_wait_while_holding_locks_a_writer_may_wait_for(db, ev):
         r.rollback()
 
 
+def wait_once_on_new_tables(c, prefix, n, drop):
+    """Creates and latches tables prefix_1..prefix_n and waits on each once
+    (timeout 0); drops each after its wait when `drop`."""
+    gone = "EXECUTE format('DROP TABLE %s_%s', $p$, i); COMMIT;" if drop else ""
+    c.execute(f"""DO $$ DECLARE p text := '{prefix}'; BEGIN FOR i IN 1..{n} LOOP
+                    EXECUTE format('CREATE TABLE %s_%s (id int PRIMARY KEY)', p, i);
+                    PERFORM pgkvx.enable(format('%s_%s', p, i)::regclass);
+                    COMMIT;
+                    PERFORM pgkvx.wait_for(format('%s_%s', p, i)::regclass, NULL, '0');
+                    {gone.replace("$p$", "p")}
+                  END LOOP; END $$""")
+
+
 def test_wait_slots_of_tables_that_went_are_reused(db):
     """Tables that come and go do not use the wait slots up: a new table
     waited on after a thousand others were created, waited on and dropped
     still has a slot of its own (wait_stats shows it by name)."""
     with connect(db) as c:
-        c.execute("""DO $$ BEGIN FOR i IN 1..1200 LOOP
-                       EXECUTE format('CREATE TABLE slot_churn_%s (id int PRIMARY KEY)', i);
-                       PERFORM pgkvx.enable(format('slot_churn_%s', i)::regclass);
-                       COMMIT;
-                       PERFORM pgkvx.wait_for(format('slot_churn_%s', i)::regclass, NULL, '0');
-                       EXECUTE format('DROP TABLE slot_churn_%s', i);
-                       COMMIT;
-                     END LOOP; END $$""")
-        c.execute("CREATE TABLE slot_churn_last (id int PRIMARY KEY)")
-        c.execute("SELECT pgkvx.enable('slot_churn_last')")
-        c.execute("SELECT pgkvx.wait_for('slot_churn_last', NULL, '0')")
-        assert table_stats(c, "slot_churn_last")["calls"] == 1
-        c.execute("DROP TABLE slot_churn_last")
+        wait_once_on_new_tables(c, "slot_churn", 1200, drop=True)
+        wait_once_on_new_tables(c, "slot_churn_last", 1, drop=False)
+        assert table_stats(c, "slot_churn_last_1")["calls"] == 1
+        c.execute("DROP TABLE slot_churn_last_1")
 
 
 def test_tables_waited_on_once_cannot_use_the_wait_slots_up(db):
@@ -604,12 +608,7 @@ def test_tables_waited_on_once_cannot_use_the_wait_slots_up(db):
     of its own (an idle one changes hands), and a commit there wakes only
     its waiters."""
     with connect(db) as c:
-        c.execute("""DO $$ BEGIN FOR i IN 1..1100 LOOP
-                       EXECUTE format('CREATE TABLE slot_keep_%s (id int PRIMARY KEY)', i);
-                       PERFORM pgkvx.enable(format('slot_keep_%s', i)::regclass);
-                       COMMIT;
-                       PERFORM pgkvx.wait_for(format('slot_keep_%s', i)::regclass, NULL, '0');
-                     END LOOP; END $$""")
+        wait_once_on_new_tables(c, "slot_keep", 1100, drop=False)
         c.execute("CREATE TABLE slot_keep_last (id int PRIMARY KEY)")
         c.execute("SELECT pgkvx.enable('slot_keep_last')")
         c.execute("SELECT pgkvx.wait_for('slot_keep_last', NULL, '0')")
