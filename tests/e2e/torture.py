@@ -345,7 +345,14 @@ def watermark_writer(connect, report, stop):
     try:
         with connect() as c:
             while not stop.is_set():
-                c.execute("UPDATE watermark SET hw = (SELECT max(id) FROM ident_events)")
+                try:
+                    # A read beside another table cannot stop short of a
+                    # writer: under constant writes it may fail, and retries.
+                    c.execute("UPDATE watermark SET hw = (SELECT max(id) FROM ident_events)")
+                except psycopg.Error as e:
+                    if _sqlstate(e) not in RETRYABLE:
+                        raise
+                    report.writer_retries += 1
                 time.sleep(0.002)
     except Exception as e:  # noqa: BLE001 - reported, checked by the caller
         report.errors.append(f"watermark writer: {e!r}")
