@@ -147,6 +147,16 @@ pub fn latch_root_unlocked(relid: Oid) -> Oid {
     partitions::ancestors(relid).into_iter().rev().find(|&a| registration(a).is_some()).unwrap_or(relid)
 }
 
+/// [`latch_root_unlocked`] for a table that must be latched (itself or
+/// through a parent): raises [`not_latched`] otherwise.
+pub fn require_root_unlocked(relid: Oid) -> Oid {
+    let root = latch_root_unlocked(relid);
+    if registration(root).is_none() {
+        not_latched(relid);
+    }
+    root
+}
+
 /// The latch identity of `relid`: its latched ancestor for a partition of
 /// a latched partitioned table, else itself.
 pub fn latch_identity(relid: Oid) -> Oid {

@@ -271,10 +271,7 @@ fn head_blocker_list(
                 );
             }
             // A partition's latches are its latched parent's.
-            let root = registry::latch_root_unlocked(relid);
-            if registry::registration(root).is_none() {
-                registry::not_latched(relid);
-            }
+            let root = registry::require_root_unlocked(relid);
             let latched = registry::lookup_nowait(relid).flatten();
             if after.is_some() && latched.is_none() {
                 errors::raise(

@@ -595,10 +595,7 @@ fn table_stats(rel: Option<Regclass>) -> TableIterator<'static, (name!(stat, Str
         );
     }
     // Waits are counted under the latch identity: a partition's parent.
-    let root = registry::latch_root_unlocked(relid);
-    if registry::registration(root).is_none() {
-        registry::not_latched(relid);
-    }
+    let root = registry::require_root_unlocked(relid);
     let (s, waiting) = wakeups::table_stats(backend::rel_id(root));
     TableIterator::new(wait_rows(&s, waiting))
 }

@@ -53,8 +53,8 @@ pub struct ReadStrategy {
     pub mode: ReadMode,
     pub declared_first: bool,
     /// The first statement of a REPEATABLE READ transaction to read at its
-    /// snapshot (see [`snapshot::mark_fixed_read`]): it may pull holders in,
-    /// and the transaction then reads at the result.
+    /// snapshot (see [`snapshot::mark_fixed_read`]): it may read again at a
+    /// fresh snapshot, and the transaction then reads at that.
     pub first_fixed_read: bool,
 }
 
@@ -96,6 +96,19 @@ pub struct Waited {
 /// Writers a read remembers having waited for; the count of waits goes on.
 pub const MAX_WAITED: usize = 16;
 
+/// Waits for the holder of conflict `c` to end; counts the wait against the
+/// table where it was met (the per-table wait statistics) and remembers it
+/// in `waited` for EXPLAIN ANALYZE while there is room.  Returns the
+/// microseconds waited.
+pub fn wait_for_holder(c: &Conflict, waited: &mut Vec<Waited>) -> i64 {
+    let us = snapshot::wait_for(c.xid);
+    crate::shmem::wakeups::count_read_wait(c.rel, u64::try_from(us).unwrap_or(0));
+    if waited.len() < MAX_WAITED {
+        waited.push(Waited { xid: c.xid, rel: c.rel, checked: c.span, wait_us: us });
+    }
+    us
+}
+
 /// The protocol's view of one read: the reader's reads, our checks and waits.
 struct ReadEnv<'a, R> {
     reader: &'a mut R,
@@ -128,7 +141,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 
     fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
-        let view = self.base.view(&[]);
+        let view = self.base.view();
         let before = out.len();
         let c = table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
         if out.len() > before {
@@ -139,15 +152,10 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 
     fn wait(&mut self, xid: Xid) {
-        let us = snapshot::wait_for(xid);
-        self.wait_us += us;
-        // Counted against the table where the holder was met, for the
-        // per-table wait statistics; named in EXPLAIN ANALYZE.
-        let Some(c) = self.met.iter().find(|c| c.xid == xid) else { return };
-        crate::shmem::wakeups::count_read_wait(c.rel, u64::try_from(us).unwrap_or(0));
-        if self.waited.len() < MAX_WAITED {
-            self.waited.push(Waited { xid, rel: c.rel, checked: c.span, wait_us: us });
-        }
+        self.wait_us += match self.met.iter().find(|c| c.xid == xid) {
+            Some(c) => wait_for_holder(c, &mut self.waited),
+            None => snapshot::wait_for(xid),
+        };
     }
 
     fn refresh_snapshot(&mut self) {

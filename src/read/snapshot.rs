@@ -185,9 +185,9 @@ pub unsafe fn adopt_for_transaction(newer: Snapshot, after: Xid) -> bool {
     }
 }
 
-/// Makes the statement snapshot `snap` read as `template` (spliced from
-/// it, or a fresher snapshot) does, in place: every scan of the statement
-/// holds `snap`, and so do the functions it calls.  The in-progress list is
+/// Makes snapshot `snap` read as `template`, a fresher snapshot, does, in
+/// place: everything that holds `snap` (a REPEATABLE READ transaction's
+/// later statements) reads at the newer state.  The in-progress list is
 /// copied into `cx`, which lives as long as `snap`; `snap` keeps its xmin
 /// (older is only more careful).
 ///
@@ -238,7 +238,8 @@ pub fn after_for_statement() -> Xid {
     now
 }
 
-/// The snapshot a read starts from, before pulling anyone in.
+/// A snapshot a read runs at: the statement's, or a fresh one it took after
+/// waiting.
 pub struct BaseSnapshot {
     pub snap: Snapshot,
     /// Xids at or above this were assigned after the snapshot.
@@ -295,7 +296,7 @@ impl BaseSnapshot {
         self.after
     }
 
-    pub fn view<'a>(&'a self, pulled: &'a [Xid]) -> ReadSnapshot<'a> {
+    pub fn view(&self) -> ReadSnapshot<'_> {
         // SAFETY: the snapshot is valid while self is.
         let xmin = unsafe { (*self.snap).xmin };
         ReadSnapshot {
@@ -303,7 +304,7 @@ impl BaseSnapshot {
             xmax: self.xmax(),
             xip: &self.xip,
             after: self.after,
-            pulled,
+            pulled: &[],
             own: backend::my_xid_if_any(),
         }
     }

@@ -612,9 +612,10 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
 /// more -- other scans may have read at it -- so the scan waits for the
 /// writers in flight at it in its declared span (one that aborts is gone),
 /// and stops before the first key of those that committed: they stay
-/// invisible, and a tail reads their rows next time.  A scan that cannot
-/// stop early (its span is bounded above, it reads in no key order, the
-/// statement has no LIMIT) fails with 40001 instead.
+/// invisible, and a tail reads their rows next time.  Where stopping early
+/// would change the statement's answer (`guards::may_cut`,
+/// `guards::reads_only_guarded`, REPEATABLE READ) it waits for them
+/// instead, and fails with 40001 when one committed.
 #[pg_guard]
 #[inline(never)]
 unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
@@ -630,7 +631,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             let t = crate::shmem::table();
             let check = |out: &mut Vec<crate::latch::Conflict>| {
-                let view = base.view(&[]);
+                let view = base.view();
                 crate::shmem::backend::count(crate::latch::Stat::Validations, 1);
                 t.check_footprint(&fp, &view, &snapshot::committed, &mut |c| out.push(c));
             };
@@ -657,15 +658,12 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
                 apply_cut(&[node], &run::cut_upward(&met));
             } else {
                 // A writer that aborts leaves nothing to hide.
-                for c in met.iter().filter(|c| c.live) {
-                    if waited.iter().any(|w: &run::Waited| w.xid == c.xid) {
-                        continue;
-                    }
-                    let us = snapshot::wait_for(c.xid);
-                    wait_us += us;
+                let mut live: Vec<_> = met.iter().filter(|c| c.live).copied().collect();
+                live.sort_unstable_by_key(|c| c.xid.0);
+                live.dedup_by_key(|c| c.xid);
+                for c in &live {
+                    wait_us += run::wait_for_holder(c, &mut waited);
                     report.waits += 1;
-                    crate::shmem::wakeups::count_read_wait(c.rel, u64::try_from(us).unwrap_or(0));
-                    waited.push(run::Waited { xid: c.xid, rel: c.rel, checked: c.span, wait_us: us });
                 }
                 met.clear();
                 check(&mut met);

@@ -8,8 +8,9 @@
 //! runs, and a retry runs the whole statement again:
 //!
 //! - fenced: at executor start, before any node is initialised, wait for
-//!   the writers in flight in the declared spans, fold them into the
-//!   statement's snapshot, and start the executor at that snapshot.  Rows
+//!   the writers in flight in the declared spans, take a fresh snapshot
+//!   (or stop before later writers' keys: the latch core's `protocol`), and
+//!   start the executor at it.  Rows
 //!   then stream.  Statements that cannot run twice (side effects, row
 //!   locks, volatile functions, scrollable or holdable cursors) and results
 //!   too large to hold back always read fenced.
@@ -17,7 +18,7 @@
 //!   the plan to the end into a buffer, then validate the spans the guarded
 //!   scans touched.  Clean: hand the rows on.  A conflict: wait for the
 //!   holders, run the statement again (a second executor for the same plan)
-//!   at the snapshot with them folded in, validate again; after
+//!   at a fresh snapshot, validate again; after
 //!   `pgkvx.optimistic_retries` such attempts, or if the result outgrows
 //!   the buffer, fall back to fenced, again in a second executor.
 //!   Before buffering many rows, an optimistic read first checks its
@@ -320,7 +321,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             ReadMode::Optimistic
                 if strategy.declared_first && {
                     let fp = declared();
-                    let view = base.view(&[]);
+                    let view = base.view();
                     let clean = table().check_footprint(&fp, &view, &snapshot::committed, &mut |_| {}).clean();
                     backend::count(crate::latch::Stat::Validations, 1);
                     clean
