@@ -78,6 +78,115 @@ pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
     known.then_some((family, intype, strategy as u32))
 }
 
+/// nodes/nodeFuncs.h's tree walkers and mutators, declared with the callback
+/// type Postgres calls (pgrx's bindings take an argument-less one).  PG16
+/// made the plain names macros over `*_impl` functions with typed callbacks.
+/// Call them only through `pg_sys::ffi::pg_guard_ffi_boundary`.
+pub mod walk {
+    use pgrx::pg_sys::{self, Node};
+    use std::ffi::c_void;
+
+    unsafe extern "C-unwind" {
+        #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_walker_impl")]
+        pub fn query_tree_walker(
+            query: *mut pg_sys::Query,
+            walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> bool>,
+            context: *mut c_void,
+            flags: i32,
+        ) -> bool;
+        #[cfg_attr(
+            any(feature = "pg16", feature = "pg17", feature = "pg18"),
+            link_name = "expression_tree_walker_impl"
+        )]
+        pub fn expression_tree_walker(
+            node: *mut Node,
+            walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> bool>,
+            context: *mut c_void,
+        ) -> bool;
+        #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_mutator_impl")]
+        pub fn query_tree_mutator(
+            query: *mut pg_sys::Query,
+            mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
+            context: *mut c_void,
+            flags: i32,
+        ) -> *mut pg_sys::Query;
+        #[cfg_attr(
+            any(feature = "pg16", feature = "pg17", feature = "pg18"),
+            link_name = "expression_tree_mutator_impl"
+        )]
+        pub fn expression_tree_mutator(
+            node: *mut Node,
+            mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
+            context: *mut c_void,
+        ) -> *mut Node;
+    }
+}
+
+/// The xid after the latest completed one, as the horizon computation
+/// starts from it (PG17 renamed ShmemVariableCache to TransamVariables).
+///
+/// # Safety
+/// The caller holds ProcArrayLock, under which the value is stable.
+pub unsafe fn latest_completed_xid() -> u32 {
+    // SAFETY: per contract; the variable is in shared memory from startup.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        return (*pg_sys::ShmemVariableCache).latestCompletedXid.value as u32;
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        return (*pg_sys::TransamVariables).latestCompletedXid.value as u32;
+    }
+}
+
+/// This backend's local transaction id (PG17 moved it into PGPROC.vxid).
+pub fn local_xact_id() -> u32 {
+    // SAFETY: MyProc is set in every backend that runs SQL.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        return (*pg_sys::MyProc).lxid;
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        return (*pg_sys::MyProc).vxid.lxid;
+    }
+}
+
+/// ExecutorRun forward for `count` rows (0: all).  PG18 dropped the
+/// execute_once argument; earlier majors are told the portal may run again.
+///
+/// # Safety
+/// As ExecutorRun: `qd` started, its snapshot active.
+pub unsafe fn executor_run(qd: *mut pg_sys::QueryDesc, count: u64) {
+    // SAFETY: per contract.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+        pg_sys::ExecutorRun(qd, pg_sys::ScanDirection::ForwardScanDirection, count, false);
+        #[cfg(feature = "pg18")]
+        pg_sys::ExecutorRun(qd, pg_sys::ScanDirection::ForwardScanDirection, count);
+    }
+}
+
+/// Whether a row comparison bounds from below (`>`, `>=`: Some(true)) or
+/// from above (`<`, `<=`: Some(false)); None for `=`, `<>`.  PG18 replaced
+/// RowCompareType (rctype) with CompareType (cmptype).
+pub fn row_compare_lower_bound(rc: &pg_sys::RowCompareExpr) -> Option<bool> {
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    {
+        use pg_sys::RowCompareType::*;
+        match rc.rctype {
+            ROWCOMPARE_GT | ROWCOMPARE_GE => Some(true),
+            ROWCOMPARE_LT | ROWCOMPARE_LE => Some(false),
+            _ => None,
+        }
+    }
+    #[cfg(feature = "pg18")]
+    {
+        use pg_sys::CompareType::*;
+        match rc.cmptype {
+            COMPARE_GT | COMPARE_GE => Some(true),
+            COMPARE_LT | COMPARE_LE => Some(false),
+            _ => None,
+        }
+    }
+}
+
 /// True while the transaction can still run catalog and buffer-manager code.
 /// During abort Postgres releases pins, locks and snapshots through resource
 /// owners *before* memory contexts (and with them our Rust state) are freed;
@@ -379,18 +488,43 @@ pub unsafe fn tupdesc_attrs(tupdesc: pg_sys::TupleDesc) -> Vec<Attr> {
     unsafe {
         form_attrs(tupdesc)
             .iter()
-            .map(|a| Attr {
+            .enumerate()
+            .map(|(i, a)| Attr {
                 attnum: a.attnum,
                 name: CStr::from_ptr(a.attname.data.as_ptr()).to_string_lossy().into_owned(),
                 typid: a.atttypid,
                 typmod: a.atttypmod,
-                notnull: a.attnotnull,
+                notnull: holds_no_null(tupdesc, i, a),
                 dropped: a.attisdropped,
                 identity: a.attidentity as u8,
                 generated: a.attgenerated as u8,
             })
             .collect()
     }
+}
+
+/// Whether attribute `i` of `tupdesc` can hold no NULL.
+///
+/// # Safety
+/// `a` is attribute `i` of the valid tuple descriptor `tupdesc`.
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+unsafe fn holds_no_null(_tupdesc: pg_sys::TupleDesc, _i: usize, a: &pg_sys::FormData_pg_attribute) -> bool {
+    a.attnotnull
+}
+
+/// PG18 sets attnotnull for a NOT VALID not-null constraint too, under
+/// which old rows may still be NULL: only a validated one counts.  The
+/// relcache resolves the constraint's validity into the compact attribute;
+/// a descriptor that left it unknown counts as nullable.
+///
+/// # Safety
+/// `a` is attribute `i` of the valid tuple descriptor `tupdesc`.
+#[cfg(feature = "pg18")]
+unsafe fn holds_no_null(tupdesc: pg_sys::TupleDesc, i: usize, a: &pg_sys::FormData_pg_attribute) -> bool {
+    // SAFETY: per contract; compact_attrs holds natts entries.
+    a.attnotnull
+        && unsafe { (*tupdesc).compact_attrs.as_slice((*tupdesc).natts as usize)[i].attnullability }
+            == pg_sys::ATTNULLABLE_VALID as std::ffi::c_char
 }
 
 /// A relation (table, index, sequence) opened with a lock, closed when

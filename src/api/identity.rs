@@ -33,24 +33,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 
-unsafe extern "C-unwind" {
-    // nodes/nodeFuncs.h, declared with the callback
-    // type Postgres calls (pgrx's bindings take an argument-less one).
-    // Called only through the FFI boundary guard.
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_mutator_impl")]
-    fn query_tree_mutator(
-        query: *mut pg_sys::Query,
-        mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
-        context: *mut c_void,
-        flags: i32,
-    ) -> *mut pg_sys::Query;
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "expression_tree_mutator_impl")]
-    fn expression_tree_mutator(
-        node: *mut Node,
-        mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
-        context: *mut c_void,
-    ) -> *mut Node;
-}
+use crate::pg::walk::{expression_tree_mutator, query_tree_mutator};
 
 thread_local! {
     /// Per table: the identity sequence of its gapless key column, or None
@@ -162,13 +145,23 @@ unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
 }
 
 /// The identity sequence of `relid`'s key column when `relid` is latched
-/// gapless and its key is an identity column.
+/// gapless (itself, or as a partition of a latched gapless tree: from
+/// PostgreSQL 17 a partition shares its root's identity) and its key is an
+/// identity column.
 fn gapless_identity_sequence(relid: Oid) -> Option<Oid> {
     if let Some(hit) = IDENTITY_SEQUENCES.with(|c| c.borrow().get(&relid).copied()) {
         return hit;
     }
-    let found = gapless_key(relid).and_then(|(attnum, _)| {
-        if !is_identity(relid, attnum) {
+    let root = registry::latch_root_unlocked(relid);
+    let found = gapless_key(root).and_then(|(root_attnum, name)| {
+        let attnum = if root == relid {
+            root_attnum
+        } else {
+            let name = std::ffi::CString::new(name).ok()?;
+            // SAFETY: a syscache lookup; InvalidAttrNumber (0) when missing.
+            unsafe { pg_sys::get_attnum(relid, name.as_ptr()) }
+        };
+        if attnum <= 0 || !is_identity(relid, attnum) {
             return None;
         }
         // SAFETY: a pg_depend lookup; InvalidOid when there is none.
@@ -779,4 +772,30 @@ fn with_plain_reads<R>(f: impl FnOnce() -> R) -> R {
     crate::pg::with_settings(&[(c"pgkvx.scan_mode", c"off"), (c"pgkvx.unprotected_reads", c"allow")], || {
         crate::pg::with_pinned_settings(f)
     })
+}
+
+/// What differs between majors in identity keys.
+#[cfg(all(feature = "pg_test", any(feature = "pg17", feature = "pg18")))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// From PostgreSQL 17 a partition shares its root's identity: an INSERT
+    /// straight into a partition of a gapless identity tree draws through
+    /// `next_key` as one into the root does.
+    #[pg_test]
+    fn inserts_into_a_partition_draw_the_roots_gapless_identity() {
+        Spi::run(
+            "CREATE TABLE pi (id bigint GENERATED ALWAYS AS IDENTITY, r int NOT NULL, v text, PRIMARY KEY (id, r))
+                 PARTITION BY LIST (r);
+             CREATE TABLE pi1 PARTITION OF pi FOR VALUES IN (1);
+             SELECT pgkvx.enable('pi', gapless => true);
+             INSERT INTO pi (r, v) VALUES (1, 'through the root');
+             INSERT INTO pi1 (r, v) VALUES (1, 'straight into the partition');
+             INSERT INTO pi (r, v) VALUES (1, 'through the root again')",
+        )
+        .unwrap();
+        let ids = Spi::get_one::<String>("SELECT string_agg(id::text, ',' ORDER BY id) FROM pi").unwrap();
+        assert_eq!(ids.as_deref(), Some("1,2,3"), "the keys of a gapless tree have no gaps");
+    }
 }

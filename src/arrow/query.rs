@@ -220,10 +220,7 @@ impl QueryExecutor {
             let saved = pg_sys::CurrentResourceOwner;
             pg_sys::CurrentResourceOwner = owner;
             pg_sys::PushActiveSnapshot((*qd).snapshot);
-            #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-            pg_sys::ExecutorRun(qd, pg_sys::ScanDirection::ForwardScanDirection, count, false);
-            #[cfg(feature = "pg18")]
-            pg_sys::ExecutorRun(qd, pg_sys::ScanDirection::ForwardScanDirection, count);
+            crate::pg::executor_run(qd, count);
             pg_sys::PopActiveSnapshot();
             pg_sys::CurrentResourceOwner = saved;
         }

@@ -43,19 +43,6 @@ pub fn init() {
     }
 }
 
-fn local_xact() -> u32 {
-    // SAFETY: MyProc is set in every backend.
-    #[cfg(any(feature = "pg15", feature = "pg16"))]
-    unsafe {
-        (*pg_sys::MyProc).lxid
-    }
-    // PG17 moved it into PGPROC.vxid.
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
-    unsafe {
-        (*pg_sys::MyProc).vxid.lxid
-    }
-}
-
 /// REPEATABLE READ or SERIALIZABLE: one snapshot for the whole transaction.
 pub fn fixed_snapshot() -> bool {
     // SAFETY: plain read of a backend global.
@@ -100,7 +87,7 @@ pub fn after_utility() {
 pub fn note_transaction_snapshot() {
     // SAFETY: plain read of a backend global.
     if fixed_snapshot() && unsafe { pg_sys::FirstSnapshotSet } {
-        let lxid = local_xact();
+        let lxid = crate::pg::local_xact_id();
         if XACT_AFTER.with(|c| c.get()).is_none_or(|(l, _)| l != lxid) {
             XACT_AFTER.with(|c| c.set(Some((lxid, next_xid()))));
         }
@@ -123,7 +110,7 @@ pub fn mark_fixed_read() -> bool {
     if !fixed_snapshot() || !unsafe { pg_sys::FirstSnapshotSet } {
         return false;
     }
-    let lxid = local_xact();
+    let lxid = crate::pg::local_xact_id();
     let n = match FIXED_READ.with(|c| c.get()) {
         Some((l, n)) if l == lxid => n + 1,
         _ => 1,
@@ -137,7 +124,7 @@ pub fn mark_fixed_read() -> bool {
 /// validates at its first FETCH, and statements run in between (or
 /// functions its own run called) read at the old snapshot.
 fn only_first_read() -> bool {
-    FIXED_READ.with(|c| c.get()) == Some((local_xact(), 1))
+    FIXED_READ.with(|c| c.get()) == Some((crate::pg::local_xact_id(), 1))
 }
 
 /// Whether the first statement to read at this transaction's fixed
@@ -180,7 +167,7 @@ pub unsafe fn adopt_for_transaction(newer: Snapshot, after: Xid) -> bool {
         let cur = pg_sys::GetTransactionSnapshot();
         fold_in_place(pg_sys::TopTransactionContext, cur, newer);
         // Later statements judge writers against the state they read at.
-        XACT_AFTER.with(|c| c.set(Some((local_xact(), after))));
+        XACT_AFTER.with(|c| c.set(Some((crate::pg::local_xact_id(), after))));
         true
     }
 }
@@ -230,7 +217,7 @@ pub fn after_for_statement() -> Xid {
     let now = next_xid();
     if fixed_snapshot() {
         if let Some((lxid, after)) = XACT_AFTER.with(|c| c.get()) {
-            if lxid == local_xact() {
+            if lxid == crate::pg::local_xact_id() {
                 return after;
             }
         }

@@ -522,7 +522,7 @@ pub(super) unsafe fn exec_param_ids(value: *mut Node) -> Vec<i32> {
                 }
                 return false;
             }
-            pg_sys::ffi::pg_guard_ffi_boundary(|| super::restartable::expression_tree_walker(node, Some(walk), cx))
+            pg_sys::ffi::pg_guard_ffi_boundary(|| crate::pg::walk::expression_tree_walker(node, Some(walk), cx))
         }
     }
     let mut ids = Vec::new();
@@ -551,25 +551,7 @@ unsafe fn row_bound(
         let r = list_nth::<Node>(rc.rargs, 0)?;
         let opno = pg_sys::Oid::from(list_oids(rc.opnos).next()?.to_u32());
         let collation = list_oids(rc.inputcollids).next().unwrap_or(pg_sys::InvalidOid);
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        let (column, value, upward) = {
-            use pg_sys::RowCompareType::*;
-            match rc.rctype {
-                ROWCOMPARE_GT | ROWCOMPARE_GE => (l, r, true),
-                ROWCOMPARE_LT | ROWCOMPARE_LE => (l, r, false),
-                _ => return None,
-            }
-        };
-        // PG18 replaced RowCompareType with CompareType (rctype -> cmptype).
-        #[cfg(feature = "pg18")]
-        let (column, value, upward) = {
-            use pg_sys::CompareType::*;
-            match rc.cmptype {
-                COMPARE_GT | COMPARE_GE => (l, r, true),
-                COMPARE_LT | COMPARE_LE => (l, r, false),
-                _ => return None,
-            }
-        };
+        let (column, value, upward) = (l, r, crate::pg::row_compare_lower_bound(rc)?);
         let (col, c, value, opno, upward) = match key.cols.iter().position(|c| is_column(column, rti, c.attnum)) {
             Some(col) => (col, &key.cols[col], value, opno, upward),
             None => {

@@ -19,23 +19,7 @@ use crate::pg::node_tag;
 use pgrx::pg_sys::{self, Node};
 use pgrx::prelude::*;
 
-unsafe extern "C-unwind" {
-    // nodes/nodeFuncs.h; not in pgrx's bindings.  Called only through the
-    // FFI boundary guard.
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_walker_impl")]
-    fn query_tree_walker(
-        query: *mut pg_sys::Query,
-        walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> bool>,
-        context: *mut std::ffi::c_void,
-        flags: i32,
-    ) -> bool;
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "expression_tree_walker_impl")]
-    pub(super) fn expression_tree_walker(
-        node: *mut Node,
-        walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> bool>,
-        context: *mut std::ffi::c_void,
-    ) -> bool;
-}
+use crate::pg::walk::{expression_tree_walker, query_tree_walker};
 
 /// Whether the statement `parse`, planned with `cursor_options`, may run
 /// twice.

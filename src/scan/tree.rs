@@ -356,16 +356,7 @@ unsafe fn outer_vars_replaced(expr: *mut Node, tlist: *mut List) -> *mut Node {
                     }
                 }
             }
-            // SAFETY: expression_tree_mutator's callback takes (node, context).
-            #[cfg(feature = "pg15")]
-            let callback: unsafe extern "C-unwind" fn() -> *mut Node = std::mem::transmute(
-                mutate as unsafe extern "C-unwind" fn(*mut Node, *mut std::ffi::c_void) -> *mut Node,
-            );
-            #[cfg(feature = "pg15")]
-            return pg_sys::expression_tree_mutator(node, Some(callback), cx);
-            // PG16: a macro over expression_tree_mutator_impl, typed callback.
-            #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
-            return pg_sys::expression_tree_mutator_impl(node, Some(mutate), cx);
+            pg_sys::ffi::pg_guard_ffi_boundary(|| crate::pg::walk::expression_tree_mutator(node, Some(mutate), cx))
         }
     }
     // SAFETY: per contract.

@@ -181,12 +181,7 @@ pub fn running_horizon() -> Xid {
     unsafe {
         let lock = &raw mut (*pg_sys::MainLWLockArray.add(4)).lock;
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_SHARED);
-        // PG17 renamed ShmemVariableCache to TransamVariables.
-        #[cfg(any(feature = "pg15", feature = "pg16"))]
-        let latest = (*pg_sys::ShmemVariableCache).latestCompletedXid.value as u32;
-        #[cfg(any(feature = "pg17", feature = "pg18"))]
-        let latest = (*pg_sys::TransamVariables).latestCompletedXid.value as u32;
-        let mut h = Xid(latest.wrapping_add(1));
+        let mut h = Xid(crate::pg::latest_completed_xid().wrapping_add(1));
         if !h.is_valid() {
             h = Xid(Xid::FIRST_NORMAL);
         }
