@@ -15,6 +15,7 @@ Each loop is run for a table of LIMITs around those batch sizes, in both
 protected modes, and compared row for row with the same read under
 `pgkvx.scan_mode = off`.
 """
+import re
 import os
 import socket
 import struct
@@ -41,8 +42,6 @@ SETUP = [
     f"CREATE TABLE {TABLE} (id int PRIMARY KEY, v text NOT NULL)",
     f"SELECT pgkvx.enable('{TABLE}')",
     f"INSERT INTO {TABLE} SELECT g, 'v' || g FROM generate_series(1, {ROWS}) g",
-    "CREATE EXTENSION IF NOT EXISTS plpython3u",
-    "CREATE EXTENSION IF NOT EXISTS plperl",
     # PL/pgSQL FOR over a query: a cursor fetched 10, then 50 rows at a time.
     f"""CREATE FUNCTION loop_for(after int, n bigint) RETURNS int[] LANGUAGE plpgsql AS $$
         DECLARE r record; acc int[] := '{{}}';
@@ -157,9 +156,31 @@ $$""",
 @pytest.fixture(scope="module")
 def loops(db):
     with connect(db) as c:
+        available = {n for (n,) in c.execute(
+            "SELECT name FROM pg_available_extensions WHERE name IN ('plpython3u', 'plperl')")}
+        for lang in available:
+            c.execute(f"CREATE EXTENSION IF NOT EXISTS {lang}")
         for stmt in SETUP:
-            c.execute(stmt)
+            lang = re.search(r"LANGUAGE (plpython3u|plperl)\b", stmt)
+            if lang is None or lang[1] in available:
+                c.execute(stmt)
     return db
+
+
+# Procedural languages some PostgreSQL builds lack (the downloaded 16 and 18
+# here have neither): their loops are skipped there, and say so.  Debian's
+# 15 has both (scripts/bootstrap installs them): missing there, they fail.
+NEEDS_LANGUAGE = {"plpython_iterate_then_fetch": "plpython3u", "plpython_fetch_batches": "plpython3u",
+                  "plperl_fetchrow": "plperl"}
+
+
+def skip_without_language(db, kind):
+    lang = NEEDS_LANGUAGE.get(kind)
+    if lang:
+        with connect(db) as c:
+            if (c.info.server_version >= 160000
+                    and c.execute("SELECT count(*) FROM pg_language WHERE lanname = %s", (lang,)).fetchone() == (0,)):
+                pytest.skip(f"{lang} is not in this PostgreSQL build")
 
 
 @pytest.fixture(scope="module")
@@ -415,6 +436,7 @@ LOOPS = {
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", list(LOOPS))
 def test_loop_delivers_what_a_plain_read_returns(loops, plain_reads, kind, mode, limit):
+    skip_without_language(loops, kind)
     expected = plain_reads[limit]
     assert len(expected) == min(limit, ROWS - AFTER)
     runs = LOOPS[kind](loops, mode, limit)

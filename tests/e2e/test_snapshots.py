@@ -68,7 +68,8 @@ def test_an_adopted_repeatable_read_snapshot_serves_parallel_workers_and_exports
         c.execute(f"CREATE TABLE {table_name}_plain AS SELECT g AS x FROM generate_series(1, 1000) g")
     r, late = _rr_first_read_adopts_a_writer(db, table_name)
     try:
-        r.execute("SET force_parallel_mode = on")
+        # renamed in PostgreSQL 16
+        r.execute("SET %s = on" % ("force_parallel_mode" if r.info.server_version < 160000 else "debug_parallel_query"))
         assert r.execute(f"SELECT count(*) FROM {table_name}_plain").fetchone() == (1000,)
         assert (late,) in r.execute(f"SELECT id FROM {table_name}").fetchall()
         (name,) = r.execute("SELECT pg_export_snapshot()").fetchone()

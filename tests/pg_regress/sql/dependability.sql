@@ -154,10 +154,10 @@ SELECT pgkvx.enable('dep_mail');
 INSERT INTO dep_mail VALUES ('alice@example.com', 1), ('bob@example.com', 2);
 CREATE VIEW dep_mail_counts AS SELECT n FROM dep_mail WHERE email > '' ORDER BY email;
 GRANT SELECT ON dep_mail_counts TO dep_viewer;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT n FROM dep_mail_counts LIMIT 1;
+SELECT * FROM test_support.explain($$SELECT n FROM dep_mail_counts LIMIT 1$$);
 SET ROLE dep_viewer;
 SELECT n FROM dep_mail_counts LIMIT 1;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT n FROM dep_mail_counts LIMIT 1;
+SELECT * FROM test_support.explain($$SELECT n FROM dep_mail_counts LIMIT 1$$);
 RESET ROLE;
 DROP VIEW dep_mail_counts;
 DROP ROLE dep_viewer;
@@ -166,9 +166,9 @@ DROP ROLE dep_viewer;
 -- plain EXPLAIN runs no init plan to show it.
 CREATE TABLE dep_offsets (grp text PRIMARY KEY, acked bigint NOT NULL);
 INSERT INTO dep_offsets VALUES ('g', 100);
-EXPLAIN (COSTS OFF)
+SELECT * FROM test_support.explain($$
   WITH last AS (SELECT acked FROM dep_offsets WHERE grp = 'g' FOR UPDATE)
-  SELECT id FROM dep_ev WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 10;
+  SELECT id FROM dep_ev WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 10$$, run => false);
 WITH last AS (SELECT acked FROM dep_offsets WHERE grp = 'g' FOR UPDATE)
   SELECT id FROM dep_ev WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 3;
 

@@ -1,3 +1,4 @@
+-- requires: dblink
 -- pgkvx.head_blockers: the writers in flight a tail consumer waits for,
 -- in the order it meets them, with the committed rows behind each.  The
 -- writers run on dblink connections, so that they are other sessions'

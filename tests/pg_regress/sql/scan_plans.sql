@@ -62,18 +62,18 @@ EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
 RESET pgkvx.scan_mode;
 
 -- EXPLAIN ANALYZE: the touched span and the validation
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 1950 ORDER BY k LIMIT 30;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k < 100 ORDER BY k DESC LIMIT 2;
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3$$);
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 1950 ORDER BY k LIMIT 30$$);
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k < 100 ORDER BY k DESC LIMIT 2$$);
 -- more than 64 rows wanted: the declared span is checked first; clean, so it streams
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 100;
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 100$$);
 SET pgkvx.scan_mode = fenced;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3$$);
 SET pgkvx.scan_mode = optimistic;
 SET pgkvx.max_optimistic_rows = 2;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3$$);
 RESET pgkvx.max_optimistic_rows;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 40;
+SELECT * FROM test_support.explain($$SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 40$$);
 
 -- results equal plain Postgres for every mode
 CREATE FUNCTION results(q text) RETURNS text LANGUAGE plpgsql AS $$
