@@ -1,7 +1,11 @@
 # pgkvx — the two commands a newcomer needs are `make demo` and `make test`.
 # Only `make install` writes into the system's PostgreSQL; the demo, the
 # tests and the benchmarks install into a private copy (scripts/pgtree).
+# PG=16, 17 or 18 builds for and runs on that major instead of 15 (Debian's);
+# `make test` without PG tests every supported major (scripts/test-versions).
 SYSTEM_PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+PG ?=
+export PG
 
 .PHONY: all deps build install demo test unit cluster-start cluster-stop fmt lint bench bench-quick clean
 
@@ -11,7 +15,7 @@ deps:
 	@scripts/bootstrap
 
 build: deps
-	cargo build --release
+	cargo build --release --no-default-features --features pg$${PG:-15}
 
 install: deps
 	PG_CONFIG=$(SYSTEM_PG_CONFIG) scripts/install
@@ -22,10 +26,10 @@ demo: deps
 	scripts/demo
 
 test: deps
-	scripts/test
+	@if [ -z "$(PG)" ]; then scripts/test-versions; else scripts/test; fi
 
 unit:
-	cargo test --workspace --lib
+	scripts/test unit
 
 cluster-start:
 	scripts/cluster start
@@ -50,3 +54,4 @@ bench-quick: deps
 clean:
 	cargo clean
 	scripts/cluster destroy
+	scripts/pgtree --clean
