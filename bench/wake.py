@@ -222,6 +222,8 @@ def pgq_available(conn):
     the ticker daemon on this machine."""
     if not conn.execute("SELECT 1 FROM pg_catalog.pg_available_extensions "
                         "WHERE name = 'pgq'").fetchone():
+        if conn.info.server_version >= 160000:
+            return False, "PgQ comes here only as Debian's package for PostgreSQL 15 (postgresql-15-pgq3)"
         return False, "the pgq extension is not installed (scripts/bootstrap installs postgresql-15-pgq3)"
     if not pgqd_path():
         return False, "pgqd is not installed (scripts/bootstrap installs it)"
