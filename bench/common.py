@@ -26,10 +26,22 @@ def log(msg):
     print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", flush=True)
 
 
+_signalled = False
+
+
 def interrupt(signum, frame):
     """SIGTERM handler: the same clean-up path as Ctrl-C (the report of what
     finished is still written)."""
+    global _signalled
+    _signalled = True
     raise KeyboardInterrupt
+
+
+def interrupted(exc):
+    """Whether exc ends the run because it was interrupted. A KeyboardInterrupt
+    raised while a multiprocessing lock is half released surfaces as that
+    lock's own error instead, so after SIGTERM any exception counts."""
+    return isinstance(exc, KeyboardInterrupt) or _signalled
 
 
 def pg_bindir():

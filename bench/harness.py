@@ -16,8 +16,8 @@ import kvbench
 import report
 import tail
 import wake
-from common import (add_durable_arg, connect, durability, log as _log, machine, pg_bindir,
-                    recreate_database, report_base, run_engine)
+from common import (add_durable_arg, connect, durability, interrupted, log as _log, machine,
+                    pg_bindir, recreate_database, report_base, run_engine)
 
 
 @dataclass
@@ -207,7 +207,9 @@ def _run(args):
             # server restart each way).
             with wake.commit_timestamps(wake.restart_cluster):
                 wake.run_wake(wcfg, result["wake"])
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not interrupted(e):
+            raise
         result["interrupted"] = True
         _log("interrupted: writing what has finished")
     finally:

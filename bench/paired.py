@@ -33,9 +33,9 @@ import sys
 import append
 import kvbench
 import ptail
-from common import (DURABILITY, add_durable_arg, connect, durability, durability_text, log as _log,
-                    machine, pg_bindir, recreate_database, report_base, run_engine, stats_delta,
-                    stats_snapshot)
+from common import (DURABILITY, add_durable_arg, connect, durability, durability_text,
+                    interrupted as was_interrupted, log as _log, machine, pg_bindir,
+                    recreate_database, report_base, run_engine, stats_delta, stats_snapshot)
 
 SCHEMAS = ("pgkvx_side_a", "pgkvx_side_b")
 KV_MODES = {m.name: m for m in kvbench.KV_MODES}
@@ -257,7 +257,9 @@ def _run(args):
                          f"{mode.label} {mode_tps} tps, ratio "
                          + ("–" if ratio is None else f"{ratio:.3f}"))
                 pair["summary"] = summarise([r["ratio"] for r in pair["rounds"]])
-        except KeyboardInterrupt:
+        except BaseException as e:
+            if not was_interrupted(e):
+                raise
             interrupted = True
         for p in result["pairs"]:
             p.setdefault("summary", summarise([r["ratio"] for r in p["rounds"]]))

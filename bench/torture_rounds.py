@@ -22,8 +22,8 @@ import sys
 import time
 
 from common import (DURABILITY, ROOT, add_durable_arg, connect, durability, durability_text,
-                    log as _log, machine, recreate_database, report_base, run_engine, stats_delta,
-                    stats_snapshot)
+                    interrupted, log as _log, machine, recreate_database, report_base, run_engine,
+                    stats_delta, stats_snapshot)
 
 DBNAME = "pgkvx_torture"
 TORTURE_PY = os.path.join(ROOT, "tests", "e2e", "torture.py")
@@ -254,7 +254,9 @@ def _run(args):
             result["rounds"].append(record)
             _log(f"round {i + 1}/{args.rounds} ({elapsed:.0f} s): "
                  f"{'ok' if record['ok'] else 'FAILED'}; {report.summary()}")
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not interrupted(e):
+            raise
         result["interrupted"] = True
         _log("interrupted: writing the rounds that finished")
     finally:
