@@ -15,9 +15,10 @@
 //! cursor, and the look goes backward from it.
 //!
 //! A commit between the empty read and the call is not lost: the call looks
-//! for a committed key past `after` with a fresh snapshot *after* it joined
-//! the table's condition variable, so such a commit is either seen by that
-//! look (true at once) or wakes the sleep that follows.
+//! for a committed key past `after` with a fresh snapshot *after* it
+//! registered its cursor, so such a commit is either seen by that look
+//! (true at once) or sets the latch the sleep that follows waits on.  Only
+//! commits that wrote a key past the cursor wake it.
 //!
 //! While it sleeps the session holds no snapshot when the call is a
 //! transaction of its own (`SELECT pgkvx.wait_for(...)` outside a
@@ -35,7 +36,7 @@ use crate::keys::KeyDesc;
 use crate::pg::{rel_name, OpenRel};
 use crate::registry;
 use crate::shmem::backend;
-use crate::shmem::wakeups::{self, Outcome, Waiting};
+use crate::shmem::wakeups::{self, Outcome, Pass, Waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
@@ -217,21 +218,33 @@ fn now_us() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
-/// Registers, prepares to sleep, then looks and sleeps until a key past
-/// `cursor` is committed or the time is up.
+/// Registers, then looks and sleeps until a key past `cursor` is
+/// committed or the time is up.
 fn wait(relid: Oid, cursor: Option<&str>, backward: bool, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
     let start = now_us();
     let deadline = timeout_us.map(|t| start.saturating_add(t));
+    // Only commits past the cursor wake us: the cursor as the key is now
+    // (a key changed by disable and enable wakes every waiter anyway).
+    let pass = match cursor {
+        None => Pass::Any,
+        Some(t) => {
+            let latched = registry::require(relid);
+            let a = parse_after(&latched.key, t);
+            Pass::of_cursor(&a.bytes, a.truncated, backward)
+        }
+    };
     // Writers of a partition are noted under its latched parent.
-    let waiting = Waiting::register(backend::rel_id(registry::latch_identity(relid)));
-    let cv = waiting.cv();
-    // SAFETY: a condition variable in shared memory; joining its wait list
-    // before the first look is what makes a commit during the look wake us.
-    unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+    let waiting = Waiting::register(backend::rel_id(registry::latch_identity(relid)), pass);
     let mut spurious = 0u64;
     let mut slept = false;
     let mut woken = false;
     let outcome = loop {
+        // Reset before the look: a commit the look does not see sets the
+        // latch after this, and the sleep below returns at once.
+        // SAFETY: our own latch.
+        unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+        // An interrupt that set the latch before the reset is served now.
+        pgrx::check_for_interrupts!();
         if look(relid, cursor, backward) {
             break if slept { Outcome::Woken } else { Outcome::Immediate };
         }
@@ -251,21 +264,21 @@ fn wait(relid: Oid, cursor: Option<&str>, backward: bool, timeout_us: Option<i64
         if may_drop_xmin {
             drop_xmin();
         }
-        // SAFETY: we prepared to sleep on `cv` (or the sleep re-prepares
-        // and returns at once if something else slept in between); it
-        // checks for interrupts, so cancel, statement_timeout and
-        // termination end it.  It holds no lock.
-        let timed_out = unsafe {
-            pg_sys::ConditionVariableTimedSleep(cv, remaining_ms as std::ffi::c_long, pg_sys::PG_WAIT_EXTENSION)
+        let events = pg_sys::WL_LATCH_SET as i32
+            | pg_sys::WL_EXIT_ON_PM_DEATH as i32
+            | if remaining_ms >= 0 { pg_sys::WL_TIMEOUT as i32 } else { 0 };
+        // SAFETY: our own latch; the wait holds no lock.  Cancel,
+        // statement_timeout and termination set the latch too, and are
+        // served at the top of the loop.
+        let rc = unsafe {
+            pg_sys::WaitLatch(pg_sys::MyLatch, events, remaining_ms as std::ffi::c_long, pg_sys::PG_WAIT_EXTENSION)
         };
         slept = true;
-        woken = !timed_out;
+        woken = rc & pg_sys::WL_LATCH_SET as i32 != 0;
         if woken {
             waiting.woken();
         }
     };
-    // SAFETY: leaves the condition variable's wait list.
-    unsafe { pg_sys::ConditionVariableCancelSleep() };
     let elapsed = u64::try_from(now_us() - start).unwrap_or(0);
     waiting.finish(outcome, elapsed, spurious);
     outcome != Outcome::Timeout

@@ -26,11 +26,12 @@ use super::pg::{self, IndexInfo, OwnerWatch, RegisteredSnapshot, TableSlot};
 use super::types::{self, EncoderSettings};
 use super::{key_for, StreamArgs};
 use crate::errors;
+use crate::keys::codec::KeyWriter;
 use crate::latch::{Footprint, KeyBuf, RelId, Span};
 use crate::pg::{in_live_transaction, input_datum, Attr, OpenRel};
 use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
-use crate::read::span;
+use crate::read::span::{self, Declared};
 use crate::registry::Latched;
 use crate::shmem::backend;
 
@@ -50,7 +51,7 @@ struct PendingProtocol {
     strategy: ReadStrategy,
     /// D: `[lower, upper)` in key encoding (read/span.rs, from the same
     /// btree scan keys the index scan uses).
-    declared: Span,
+    declared: Declared,
     /// The statement's snapshot, with `after` read at the first call.
     base: BaseSnapshot,
 }
@@ -254,6 +255,9 @@ pub struct TableStream {
     /// The read stops before this key (the protocol's cut), read with the
     /// latched table's key.
     cut: Option<(KeyBuf, Rc<Latched>)>,
+    /// Set while an optimistic attempt reads: the key of the last row read,
+    /// for where a scan that ran out of rows stopped looking.
+    track_last: Option<(Option<KeyWriter>, Rc<Latched>)>,
 }
 
 fn refuse(code: PgSqlErrorCode, msg: impl Into<String>, hint: &str) -> ! {
@@ -469,6 +473,7 @@ impl TableStream {
             ready: VecDeque::new(),
             done: false,
             cut: None,
+            track_last: None,
         }
     }
 
@@ -478,8 +483,9 @@ impl TableStream {
     /// the declared span is clean (fenced).
     fn validate(&mut self, l: PendingProtocol) {
         let rel = backend::rel_id(l.latched.root);
-        let mut reader = OptimisticAttempt { stream: self, latched: &l.latched, declared: l.declared, rel };
-        let result = run::run_protocol(&mut reader, l.base, &mut || vec![(rel, l.declared)], l.strategy, "arrow_scan");
+        let mut reader = OptimisticAttempt { stream: self, latched: &l.latched, declared: l.declared.clone(), rel };
+        let declared: Footprint = l.declared.spans.iter().map(|s| (rel, *s)).collect();
+        let result = run::run_protocol(&mut reader, l.base, &mut || declared.clone(), l.strategy, "arrow_scan");
         let latched = l.latched.clone();
         let src = self.source.as_mut().expect("source");
         match result.decision {
@@ -524,6 +530,9 @@ impl TableStream {
                 if KeyBuf::floor(src.current_key(latched).bytes()) >= *c {
                     return true;
                 }
+            }
+            if let Some((last, latched)) = &mut self.track_last {
+                *last = Some(src.current_key(latched));
             }
             // SAFETY: `next` just found a row of `rel`, and attrs are
             // attribute indexes below natts of that relation.
@@ -572,7 +581,7 @@ impl Iterator for TableStream {
 struct OptimisticAttempt<'a> {
     stream: &'a mut TableStream,
     latched: &'a Rc<Latched>,
-    declared: Span,
+    declared: Declared,
     rel: RelId,
 }
 
@@ -581,7 +590,7 @@ impl run::Reader for OptimisticAttempt<'_> {
     /// most `max_rows` rows -- may stop before a writer's key and read it
     /// next time; a range read whole may not.
     fn cut(&mut self, conflicts: &[crate::latch::Conflict]) -> Option<Footprint> {
-        (self.declared.end.is_infinite() && self.stream.max_rows.is_some()).then(|| run::cut_upward(conflicts))
+        (self.declared.open_above && self.stream.max_rows.is_some()).then(|| run::cut_upward(conflicts))
     }
 
     fn read_buffered(&mut self, base: &BaseSnapshot, cut: &Footprint) -> Option<Footprint> {
@@ -591,6 +600,7 @@ impl run::Reader for OptimisticAttempt<'_> {
         st.ready.clear();
         st.out.restart();
         st.remaining = st.max_rows;
+        st.track_last = Some((None, latched.clone()));
         let src = st.source.as_mut().expect("source");
         src.start(base.snap);
         // Held back until valid: past one batch's worth of bytes the read
@@ -605,21 +615,29 @@ impl run::Reader for OptimisticAttempt<'_> {
                 break;
             }
             if held > BATCH_BYTE_CAP {
+                st.track_last = None;
                 return None;
             }
         }
-        let span = match st.max_rows {
+        let (last, _) = st.track_last.take().expect("tracked");
+        let spans: Vec<Span> = match st.max_rows {
             // Asked for nothing, read nothing.
-            Some(0) => Span { start: self.declared.start, end: self.declared.start },
+            Some(0) => Vec::new(),
             // Stopped at max_rows: the scan looked at D up to the last key.
             Some(_) if st.remaining == Some(0) => {
                 let key = st.source.as_ref().expect("source").current_key(self.latched);
-                span::touched(&self.declared, Some(&key), true)
+                self.declared.within(&span::up_to(&key, true)).collect()
             }
-            // Ran out of rows: it looked at all of D.
-            _ => self.declared,
+            // Ran out of rows, up to `upper`: all of D.
+            _ if !self.declared.open_above => self.declared.spans.clone(),
+            // Ran out of rows with no `upper`: up to the last key it read,
+            // as a LIMIT scan's (read/span.rs).
+            _ => match last {
+                Some(k) => self.declared.within(&span::up_to(&k, true)).collect(),
+                None => Vec::new(),
+            },
         };
-        Some(vec![(self.rel, span)])
+        Some(spans.into_iter().map(|s| (self.rel, s)).collect())
     }
 }
 

@@ -1,23 +1,33 @@
 //! Declared spans D, from quals on key columns, and touched spans T, from
 //! where a scan stopped.
 //!
-//! D must contain every key the read could return.  Equality on leading key
-//! columns narrows it to a prefix; the first column after them may bound it
-//! from below and above.  A row comparison `(a, b) > ($1, $2)` over key
-//! columns bounds its first column inclusively (`a >= $1`); a bound of
-//! another type is converted to the column's type where PostgreSQL's own
-//! cross-type comparison converts it the same way (a `timestamp` or `date`
-//! against a `timestamptz` key).  Everything else (later columns, arrays,
-//! cross-type quals without such a conversion) is ignored, which only widens
-//! D.  Wider is always safe: more waiting, never a missed row -- but a
-//! bound dropped for nothing makes a tail wait for writers anywhere in the
-//! table, so every bound that can be kept is.
+//! D is a set of intervals that must contain every key the read could
+//! return.  Equality on leading key columns narrows it to a prefix, one
+//! per value of an `= ANY(array)` or `IN (…)`; the first column after them
+//! may bound it from below and above.  An `OR` whose every branch bounds
+//! the key is the union of its branches' intervals.  A row comparison
+//! `(a, b) > ($1, $2)` over key columns bounds its first column
+//! inclusively (`a >= $1`); a bound of another type is converted to the
+//! column's type where PostgreSQL's own cross-type comparison converts it
+//! the same way (a `timestamp` or `date` against a `timestamptz` key).
+//! Everything else
+//! (later columns, cross-type quals without such a conversion) is ignored,
+//! which only widens D.  Past [`MAX_INTERVALS`] intervals the values of a
+//! column are taken as one range from the least to the greatest, and the
+//! intervals as one covering interval: wider, never the whole table.  Wider
+//! is always safe: more waiting, never a missed row -- but a bound dropped
+//! for nothing makes a read wait for writers anywhere in the table, so
+//! every bound that can be kept is.
 
 use crate::keys::codec::KeyWriter;
 use crate::keys::datum::encode_value;
 use crate::keys::KeyDesc;
 use crate::latch::{KeyBuf, Span};
 use pgrx::pg_sys;
+
+/// The most intervals a declared span keeps apart; past it, one interval
+/// covers them all.
+pub const MAX_INTERVALS: usize = 64;
 
 /// One evaluated qual `key column <strategy> value`.
 #[derive(Clone, Copy, Debug)]
@@ -26,10 +36,132 @@ pub struct KeyQual {
     pub col: usize,
     /// A btree strategy number (1 `<` … 5 `>`).
     pub strategy: u16,
+    /// An array of values (`= ANY`), or one value.
     pub value: pg_sys::Datum,
-    /// The value's type (InvalidOid: the column's own).
+    /// The value's type, or the array's element type (InvalidOid: the
+    /// column's own).
     pub typid: pg_sys::Oid,
     pub isnull: bool,
+    /// `col = ANY(value)`.
+    pub array: bool,
+    /// 0: ANDed with the read's other quals; n > 0: a branch of the n-th
+    /// OR, ANDed with the quals of the same `group` and `branch`.
+    pub group: u16,
+    pub branch: u16,
+}
+
+impl KeyQual {
+    /// A plain comparison ANDed with the others.
+    pub fn plain(col: usize, strategy: u16, value: pg_sys::Datum, typid: pg_sys::Oid, isnull: bool) -> KeyQual {
+        KeyQual { col, strategy, value, typid, isnull, array: false, group: 0, branch: 0 }
+    }
+}
+
+/// A declared span: sorted, disjoint intervals, and whether the read's
+/// quals leave its keys open above (no upper bound: a tail) and below.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Declared {
+    pub spans: Vec<Span>,
+    pub open_above: bool,
+    pub open_below: bool,
+}
+
+impl Declared {
+    /// Every key.
+    pub fn all() -> Declared {
+        Declared { spans: vec![Span::ALL], open_above: true, open_below: true }
+    }
+
+    /// No key at all (`k = NULL`).
+    pub fn none() -> Declared {
+        Declared { spans: Vec::new(), open_above: false, open_below: false }
+    }
+
+    /// One interval.
+    pub fn one(span: Span, open_above: bool, open_below: bool) -> Declared {
+        let spans = if span.is_empty() { Vec::new() } else { vec![span] };
+        Declared { spans, open_above, open_below }
+    }
+
+    /// Whether the quals leave the keys open in a scan's direction.
+    pub fn open_toward(&self, up: bool) -> bool {
+        if up {
+            self.open_above
+        } else {
+            self.open_below
+        }
+    }
+
+    /// The least interval covering all of it.
+    pub fn hull(&self) -> Span {
+        self.spans.iter().fold(Span::EMPTY, |a, s| a.hull(s))
+    }
+
+    /// The keys in both.  Open only where both are: a bound of either caps
+    /// the other.
+    pub fn intersect(&self, other: &Declared) -> Declared {
+        let mut spans = Vec::new();
+        for a in &self.spans {
+            for b in &other.spans {
+                let s = a.intersect(b);
+                if !s.is_empty() {
+                    spans.push(s);
+                }
+            }
+        }
+        Declared {
+            spans: normalized(spans),
+            open_above: self.open_above && other.open_above,
+            open_below: self.open_below && other.open_below,
+        }
+    }
+
+    /// The keys in either; open above as the one reaching higher is, below
+    /// as the one reaching lower.
+    pub fn union(&self, other: &Declared) -> Declared {
+        let (ha, hb) = (self.hull(), other.hull());
+        let open_above = match (self.spans.is_empty(), other.spans.is_empty()) {
+            (true, _) => other.open_above,
+            (_, true) => self.open_above,
+            _ if ha.end == hb.end => self.open_above || other.open_above,
+            _ if ha.end > hb.end => self.open_above,
+            _ => other.open_above,
+        };
+        let open_below = match (self.spans.is_empty(), other.spans.is_empty()) {
+            (true, _) => other.open_below,
+            (_, true) => self.open_below,
+            _ if ha.start == hb.start => self.open_below || other.open_below,
+            _ if ha.start < hb.start => self.open_below,
+            _ => other.open_below,
+        };
+        let spans = normalized(self.spans.iter().chain(&other.spans).copied().collect());
+        Declared { spans, open_above, open_below }
+    }
+
+    /// Its intervals within `t`.
+    pub fn within(&self, t: &Span) -> impl Iterator<Item = Span> + '_ {
+        let t = *t;
+        self.spans.iter().map(move |s| s.intersect(&t)).filter(|s| !s.is_empty())
+    }
+}
+
+/// Sorted, overlapping and touching intervals merged, and at most
+/// [`MAX_INTERVALS`] of them (else one covering them all).
+fn normalized(mut spans: Vec<Span>) -> Vec<Span> {
+    spans.retain(|s| !s.is_empty());
+    spans.sort_unstable_by_key(|a| a.start);
+    let mut out: Vec<Span> = Vec::with_capacity(spans.len());
+    for s in spans {
+        match out.last_mut() {
+            Some(last) if s.start <= last.end => last.end = last.end.max(s.end),
+            _ => out.push(s),
+        }
+    }
+    if out.len() > MAX_INTERVALS {
+        let all = out.iter().fold(Span::EMPTY, |a, s| a.hull(s));
+        out = vec![all];
+    }
+    out
 }
 
 /// A bound on one key column: the value and whether it is included.
@@ -40,9 +172,11 @@ struct ColumnBound {
     inclusive: bool,
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct ColumnBounds {
-    eq: Option<ColumnBound>,
+    /// The values an equality allows (one for `=`, each element of an
+    /// `= ANY`); None: no equality.
+    eq: Option<Vec<ColumnBound>>,
     lo: Option<ColumnBound>,
     hi: Option<ColumnBound>,
 }
@@ -68,22 +202,35 @@ fn tighter(desc: &KeyDesc, i: usize, cur: Option<ColumnBound>, new: ColumnBound,
     }
 }
 
-/// D from evaluated quals on key columns.
-pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Span {
-    // Most keys have a column or two: no allocation for them, on every
-    // guarded statement's start.
-    let mut few = [ColumnBounds::default(); 4];
-    let mut many = Vec::new();
-    let cols: &mut [ColumnBounds] = if desc.cols.len() <= few.len() {
-        &mut few[..desc.cols.len()]
-    } else {
-        many.resize(desc.cols.len(), ColumnBounds::default());
-        &mut many
-    };
+/// D from evaluated quals on key columns: the quals of group 0, ANDed with
+/// each OR group's union of its branches.
+pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Declared {
+    let quals: Vec<KeyQual> = quals.into_iter().collect();
+    let mut d = conjunction(desc, quals.iter().filter(|q| q.group == 0));
+    let mut groups: Vec<(u16, u16)> = quals.iter().filter(|q| q.group != 0).map(|q| (q.group, q.branch)).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let mut i = 0;
+    while i < groups.len() {
+        let g = groups[i].0;
+        let mut any = Declared::none();
+        while i < groups.len() && groups[i].0 == g {
+            let b = groups[i].1;
+            any = any.union(&conjunction(desc, quals.iter().filter(|q| q.group == g && q.branch == b)));
+            i += 1;
+        }
+        d = d.intersect(&any);
+    }
+    d
+}
+
+/// D of quals that all hold at once.
+fn conjunction<'a>(desc: &KeyDesc, quals: impl Iterator<Item = &'a KeyQual>) -> Declared {
+    let mut cols: Vec<ColumnBounds> = vec![ColumnBounds::default(); desc.cols.len()];
     for q in quals {
         if q.isnull {
             // `k op NULL` is never true: the read returns nothing.
-            return Span::EMPTY;
+            return Declared::none();
         }
         let i = q.col;
         if i >= desc.cols.len() {
@@ -91,13 +238,31 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Spa
         }
         // A btree scan key's subtype is "same as the column" when invalid.
         let typid = if q.typid == pg_sys::InvalidOid { desc.cols[i].typid } else { q.typid };
+        if q.array {
+            if u32::from(q.strategy) != pg_sys::BTEqualStrategyNumber {
+                continue;
+            }
+            // SAFETY: a non-null array of `typid` elements.
+            let values = unsafe { array_values(q.value, typid) };
+            let values: Vec<ColumnBound> = values
+                .into_iter()
+                .filter_map(|v| as_column_type(desc, i, typid, v))
+                .map(|(datum, typid)| ColumnBound { datum, typid, inclusive: true })
+                .collect();
+            // Of two equalities on one column, either holds every key.
+            let c = &mut cols[i];
+            if c.eq.as_ref().is_none_or(|e| e.len() > values.len()) {
+                c.eq = Some(values);
+            }
+            continue;
+        }
         let Some((datum, typid)) = as_column_type(desc, i, typid, q.value) else { continue };
         let b = |inclusive| ColumnBound { datum, typid, inclusive };
         // On a DESC column the encoding runs backwards: `>` bounds from above.
         let flip = desc.cols[i].desc;
         let c = &mut cols[i];
         match (u32::from(q.strategy), flip) {
-            (pg_sys::BTEqualStrategyNumber, _) => c.eq = Some(b(true)),
+            (pg_sys::BTEqualStrategyNumber, _) => c.eq = Some(vec![b(true)]),
             (pg_sys::BTGreaterStrategyNumber, false) | (pg_sys::BTLessStrategyNumber, true) => {
                 c.lo = tighter(desc, i, c.lo, b(false), false)
             }
@@ -113,7 +278,27 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Spa
             _ => {}
         }
     }
-    assemble(desc, cols)
+    assemble(desc, &mut cols)
+}
+
+/// The elements of a one-dimensional array of `elem` values, NULLs left
+/// out (they equal nothing).
+///
+/// # Safety
+/// `array` is a non-null array datum of `elem` elements.
+unsafe fn array_values(array: pg_sys::Datum, elem: pg_sys::Oid) -> Vec<pg_sys::Datum> {
+    // SAFETY: per contract; deconstruct_array pallocs its outputs in the
+    // current context, read here and left to it.
+    unsafe {
+        let arr = pg_sys::pg_detoast_datum(array.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+        let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
+        pg_sys::get_typlenbyvalalign(elem, &mut len, &mut byval, &mut align);
+        let mut values: *mut pg_sys::Datum = std::ptr::null_mut();
+        let mut nulls: *mut bool = std::ptr::null_mut();
+        let mut n = 0;
+        pg_sys::deconstruct_array(arr, elem, i32::from(len), byval, align, &mut values, &mut nulls, &mut n);
+        (0..n.max(0) as usize).filter(|&k| !*nulls.add(k)).map(|k| *values.add(k)).collect()
+    }
 }
 
 /// `value` (of type `typid`) as a value the codec can encode for key
@@ -169,37 +354,112 @@ pub fn scan_key_quals<'a>(
             return None;
         }
         let col = key_col((sk.sk_attno as usize).checked_sub(1)?)?;
-        Some(KeyQual {
-            col,
-            strategy: sk.sk_strategy,
-            value: sk.sk_argument,
-            typid: sk.sk_subtype,
-            isnull: flags & pg_sys::SK_ISNULL != 0,
-        })
+        Some(KeyQual::plain(col, sk.sk_strategy, sk.sk_argument, sk.sk_subtype, flags & pg_sys::SK_ISNULL != 0))
     })
 }
 
-fn assemble(desc: &KeyDesc, cols: &[ColumnBounds]) -> Span {
-    let mut prefix = KeyWriter::new();
+/// Whether a btree scan's keys bound the key from above (`up`) or below
+/// in encoded order, counting what [`scan_key_quals`] leaves out: an array
+/// of equalities, a row comparison.  The scan's rows then end short of
+/// the open end whatever D says.
+pub fn scan_keys_cap(
+    keys: &[pg_sys::ScanKeyData],
+    key_col: impl Fn(usize) -> Option<usize>,
+    desc: &KeyDesc,
+    up: bool,
+) -> bool {
+    let ncols = desc.cols.len();
+    let mut fixed = vec![false; ncols];
+    let caps = keys.iter().any(|sk| {
+        let flags = sk.sk_flags as u32;
+        if flags & (pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) != 0 {
+            return false;
+        }
+        let Some(col) = (sk.sk_attno as usize).checked_sub(1).and_then(&key_col) else { return false };
+        let s = u32::from(sk.sk_strategy);
+        if s == pg_sys::BTEqualStrategyNumber {
+            // One value, or one of a few: either way not open.
+            if let Some(f) = fixed.get_mut(col) {
+                *f = true;
+            }
+            return false;
+        }
+        let desc_col = desc.cols.get(col).is_some_and(|c| c.desc);
+        let below = matches!(s, pg_sys::BTLessStrategyNumber | pg_sys::BTLessEqualStrategyNumber);
+        // A `<` bound caps an ascending column from above, a DESC one from
+        // below (in encoded order).
+        (below != desc_col) == up
+    });
+    caps || fixed.iter().all(|&f| f)
+}
+
+fn assemble(desc: &KeyDesc, cols: &mut [ColumnBounds]) -> Declared {
+    // The prefixes equalities fix: one per combination of their values,
+    // while that stays within MAX_INTERVALS; the column where it would not
+    // is bounded by its least and greatest value instead.
+    let mut prefixes = vec![KeyWriter::new()];
     let mut j = 0;
     while j < cols.len() {
-        let Some(eq) = cols[j].eq else { break };
-        // SAFETY: bounds were checked compatible when collected.
-        unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, eq.typid, eq.datum, &mut prefix) };
+        let Some(values) = cols[j].eq.take() else { break };
+        if values.is_empty() {
+            return Declared::none();
+        }
+        if prefixes.len() * values.len() > MAX_INTERVALS {
+            for v in values {
+                cols[j].lo = tighter_or_wider(desc, j, cols[j].lo, v, false);
+                cols[j].hi = tighter_or_wider(desc, j, cols[j].hi, v, true);
+            }
+            break;
+        }
+        prefixes = prefixes
+            .iter()
+            .flat_map(|p| {
+                values.iter().map(move |v| {
+                    let mut w = *p;
+                    // SAFETY: bounds were checked compatible when collected.
+                    unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, v.typid, v.datum, &mut w) };
+                    w
+                })
+            })
+            .collect();
         j += 1;
     }
     if j == cols.len() {
-        return Span::point(prefix.bytes());
+        let spans = normalized(prefixes.iter().map(|p| Span::point(p.bytes())).collect());
+        return Declared { spans, open_above: false, open_below: false };
     }
+    let c = &cols[j];
+    let spans = prefixes.iter().map(|prefix| column_span(desc, j, prefix, c)).collect();
+    Declared { spans: normalized(spans), open_above: c.hi.is_none(), open_below: c.lo.is_none() }
+}
+
+/// Widens a bound taken from an equality's values to include `v`: the
+/// least value as lower bound, the greatest as upper (inclusive).
+fn tighter_or_wider(
+    desc: &KeyDesc,
+    i: usize,
+    cur: Option<ColumnBound>,
+    v: ColumnBound,
+    upper: bool,
+) -> Option<ColumnBound> {
+    let Some(cur) = cur else { return Some(v) };
+    let ord = encode_one(desc, i, &v).bytes().cmp(encode_one(desc, i, &cur).bytes());
+    let wider = if upper { ord.is_gt() } else { ord.is_lt() };
+    Some(if wider { v } else { cur })
+}
+
+/// The interval of keys starting with `prefix` whose column `j` lies within
+/// `c`'s bounds.
+fn column_span(desc: &KeyDesc, j: usize, prefix: &KeyWriter, c: &ColumnBounds) -> Span {
     let with = |b: &ColumnBound| {
-        let mut w = prefix;
-        // SAFETY: as above.
+        let mut w = *prefix;
+        // SAFETY: bounds were checked compatible when collected.
         unsafe { encode_value(desc.cols[j].kind, desc.cols[j].desc, b.typid, b.datum, &mut w) };
         w
     };
     // A truncated encoding is a prefix of the exact one: starts round down,
     // ends round up, whatever the operator.
-    let start = match &cols[j].lo {
+    let start = match &c.lo {
         None => KeyBuf::floor(prefix.bytes()),
         Some(b) => {
             let w = with(b);
@@ -210,7 +470,7 @@ fn assemble(desc: &KeyDesc, cols: &[ColumnBounds]) -> Span {
             }
         }
     };
-    let end = match &cols[j].hi {
+    let end = match &c.hi {
         None if prefix.bytes().is_empty() => KeyBuf::INFINITE,
         None => KeyBuf::prefix_successor(prefix.bytes()),
         Some(b) => {
@@ -225,19 +485,14 @@ fn assemble(desc: &KeyDesc, cols: &[ColumnBounds]) -> Span {
     Span { start, end }
 }
 
-/// T: what a scan that stopped at `last` (having returned its full count)
-/// looked at.  A scan that ran out of rows touched all of D.
-pub fn touched(declared: &Span, last: Option<&KeyWriter>, forward: bool) -> Span {
-    match last {
-        None => *declared,
-        Some(k) => {
-            let p = Span::point(k.bytes());
-            if forward {
-                Span { start: declared.start, end: p.end }
-            } else {
-                Span { start: p.start, end: declared.end }
-            }
-        }
+/// The keys a scan in key order looked at when it stopped at `last`: from
+/// where it started up to `last` (down to it, moving `backward`).
+pub fn up_to(last: &KeyWriter, forward: bool) -> Span {
+    let p = Span::point(last.bytes());
+    if forward {
+        Span { start: Span::ALL.start, end: p.end }
+    } else {
+        Span { start: p.start, end: Span::ALL.end }
     }
 }
 
@@ -264,7 +519,7 @@ mod tests {
 
     /// D from scan keys of the key index itself (index column i = key column i).
     fn declared_keys(desc: &KeyDesc, keys: &[pg_sys::ScanKeyData]) -> Span {
-        declared(desc, scan_key_quals(keys, Some))
+        declared(desc, scan_key_quals(keys, Some)).hull()
     }
 
     fn enc(desc: &KeyDesc, text: &str) -> Vec<u8> {
@@ -300,7 +555,7 @@ mod tests {
         let s = declared_keys(&d, &[sk(1, gt, five, i8), sk(1, ge, ten4, pg_sys::INT4OID)]);
         assert_eq!(s.start.as_bytes(), enc(&d, "10").as_slice());
         // no quals: the whole table
-        assert_eq!(declared(&d, std::iter::empty()), Span::ALL);
+        assert_eq!(declared(&d, std::iter::empty()), Declared::all());
     }
 
     #[pg_test]

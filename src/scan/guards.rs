@@ -9,7 +9,7 @@ use crate::errors::{self, raw};
 use crate::latch::{Footprint, RelId};
 use crate::pg::{list_iter, node_tag};
 use crate::read::admit;
-use crate::read::span::{self, KeyQual};
+use crate::read::span;
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use pgrx::pg_sys::{self, Node, QueryDesc};
@@ -160,9 +160,10 @@ impl Guards {
             let quals = g.plan.bounds.iter().zip(exprs).filter_map(|(b, e)| {
                 // SAFETY: per contract; our plan node's expressions.
                 let (value, isnull) = unsafe { eval_at_start(e, params) }?;
-                Some(KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull })
+                Some(b.qual(value, isnull))
             });
-            fp.push((backend::rel_id(latched.root), span::declared(&latched.key, quals)));
+            let rel = backend::rel_id(latched.root);
+            fp.extend(span::declared(&latched.key, quals).spans.into_iter().map(|s| (rel, s)));
         }
         fp
     }
@@ -400,20 +401,35 @@ unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key
     }
 }
 
+/// Whether `plan`'s declared span may come out open toward `up` (above)
+/// or below once its bounds are known: no plain bound caps the key there.
+/// A set (`= ANY`, an OR) may still leave its last interval open (`k >
+/// $cursor OR k IN (…)`), which only the evaluated span tells.
+pub fn may_be_open(plan: &GuardPlan, key: &crate::keys::KeyDesc, up: bool) -> bool {
+    plan.bounds.iter().filter(|b| !b.array && b.group == 0).all(|b| !caps(b, key, up))
+}
+
+/// Whether bound `b` limits the key from above (`up`) or below, in the
+/// key's encoded order.
+fn caps(b: &super::plan_data::BoundQual, key: &crate::keys::KeyDesc, up: bool) -> bool {
+    let desc = key.cols.get(b.col as usize).is_some_and(|c| c.desc);
+    let s = u32::from(b.strategy);
+    let below = s == pg_sys::BTLessStrategyNumber || s == pg_sys::BTLessEqualStrategyNumber;
+    let above = s == pg_sys::BTGreaterStrategyNumber || s == pg_sys::BTGreaterEqualStrategyNumber;
+    // `<` caps an ascending column from above, a DESC one from below.
+    if up {
+        below != desc && (below || above)
+    } else {
+        above != desc && (below || above)
+    }
+}
+
 /// Whether `plan`'s span is open above: no bound of its quals limits the
 /// key from above (equalities on a prefix do not: within them the span
 /// runs to the prefix's end, where a tail of that prefix never moves on).
 pub fn open_above(plan: &GuardPlan, key: &crate::keys::KeyDesc) -> bool {
-    plan.bounds.iter().all(|b| {
-        let desc = key.cols.get(b.col as usize).is_some_and(|c| c.desc);
-        let s = u32::from(b.strategy);
-        let caps = if desc {
-            s == pg_sys::BTGreaterStrategyNumber || s == pg_sys::BTGreaterEqualStrategyNumber
-        } else {
-            s == pg_sys::BTLessStrategyNumber || s == pg_sys::BTLessEqualStrategyNumber
-        };
-        !caps
-    })
+    // A set of keys (`= ANY`, an OR of them) is no tail.
+    plan.bounds.iter().all(|b| !b.array && b.group == 0 && !caps(b, key, true))
 }
 
 /// Whether nothing else `stmt` reads could show ahead of rows a cut leaves

@@ -14,11 +14,12 @@
 
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use crate::errors::raw;
+use crate::keys::codec::KeyWriter;
 use crate::keys::KeyDesc;
 use crate::latch::protocol::ReadReport;
 use crate::latch::{RelId, Span};
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
-use crate::read::span::{self, KeyQual};
+use crate::read::span::{self, Declared, KeyQual};
 use crate::registry::{self, Latched};
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
@@ -135,6 +136,21 @@ enum ScanPosition {
     Anywhere,
 }
 
+/// What an execution remembers of the rows it examined, for when it runs
+/// out of rows: its scan's slots are empty then, and where D is open in
+/// the direction it moves, T ends at the last key it examined (the
+/// greatest, for a scan in no key order).  Kept per row, so kept cheap.
+enum Seen {
+    /// Nothing to remember: D is bounded there, or nothing can tell.
+    Off,
+    /// A heap scan in key order (its scan slot is `slot`): the TID of its
+    /// last row, read back from the heap when the key is wanted.
+    Tid { slot: *mut pg_sys::TupleTableSlot, tid: pg_sys::ItemPointerData },
+    /// The key of the last row (`greatest`: of the greatest key so far),
+    /// read from `slot` (NULL: the row handed up) at `attnos`.
+    Key { slot: *mut pg_sys::TupleTableSlot, attnos: Vec<i32>, greatest: bool, key: Option<KeyWriter> },
+}
+
 pub struct NodeRuntime {
     pub plan: Rc<GuardPlan>,
     /// None when the table stopped being latched after planning.
@@ -146,7 +162,8 @@ pub struct NodeRuntime {
     /// statements know their bounds at start and never ask the node.
     bounds: Option<Vec<*mut pg_sys::ExprState>>,
     /// D from the quals known before the statement ran (cached).
-    static_declared: Option<Span>,
+    static_declared: Option<Declared>,
+    seen: Seen,
     /// The scan has run since it began or was last rescanned.
     started: bool,
     /// The row the child handed up last (NULL: none, or it ran out).  It
@@ -423,7 +440,12 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             (ScanPosition::Anywhere, Some(l)) if !plan.tree && !explain_only => key_source_of(child, &l.key),
             _ => None,
         };
+        let seen = match &latched {
+            Some(l) => seen_for(&position, key_source.as_ref(), &plan, &l.key),
+            None => Seen::Off,
+        };
         let rt = (*ns).runtime.write(NodeRuntime {
+            seen,
             key_source,
             rel: super::guards::latch_rel(&plan, latched.as_deref()),
             plan,
@@ -499,12 +521,82 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
         if !(*child).chgParam.is_null() {
             rescan_child(child);
         }
-        let slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
+        let mut slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
         (*rt).last = slot;
         if (*rt).cut.is_some() {
-            return cut_rows(&mut *rt, slot);
+            slot = cut_rows(&mut *rt, slot);
+        }
+        match &mut (*rt).seen {
+            Seen::Off => {}
+            Seen::Tid { slot: scan_slot, tid } => {
+                // Cleared slots have an invalid TID: only rows are kept.
+                let t = (**scan_slot).tts_tid;
+                if t.ip_posid != 0 {
+                    *tid = t;
+                }
+            }
+            Seen::Key { .. } => note_key(&mut *rt, slot),
         }
         slot
+    }
+}
+
+/// [`Seen::Key`]'s bookkeeping for the row `slot` handed up (none when
+/// NULL or empty).  A plain old frame like [`exec_node`].
+///
+/// # Safety
+/// `rt` is a begun node's runtime; `slot` is what it hands up now.
+#[inline(never)]
+unsafe fn note_key(rt: &mut NodeRuntime, slot: *mut pg_sys::TupleTableSlot) {
+    let Some(latched) = rt.latched.as_deref() else { return };
+    let Seen::Key { slot: from, attnos, greatest, key } = &mut rt.seen else { return };
+    // SAFETY: per contract; the scan's slot holds the row it examined last.
+    unsafe {
+        if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+            return;
+        }
+        let src = if from.is_null() { slot } else { *from };
+        let k = latched.key.encode_slot_at(src, attnos);
+        if !*greatest || key.as_ref().is_none_or(|g| k.bytes() > g.bytes()) {
+            *key = Some(k);
+        }
+    }
+}
+
+/// How a node over `position` remembers what it examined ([`Seen`]):
+/// only where D may be left open in the direction it reads.
+///
+/// # Safety
+/// `position` and `key_source` are of a begun node's child.
+unsafe fn seen_for(
+    position: &ScanPosition,
+    key_source: Option<&(*mut pg_sys::ScanState, Vec<i32>)>,
+    plan: &GuardPlan,
+    key: &KeyDesc,
+) -> Seen {
+    let may_open = |up: bool| super::guards::may_be_open(plan, key, up);
+    // SAFETY: per contract; the scan states are live.
+    unsafe {
+        match position {
+            ScanPosition::Ordered { scan, attnos, forward, .. } if may_open(*forward) => {
+                let slot = (**scan).ss_ScanTupleSlot;
+                if node_tag(*scan as *mut pg_sys::PlanState) == pg_sys::NodeTag::T_IndexScanState {
+                    Seen::Tid { slot, tid: pg_sys::ItemPointerData::default() }
+                } else {
+                    Seen::Key { slot, attnos: attnos.clone(), greatest: false, key: None }
+                }
+            }
+            ScanPosition::Stream { attnos, forward } if may_open(*forward) => {
+                Seen::Key { slot: std::ptr::null_mut(), attnos: attnos.clone(), greatest: false, key: None }
+            }
+            ScanPosition::Anywhere if may_open(true) => match key_source {
+                Some((scan, attnos)) => {
+                    Seen::Key { slot: (**scan).ss_ScanTupleSlot, attnos: attnos.clone(), greatest: true, key: None }
+                }
+                None => Seen::Off,
+            },
+            _ => Seen::Off,
+        }
     }
 }
 
@@ -626,7 +718,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let rt = &mut *(*(node as *mut NodeState)).rt;
             let Some(after) = rt.fence_at_start.take() else { return };
             let d = rt.declared(node);
-            let fp = vec![(rt.rel, d)];
+            let fp: crate::latch::Footprint = d.spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             let t = crate::shmem::table();
@@ -637,10 +729,13 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             };
             let mut met = Vec::new();
             check(&mut met);
+            let mut report = crate::latch::ReadReport { validations: 1, ..Default::default() };
             if met.is_empty() {
+                if let Some(st) = &rt.statement {
+                    st.borrow_mut().report.add(&report);
+                }
                 return;
             }
-            let mut report = crate::latch::ReadReport { validations: 1, ..Default::default() };
             let mut waited = Vec::new();
             let mut wait_us = 0;
             let mut xids: Vec<_> = met.iter().map(|c| c.xid).collect();
@@ -759,16 +854,16 @@ impl NodeRuntime {
 
     /// D from the quals known before the statement ran, evaluated in the
     /// node's expression context.
-    unsafe fn static_declared(&mut self, node: *mut pg_sys::CustomScanState) -> Span {
-        if let Some(d) = self.static_declared {
-            return d;
+    unsafe fn static_declared(&mut self, node: *mut pg_sys::CustomScanState) -> Declared {
+        if let Some(d) = &self.static_declared {
+            return d.clone();
         }
         if self.latched.is_none() {
-            return Span::ALL;
+            return Declared::all();
         }
         // SAFETY: per contract.
         let states = unsafe { self.bound_states(node) };
-        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Span::ALL };
+        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Declared::all() };
         // SAFETY: expression states of this node, evaluated in its per-tuple
         // context.
         let quals: Vec<KeyQual> = unsafe {
@@ -780,12 +875,12 @@ impl NodeRuntime {
                 .map(|(b, e)| {
                     let mut isnull = false;
                     let value = crate::errors::pass(|| raw::eval_expr(e, econtext, &mut isnull));
-                    KeyQual { col: b.col as usize, strategy: b.strategy, value, typid: b.typid, isnull }
+                    b.qual(value, isnull)
                 })
                 .collect()
         };
         let d = span::declared(key, quals);
-        self.static_declared = Some(d);
+        self.static_declared = Some(d.clone());
         d
     }
 
@@ -812,7 +907,8 @@ impl NodeRuntime {
         b
     }
 
-    /// Records the span the current execution touched, if it ran.
+    /// Records the spans the current execution touched, if it ran, and
+    /// forgets what it examined.
     ///
     /// # Safety
     /// `node` is this runtime's node.
@@ -823,30 +919,88 @@ impl NodeRuntime {
         self.started = false;
         // SAFETY: per contract.
         let d = unsafe { self.static_declared(node) };
-        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return };
-        let t = match &self.position {
-            ScanPosition::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
-                // SAFETY: the child's scan keys (evaluated for this
-                // execution) and its scan slot, both live for the scan.
-                unsafe {
+        let Some(latched) = self.latched.clone() else { return };
+        let key = &latched.key;
+        // SAFETY: the child's scan keys (evaluated for this execution), its
+        // slots and the row it handed up last, all live for the scan.
+        let t: Vec<Span> = unsafe {
+            match &self.position {
+                ScanPosition::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
                     let sks: &[pg_sys::ScanKeyData] =
                         if *nkeys > 0 { std::slice::from_raw_parts(*keys, *nkeys) } else { &[] };
-                    let d = span::declared(key, span::scan_key_quals(sks, |c| key_col.get(c).copied().flatten()))
-                        .intersect(&d);
-                    touched_up_to(key, &d, (**scan).ss_ScanTupleSlot, attnos, *forward)
+                    let col = |c: usize| key_col.get(c).copied().flatten();
+                    let mut d = span::declared(key, span::scan_key_quals(sks, col)).intersect(&d);
+                    if span::scan_keys_cap(sks, col, key, *forward) {
+                        d.open_above &= !*forward;
+                        d.open_below &= *forward;
+                    }
+                    let slot = (**scan).ss_ScanTupleSlot;
+                    match row_key(key, slot, attnos) {
+                        Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
+                        None => self.ran_out(&d, *forward, *scan, attnos),
+                    }
+                }
+                ScanPosition::Stream { attnos, forward } => match row_key(key, self.last, attnos) {
+                    Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
+                    None => self.ran_out(&d, *forward, std::ptr::null_mut(), attnos),
+                },
+                // A scan in no key order that ran out looked at every row,
+                // up to the greatest key; one that stopped early, anywhere.
+                ScanPosition::Anywhere => {
+                    if is_empty(self.last) {
+                        self.ran_out(&d, true, std::ptr::null_mut(), &[])
+                    } else {
+                        d.spans.clone()
+                    }
                 }
             }
-            // SAFETY: the slot the child returned last, untouched since
-            // (see `last`).
-            ScanPosition::Stream { attnos, forward } => unsafe { touched_up_to(key, &d, self.last, attnos, *forward) },
-            ScanPosition::Anywhere => d,
         };
-        // Keys past the cut were left out: the read does not depend on them.
-        let t = match self.cut {
-            Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
-            None => t,
+        if let Seen::Key { key, .. } = &mut self.seen {
+            *key = None;
+        }
+        if let Seen::Tid { tid, .. } = &mut self.seen {
+            *tid = pg_sys::ItemPointerData::default();
+        }
+        for t in t {
+            // Keys past the cut were left out: the read does not depend on them.
+            let t = match self.cut {
+                Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
+                None => t,
+            };
+            self.add_touched(t);
+        }
+    }
+
+    /// T of an execution that ran out of rows: all of D where D is bounded
+    /// in the direction it read (a range read may move its cursor to the
+    /// bound); else D up to the last key it examined -- rows past the last
+    /// visible key are rows it could not have returned, whose writers
+    /// commit after its snapshot, and a consumer reading up the key reads
+    /// them next time from its cursor -- and none of D when it examined no
+    /// row at all.
+    ///
+    /// # Safety
+    /// `scan` (or NULL) is this node's scan, run out of rows; `attnos` are
+    /// the key columns' positions in its slot.
+    unsafe fn ran_out(&self, d: &Declared, forward: bool, scan: *mut pg_sys::ScanState, attnos: &[i32]) -> Vec<Span> {
+        if !d.open_toward(forward) {
+            return d.spans.clone();
+        }
+        let Some(latched) = self.latched.as_deref() else { return d.spans.clone() };
+        let last = match &self.seen {
+            Seen::Off => return d.spans.clone(),
+            Seen::Tid { tid, .. } if tid.ip_posid == 0 => None,
+            // SAFETY: per contract.
+            Seen::Tid { tid, .. } => match unsafe { key_at_tid(scan, *tid, &latched.key, attnos) } {
+                Some(k) => Some(k),
+                None => return d.spans.clone(),
+            },
+            Seen::Key { key, .. } => *key,
         };
-        self.add_touched(t);
+        match last {
+            Some(k) => d.within(&span::up_to(&k, forward)).collect(),
+            None => Vec::new(),
+        }
     }
 
     fn add_touched(&mut self, t: Span) {
@@ -882,32 +1036,63 @@ impl NodeRuntime {
     ///
     /// # Safety
     /// `node` is this runtime's node.
-    pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Span {
+    pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Declared {
         // SAFETY: per contract.
         unsafe { self.static_declared(node) }
     }
 }
 
-/// T of an execution in key order through `d` whose last row is in `slot`
-/// (its key columns at `attnos`); one that ran out of rows (an empty slot,
-/// or none) looked at all of D.
+/// Whether `slot` is NULL or holds no row.
 ///
 /// # Safety
-/// `slot` is NULL or a live slot holding that last row.
-unsafe fn touched_up_to(
-    key: &KeyDesc,
-    d: &Span,
-    slot: *mut pg_sys::TupleTableSlot,
-    attnos: &[i32],
-    forward: bool,
-) -> Span {
+/// `slot` is NULL or a live slot.
+unsafe fn is_empty(slot: *mut pg_sys::TupleTableSlot) -> bool {
     // SAFETY: per contract.
+    slot.is_null() || unsafe { (*slot).tts_flags } & pg_sys::TTS_FLAG_EMPTY as u16 != 0
+}
+
+/// The key of the row in `slot` (its key columns at `attnos`), or None
+/// when it holds none: the scan ran out of rows.
+///
+/// # Safety
+/// `slot` is NULL or a live slot holding a row of the latched table.
+unsafe fn row_key(key: &KeyDesc, slot: *mut pg_sys::TupleTableSlot, attnos: &[i32]) -> Option<KeyWriter> {
+    // SAFETY: per contract.
+    unsafe { (!is_empty(slot)).then(|| key.encode_slot_at(slot, attnos)) }
+}
+
+/// The key of the heap row at `tid`, read into `scan`'s own slot -- empty,
+/// as the scan has run out of rows -- and cleared from it again.  The row
+/// was visible to the statement's snapshot, which is still registered, so
+/// no vacuum can have removed it; None if it is gone all the same.
+///
+/// # Safety
+/// `scan` is a heap scan of the latched table that has run out of rows;
+/// `attnos` are the key columns' positions in its slot.
+unsafe fn key_at_tid(
+    scan: *mut pg_sys::ScanState,
+    tid: pg_sys::ItemPointerData,
+    key: &KeyDesc,
+    attnos: &[i32],
+) -> Option<KeyWriter> {
+    // SAFETY: per contract; the fetch is the table AM's own, into a slot
+    // of the AM's kind (the scan's), under any snapshot: the TID names the
+    // row version the scan returned.
     unsafe {
-        if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
-            *d
-        } else {
-            span::touched(d, Some(&key.encode_slot_at(slot, attnos)), forward)
+        let rel = (*scan).ss_currentRelation;
+        let slot = (*scan).ss_ScanTupleSlot;
+        if rel.is_null() || !is_empty(slot) {
+            return None;
         }
+        let fetch = (*(*rel).rd_tableam).tuple_fetch_row_version?;
+        let mut tid = tid;
+        let found = crate::errors::pass(|| fetch(rel, &mut tid, &raw mut pg_sys::SnapshotAnyData, slot));
+        if !found {
+            return None;
+        }
+        let k = key.encode_slot_at(slot, attnos);
+        crate::errors::pass(|| ((*(*slot).tts_ops).clear.unwrap_unchecked())(slot));
+        Some(k)
     }
 }
 
@@ -945,11 +1130,18 @@ fn prop_int(es: *mut pg_sys::ExplainState, label: &CStr, value: i64) {
     unsafe { pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), value, es) };
 }
 
+/// Intervals shown before the rest are only counted.
+const SHOWN_SPANS: usize = 8;
+
 fn spans_text(key: &KeyDesc, spans: &[Span]) -> String {
     if spans.is_empty() {
         return "none".into();
     }
-    spans.iter().map(|s| key.format_span(s)).collect::<Vec<_>>().join(", ")
+    let mut text = spans.iter().take(SHOWN_SPANS).map(|s| key.format_span(s)).collect::<Vec<_>>().join(", ");
+    if spans.len() > SHOWN_SPANS {
+        text.push_str(&format!(", … ({} intervals)", spans.len()));
+    }
+    text
 }
 
 #[pg_guard]
@@ -1011,7 +1203,7 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
             prop_text(es, c"Declared Span", HIDDEN);
         } else if analyze || !bounds_run_functions() {
             let declared = rt.declared(node);
-            prop_text(es, c"Declared Span", &key.format_span(&declared));
+            prop_text(es, c"Declared Span", &spans_text(&key, &declared.spans));
         } else {
             prop_text(es, c"Declared Span", "computed when the statement runs");
         }

@@ -17,7 +17,7 @@ unsafe impl<T> Sync for StaticMethods<T> {}
 
 /// Bumped whenever the layout changes: a plan cached by an older library
 /// is refused rather than misread.
-const LAYOUT: i32 = 3;
+const LAYOUT: i32 = 4;
 
 /// A qual `key column <strategy> expression` that bounds the declared span,
 /// the expression being the matching entry of `custom_exprs`.  Only
@@ -30,8 +30,30 @@ pub struct BoundQual {
     pub col: u16,
     /// btree strategy number of the operator, with the key column on its left.
     pub strategy: u16,
-    /// The expression's type.
+    /// The expression's type; for `array`, its element type.
     pub typid: Oid,
+    /// `key column = ANY(expression)`.
+    pub array: bool,
+    /// 0: ANDed with the other bounds; n > 0: in branch `branch` of the
+    /// n-th OR of the quals (read/span.rs).
+    pub group: u16,
+    pub branch: u16,
+}
+
+impl BoundQual {
+    /// The qual this bound gives with its expression evaluated.
+    pub fn qual(&self, value: pg_sys::Datum, isnull: bool) -> crate::read::span::KeyQual {
+        crate::read::span::KeyQual {
+            col: usize::from(self.col),
+            strategy: self.strategy,
+            value,
+            typid: self.typid,
+            isnull,
+            array: self.array,
+            group: self.group,
+            branch: self.branch,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +90,14 @@ impl GuardPlan {
     pub fn to_list(&self) -> *mut List {
         let mut v = vec![LAYOUT, self.relid.to_u32() as i32, i32::from(self.restartable), self.bounds.len() as i32];
         for b in &self.bounds {
-            v.extend([i32::from(b.col), i32::from(b.strategy), b.typid.to_u32() as i32]);
+            v.extend([
+                i32::from(b.col),
+                i32::from(b.strategy),
+                b.typid.to_u32() as i32,
+                i32::from(b.array),
+                i32::from(b.group),
+                i32::from(b.branch),
+            ]);
         }
         v.push(i32::from(self.tree));
         match &self.stream {
@@ -103,7 +132,15 @@ impl GuardPlan {
         let mut bounds = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let (col, strategy, typid) = (next()?, next()?, next()?);
-            bounds.push(BoundQual { col: col as u16, strategy: strategy as u16, typid: Oid::from(typid as u32) });
+            let (array, group, branch) = (next()?, next()?, next()?);
+            bounds.push(BoundQual {
+                col: col as u16,
+                strategy: strategy as u16,
+                typid: Oid::from(typid as u32),
+                array: array != 0,
+                group: group as u16,
+                branch: branch as u16,
+            });
         }
         let tree = next()? != 0;
         let stream = match next()? {
@@ -135,8 +172,8 @@ mod tests {
             relid: Oid::from(4_000_000_123),
             restartable: true,
             bounds: vec![
-                BoundQual { col: 0, strategy: 5, typid: pg_sys::INT8OID },
-                BoundQual { col: 1, strategy: 3, typid: pg_sys::TEXTOID },
+                BoundQual { col: 0, strategy: 5, typid: pg_sys::INT8OID, array: false, group: 0, branch: 0 },
+                BoundQual { col: 1, strategy: 3, typid: pg_sys::TEXTOID, array: true, group: 2, branch: 1 },
             ],
             tree: false,
             stream: None,

@@ -278,6 +278,9 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
         if skips_locked_rows(root, rti) {
             return;
         }
+        // Known now, not when the plan is made: by then the parents'
+        // records of what their subqueries refer to are reset.
+        let init_params = init_plan_params(root);
         // Gather paths run the scan in other processes.
         let wrapped = list_iter::<pg_sys::Path>((*rel).pathlist)
             .filter(|&p| {
@@ -286,7 +289,7 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
                     pg_sys::NodeTag::T_GatherPath | pg_sys::NodeTag::T_GatherMergePath
                 )
             })
-            .map(|p| guard_path(rel, p))
+            .map(|p| guard_path(rel, p, &init_params))
             .collect::<Vec<_>>();
         (*rel).pathlist = make_list(wrapped);
         (*rel).partial_pathlist = std::ptr::null_mut();
@@ -375,7 +378,7 @@ unsafe fn hierarchy_top(root: *mut PlannerInfo, rti: u32) -> u32 {
 ///
 /// # Safety
 /// Planner structures of the current planning step.
-unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_sys::Path {
+unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path, init_params: &[i32]) -> *mut pg_sys::Path {
     // SAFETY: per contract; the new node is palloc'd and filled like
     // makeNode(CustomPath).
     unsafe {
@@ -396,29 +399,30 @@ unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path) -> *mut pg_
         path.pathkeys = c.pathkeys;
         (*cp).flags = if pg_sys::ExecSupportsMarkRestore(child) { pg_sys::CUSTOMPATH_SUPPORT_MARK_RESTORE } else { 0 };
         (*cp).custom_paths = make_list([child]);
-        (*cp).custom_private = std::ptr::null_mut();
+        // The init plan parameters a bound may use (key_bounds).
+        (*cp).custom_private = make_list(init_params.iter().map(|&id| pg_sys::makeInteger(id) as *mut Node));
         (*cp).methods = &PATH_METHODS.0;
         cp as *mut pg_sys::Path
     }
 }
 
 /// The quals among `clauses` that bound a key column with a value known
-/// before the statement runs: `(bound, expression)`.
+/// before the statement runs: `(bound, expression)`.  An OR counts when
+/// each of its branches bounds the key (read/span.rs takes the union).
 ///
 /// # Safety
 /// Planner structures of the current planning step; `clauses` is a list of
 /// RestrictInfo.
 unsafe fn key_bounds(
-    root: *mut PlannerInfo,
+    init_params: &[i32],
     rti: u32,
     key: &crate::keys::KeyDesc,
     clauses: *mut List,
 ) -> Vec<(BoundQual, *mut Node)> {
     let mut out = Vec::new();
     // SAFETY: per contract.
-    let init_params = unsafe { init_plan_params(root) };
-    // SAFETY: per contract.
-    let one_value = |value: *mut Node| unsafe { one_value_per_statement(value, &init_params) };
+    let one_value = |value: *mut Node| unsafe { one_value_per_statement(value, init_params) };
+    let mut group = 0u16;
     // SAFETY: per contract; nodes are checked by tag before each cast.
     unsafe {
         for ri in list_iter::<pg_sys::RestrictInfo>(clauses) {
@@ -426,60 +430,141 @@ unsafe fn key_bounds(
                 continue;
             }
             let clause = (*ri).clause as *mut Node;
-            if node_tag(clause) == pg_sys::NodeTag::T_RowCompareExpr {
-                out.extend(row_bound(rti, key, clause as *mut pg_sys::RowCompareExpr, &one_value));
+            let Some(arms) = bool_args(clause, pg_sys::BoolExprType::OR_EXPR) else {
+                out.extend(clause_bounds(rti, key, clause, &one_value));
                 continue;
-            }
-            if node_tag(clause) != pg_sys::NodeTag::T_OpExpr {
-                continue;
-            }
-            let op = &*(clause as *mut pg_sys::OpExpr);
-            let args: Vec<*mut Node> = list_iter(op.args).collect();
-            let &[l, r] = args.as_slice() else { continue };
-            for (col, c) in key.cols.iter().enumerate() {
-                // `key op value`, or `value op key` read with the commutator.
-                let (value, opno) = if is_column(l, rti, c.attnum) {
-                    (r, op.opno)
-                } else if is_column(r, rti, c.attnum) {
-                    (l, pg_sys::get_commutator(op.opno))
-                } else {
-                    continue;
-                };
-                if opno == pg_sys::InvalidOid || !one_value(value) {
-                    continue;
+            };
+            let Some(g) = group.checked_add(1) else { continue };
+            let mut found = Vec::new();
+            let every_branch_bounds = arms.iter().enumerate().all(|(branch, &arm)| {
+                let before = found.len();
+                let conjuncts = bool_args(arm, pg_sys::BoolExprType::AND_EXPR).unwrap_or_else(|| vec![arm]);
+                for c in conjuncts {
+                    for (b, e) in clause_bounds(rti, key, c, &one_value) {
+                        found.push((BoundQual { group: g, branch: branch as u16, ..b }, e));
+                    }
                 }
-                // A comparison under another collation bounds another order
-                // than the key's bytes.
-                let strategy = pg_sys::get_op_opfamily_strategy(opno, c.opfamily);
-                if strategy == 0 || !c.orders_like_key(op.inputcollid) {
-                    continue;
-                }
-                let b = BoundQual { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
-                out.push((b, pg_sys::copyObjectImpl(value as *const _) as *mut Node));
+                found.len() > before && branch < usize::from(u16::MAX)
+            });
+            if every_branch_bounds {
+                group = g;
+                out.extend(found);
             }
         }
     }
     out
 }
 
-/// The PARAM_EXEC ids that init plans of the statement's top query level
-/// set: one value for the whole statement, known once the plan that sets
-/// them has run (a cursor a CTE read).  Not nestloop parameters, which
-/// change with every outer row, nor init plans of a subquery.
+/// The arguments of `node` when it is a BoolExpr of kind `kind`.
 ///
 /// # Safety
-/// `root` is the current planner state.
+/// `node` is a valid expression.
+unsafe fn bool_args(node: *mut Node, kind: pg_sys::BoolExprType::Type) -> Option<Vec<*mut Node>> {
+    // SAFETY: per contract; cast after the tag check.
+    unsafe {
+        (node_tag(node) == pg_sys::NodeTag::T_BoolExpr && (*(node as *mut pg_sys::BoolExpr)).boolop == kind)
+            .then(|| list_iter::<Node>((*(node as *mut pg_sys::BoolExpr)).args).collect())
+    }
+}
+
+/// The bounds one clause puts on key columns: `key op value` (or `value op
+/// key`), a row comparison, `key = ANY(array)`.
+///
+/// # Safety
+/// `clause` is a valid expression of the current planning step.
+unsafe fn clause_bounds(
+    rti: u32,
+    key: &crate::keys::KeyDesc,
+    clause: *mut Node,
+    one_value: &dyn Fn(*mut Node) -> bool,
+) -> Vec<(BoundQual, *mut Node)> {
+    let mut out = Vec::new();
+    // SAFETY: per contract; nodes are checked by tag before each cast.
+    unsafe {
+        let bound = |col: usize, strategy: i32, typid: pg_sys::Oid, array: bool, value: *mut Node| {
+            let b = BoundQual { col: col as u16, strategy: strategy as u16, typid, array, group: 0, branch: 0 };
+            (b, pg_sys::copyObjectImpl(value as *const _) as *mut Node)
+        };
+        match node_tag(clause) {
+            pg_sys::NodeTag::T_RowCompareExpr => {
+                out.extend(row_bound(rti, key, clause as *mut pg_sys::RowCompareExpr, one_value));
+            }
+            pg_sys::NodeTag::T_ScalarArrayOpExpr => {
+                let op = &*(clause as *mut pg_sys::ScalarArrayOpExpr);
+                let args: Vec<*mut Node> = list_iter(op.args).collect();
+                let &[l, r] = args.as_slice() else { return out };
+                let elem = pg_sys::get_element_type(pg_sys::exprType(r));
+                if !op.useOr || elem == pg_sys::InvalidOid || !one_value(r) {
+                    return out;
+                }
+                for (col, c) in key.cols.iter().enumerate() {
+                    if is_column(l, rti, c.attnum)
+                        && pg_sys::get_op_opfamily_strategy(op.opno, c.opfamily) == pg_sys::BTEqualStrategyNumber as i32
+                        && c.orders_like_key(op.inputcollid)
+                    {
+                        out.push(bound(col, pg_sys::BTEqualStrategyNumber as i32, elem, true, r));
+                    }
+                }
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = &*(clause as *mut pg_sys::OpExpr);
+                let args: Vec<*mut Node> = list_iter(op.args).collect();
+                let &[l, r] = args.as_slice() else { return out };
+                for (col, c) in key.cols.iter().enumerate() {
+                    // `key op value`, or `value op key` read with the commutator.
+                    let (value, opno) = if is_column(l, rti, c.attnum) {
+                        (r, op.opno)
+                    } else if is_column(r, rti, c.attnum) {
+                        (l, pg_sys::get_commutator(op.opno))
+                    } else {
+                        continue;
+                    };
+                    if opno == pg_sys::InvalidOid || !one_value(value) {
+                        continue;
+                    }
+                    // A comparison under another collation bounds another
+                    // order than the key's bytes.
+                    let strategy = pg_sys::get_op_opfamily_strategy(opno, c.opfamily);
+                    if strategy == 0 || !c.orders_like_key(op.inputcollid) {
+                        continue;
+                    }
+                    out.push(bound(col, strategy, pg_sys::exprType(value), false, value));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The PARAM_EXEC ids that init plans set which hold one value for the
+/// whole statement: a cursor a CTE read, at the statement's level or in a
+/// subquery in FROM (`SELECT * FROM (WITH last AS (...) SELECT ... WHERE k >
+/// (SELECT acked FROM last)) m ORDER BY k LIMIT n`).  Not nestloop
+/// parameters, which change with every outer row, and none at all in a
+/// subquery that refers to an outer query (a correlated subquery, a LATERAL
+/// one): it may run once per outer row, its init plans with it.
+///
+/// # Safety
+/// `root` is the current planner state, while its paths are made (its
+/// parents' plan_params are reset before its plan is).
 unsafe fn init_plan_params(root: *mut PlannerInfo) -> Vec<i32> {
     let mut ids = Vec::new();
-    // SAFETY: per contract; init_plans hold SubPlans with int setParam lists.
+    // SAFETY: per contract; init_plans hold SubPlans with int setParam
+    // lists.  While a subquery is planned, its parent's plan_params
+    // collects the outer values it refers to (SS_replace_correlation_vars):
+    // empty all the way up, no level of the chain depends on an outer row.
     unsafe {
-        // Only the statement's own level: a subquery may run once per row
-        // of an outer query (a correlated subquery), and its init plans
-        // with it, so their results are not one value for the statement.
-        if (*root).parent_root.is_null() {
-            for sp in list_iter::<pg_sys::SubPlan>((*root).init_plans) {
+        let mut r = root;
+        while !r.is_null() {
+            let parent = (*r).parent_root;
+            if !parent.is_null() && !(*parent).plan_params.is_null() {
+                return Vec::new();
+            }
+            for sp in list_iter::<pg_sys::SubPlan>((*r).init_plans) {
                 ids.extend(crate::pg::list_ints((*sp).setParam));
             }
+            r = parent;
         }
     }
     ids
@@ -568,7 +653,14 @@ unsafe fn row_bound(
             return None;
         }
         let strategy = if upward { pg_sys::BTGreaterEqualStrategyNumber } else { pg_sys::BTLessEqualStrategyNumber };
-        let b = BoundQual { col: col as u16, strategy: strategy as u16, typid: pg_sys::exprType(value) };
+        let b = BoundQual {
+            col: col as u16,
+            strategy: strategy as u16,
+            typid: pg_sys::exprType(value),
+            array: false,
+            group: 0,
+            branch: 0,
+        };
         Some((b, pg_sys::copyObjectImpl(value as *const _) as *mut Node))
     }
 }
@@ -589,7 +681,9 @@ unsafe extern "C-unwind" fn plan_custom_path(
         let rti = (*rel).relid;
         let relid = (**(*root).simple_rte_array.add(rti as usize)).relid;
         let latched = registry::require(relid);
-        let bounds = key_bounds(root, rti, &latched.key, clauses);
+        let init_params: Vec<i32> =
+            list_iter::<pg_sys::Integer>((*best_path).custom_private).map(|i| (*i).ival).collect();
+        let bounds = key_bounds(&init_params, rti, &latched.key, clauses);
         let restartable = RESTARTABLE.with(|r| r.borrow().last().copied()).unwrap_or(false);
         GUARDS_PLANNED.set(GUARDS_PLANNED.get().wrapping_add(1));
         let plan = GuardPlan {

@@ -462,7 +462,7 @@ pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
     ensure_exit_hook();
     let h = holder(owner);
     let rel = rel_id(relid);
-    super::wakeups::note_write(rel);
+    super::wakeups::note_write(rel, span);
     let l = limits();
     // SAFETY: reads the current subtransaction's id.
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
@@ -487,7 +487,7 @@ pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latc
     let t = table();
     ensure_exit_hook();
     let unlimited = Limits::NONE;
-    super::wakeups::note_write(rel_id(relid));
+    super::wakeups::note_write(rel_id(relid), span);
     HOLDINGS.with(|held| {
         let mut held = held.borrow_mut();
         // A drawn key may be written after a rollback of the subtransaction

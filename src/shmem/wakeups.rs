@@ -1,5 +1,6 @@
-//! Wake-ups for `pgkvx.wait_for`: consumers sleep on a condition variable
-//! of their table, and a writer's commit broadcasts it.
+//! Wake-ups for `pgkvx.wait_for`: consumers sleep on their latch, and a
+//! writer's commit sets the latches of the consumers of its tables whose
+//! cursor it passes -- a key it wrote lies past the cursor.
 //!
 //! Shared memory holds a small open-addressed table of **wait slots**, one
 //! per latched table that anyone waited on -- in `wait_for`, or in a read
@@ -8,30 +9,30 @@
 //! relation oid; claimed and freed under a claim flag, freed when the table
 //! is dropped or disabled, and given to another table when all are taken
 //! and nobody waits on it, so no role can use them up; slot 0 takes a
-//! table only when every other slot has a waiter), each with a
-//! condition variable, the
-//! number of sessions waiting on it now and cumulative statistics, plus a
-//! global count of waiting sessions and one **waiter record** per backend
-//! (for `pgkvx.waiters`).
+//! table only when every other slot has a waiter), each with the number
+//! of sessions waiting on it now and cumulative statistics, plus a global
+//! count of waiting sessions and one **waiter record** per backend: the
+//! table it waits on and its cursor (also for `pgkvx.waiters`).
 //!
 //! What a commit does (`xact_end`, from the transaction callback, after
 //! `ProcArrayEndTransaction`, so the commit is visible to new snapshots):
 //! if no session waits anywhere — one atomic load — nothing.  Otherwise for
 //! each table the transaction latched (noted by [`note_write`] as latches
-//! are published) it finds the table's slot and broadcasts its condition
-//! variable if someone waits there.  An abort wakes nobody.
+//! are published, with the least and greatest key written) whose slot
+//! counts a waiter, it reads the waiter records and sets the latch of each
+//! waiter on that table whose cursor one of those keys passes.  An abort
+//! wakes nobody.
 //!
-//! What a waiter does (`api/wait_for.rs`): registers in the slot (waiter
-//! count up), prepares to sleep on the condition variable, and only then
-//! looks for a committed key past its cursor with a fresh snapshot; if none,
-//! it sleeps, and after every wake-up it looks again.  No wake-up is lost:
-//! a commit that its look did not see became visible after the look's
-//! snapshot was taken under ProcArrayLock, so the committer's later read of
-//! the waiter count sees the registration, and its broadcast finds the
-//! waiter already on the condition variable's list (or makes its next
-//! sleep return at once).
+//! What a waiter does (`api/wait_for.rs`): registers (its record, then the
+//! slot's count), resets its latch, and only then looks for a committed
+//! key past its cursor with a fresh snapshot; if none, it sleeps on its
+//! latch, and after every wake-up it resets the latch and looks again.  No
+//! wake-up is lost: a commit that its look did not see became visible
+//! after the look's snapshot was taken under ProcArrayLock, so the
+//! committer's later read of the records sees the registration, and the
+//! latch it sets makes the sleep that follows the look return at once.
 
-use crate::latch::RelId;
+use crate::latch::{KeyBuf, RelId, Span};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -82,7 +83,6 @@ struct Slot {
     /// (database << 32 | relation); 0 while free.
     key: AtomicU64,
     waiters: AtomicU32,
-    cv: UnsafeCell<pg_sys::ConditionVariable>,
     calls: AtomicU64,
     immediate: AtomicU64,
     woken: AtomicU64,
@@ -94,7 +94,8 @@ struct Slot {
     read_wait_us: AtomicU64,
 }
 
-/// One backend's wait, for the `pgkvx.waiters` view.
+/// One backend's wait: what commits read to decide whether to wake it,
+/// and what the `pgkvx.waiters` view shows.
 #[repr(C)]
 struct WaiterRec {
     /// The table's key while waiting, 0 otherwise.
@@ -102,12 +103,74 @@ struct WaiterRec {
     pid: AtomicI32,
     since_us: AtomicI64,
     wakeups: AtomicU32,
+    /// Odd while `pass` and `bound` change: a commit that reads them then,
+    /// or sees this change under it, wakes the waiter (at worst once for
+    /// nothing) instead of trusting a torn cursor.
+    generation: AtomicU32,
+    /// How a commit passes the cursor ([`Pass`]).
+    pass: AtomicU32,
+    bound: UnsafeCell<KeyBuf>,
 }
 
-// SAFETY: the slot's condition variable is only touched through Postgres's
-// ConditionVariable functions, which take its spinlock; everything else is
+// SAFETY: `bound` is written only by its own backend, between two bumps
+// of `generation`, and read by others only as a seqlock reader that
+// discards what it read when the generation moved; everything else is
 // atomic.  The region is shared between processes by design.
-unsafe impl Sync for Slot {}
+unsafe impl Sync for WaiterRec {}
+
+/// Which commits pass a waiter's cursor, given the least key `lo` and the
+/// greatest end `hi` of the spans they latched in the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Any commit to the table (no cursor).
+    Any,
+    /// One that wrote a key at or past `bound` (`hi > bound`).
+    Above(KeyBuf),
+    /// One that wrote a key below `bound` (`lo < bound`).
+    Below(KeyBuf),
+}
+
+impl Pass {
+    /// For a cursor of encoded key `bytes` (a prefix of the key's encoding
+    /// when `truncated`): `after` it, or `before` it.
+    pub fn of_cursor(bytes: &[u8], truncated: bool, before: bool) -> Pass {
+        match (before, truncated) {
+            // The least key past c is c ++ 0x00: a span ending above it
+            // holds one.  Past a truncated prefix p: any key above p.
+            (false, false) => Pass::Above(Span::point(bytes).end),
+            (false, true) => Pass::Above(KeyBuf::floor(bytes)),
+            // Below c: a span starting below it.  Below a truncated
+            // prefix: anything starting below the prefix's end.
+            (true, false) => Pass::Below(KeyBuf::floor(bytes)),
+            (true, true) => Pass::Below(KeyBuf::prefix_successor(bytes)),
+        }
+    }
+
+    /// Whether a commit that latched spans from `lo` to `hi` passes it.
+    pub fn passed_by(&self, lo: &KeyBuf, hi: &KeyBuf) -> bool {
+        match self {
+            Pass::Any => true,
+            Pass::Above(b) => hi > b,
+            Pass::Below(b) => lo < b,
+        }
+    }
+
+    fn encode(&self) -> (u32, KeyBuf) {
+        match self {
+            Pass::Any => (0, KeyBuf::EMPTY),
+            Pass::Above(b) => (1, *b),
+            Pass::Below(b) => (2, *b),
+        }
+    }
+
+    fn decode(mode: u32, bound: KeyBuf) -> Pass {
+        match mode {
+            1 => Pass::Above(bound),
+            2 => Pass::Below(bound),
+            _ => Pass::Any,
+        }
+    }
+}
 
 struct Region {
     hdr: &'static Header,
@@ -121,11 +184,20 @@ struct ProcessGlobal(UnsafeCell<Option<Region>>);
 unsafe impl Sync for ProcessGlobal {}
 static REGION: ProcessGlobal = ProcessGlobal(UnsafeCell::new(None));
 
+/// A latched table this transaction wrote, with the least start and the
+/// greatest end of the spans it latched there.
+#[derive(Clone, Copy)]
+struct Written {
+    key: u64,
+    lo: KeyBuf,
+    hi: KeyBuf,
+}
+
 thread_local! {
-    /// Latched tables this transaction wrote (published a latch on).
-    static WRITTEN: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-    /// The last table noted: most transactions write one table many times.
-    static LAST_WRITTEN: Cell<u64> = const { Cell::new(0) };
+    /// Latched tables this transaction wrote (published a latch on); the
+    /// last one noted comes last: most transactions write one table many
+    /// times.
+    static WRITTEN: RefCell<Vec<Written>> = const { RefCell::new(Vec::new()) };
     static EXIT_HOOK_SET: Cell<bool> = const { Cell::new(false) };
     /// The slot this backend is counted in while it waits.
     static MY_WAIT: Cell<Option<u32>> = const { Cell::new(None) };
@@ -158,9 +230,9 @@ pub unsafe fn startup(max_tables: u32, max_backends: u32) {
     let (h, s, _) = sizes(max_tables, max_backends);
     let size = region_size(max_tables, max_backends);
     let nslots = nslots_for(max_tables);
-    // SAFETY: the add-in shared memory protocol; the region is zeroed and
-    // its condition variables initialised when new, only attached when
-    // found.  Atomics and ConditionVariable are valid when zeroed/initialised.
+    // SAFETY: the add-in shared memory protocol; the region is zeroed when
+    // new, only attached when found.  Atomics and key buffers are valid
+    // when zeroed.
     unsafe {
         let mut found = false;
         let mem = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found) as *mut u8;
@@ -170,9 +242,6 @@ pub unsafe fn startup(max_tables: u32, max_backends: u32) {
             (*hdr).nslots = nslots;
             (*hdr).nwaiters = max_backends;
             let slots = mem.add(h) as *mut Slot;
-            for i in 0..nslots as usize {
-                pg_sys::ConditionVariableInit((*slots.add(i)).cv.get());
-            }
             (*slots).key.store(OVERFLOW_KEY, SeqCst);
         }
         let hdr = &*(mem as *const Header);
@@ -272,7 +341,7 @@ pub fn table_gone(rel: RelId) {
     let Some(r) = region() else { return };
     let key = key_of(rel);
     let Some(i) = find(r, key) else { return };
-    broadcast(&r.slots[i as usize]);
+    wake(r, i, key, &KeyBuf::EMPTY, &KeyBuf::INFINITE);
     claiming(r, || {
         let s = &r.slots[i as usize];
         if s.key.load(SeqCst) == key {
@@ -306,25 +375,32 @@ impl Slot {
     }
 }
 
-/// Notes that this transaction published a latch on `rel`, so that its
-/// commit wakes the table's waiters.  Cheap: a thread-local compare for
-/// the common case of one table written many times.
-pub fn note_write(rel: RelId) {
+/// Notes that this transaction published a latch on `span` of `rel`, so
+/// that its commit wakes the table's waiters whose cursor the span passes.
+/// Cheap: the table written last is compared first, and most transactions
+/// write one table many times.
+pub fn note_write(rel: RelId, span: &Span) {
     let key = key_of(rel);
-    if LAST_WRITTEN.with(|c| c.replace(key)) == key {
-        return;
-    }
     WRITTEN.with(|w| {
-        if let Ok(mut w) = w.try_borrow_mut() {
-            if !w.contains(&key) {
-                w.push(key);
+        let Ok(mut w) = w.try_borrow_mut() else { return };
+        let i = match w.iter().rposition(|x| x.key == key) {
+            Some(i) => i,
+            None => {
+                w.push(Written { key, lo: span.start, hi: span.end });
+                return;
             }
-        }
+        };
+        let x = &mut w[i];
+        x.lo = x.lo.min(span.start);
+        x.hi = x.hi.max(span.end);
+        let last = w.len() - 1;
+        w.swap(i, last);
     });
 }
 
 /// The transaction callback's part: a commit wakes the waiters of the
-/// tables it wrote, an abort wakes nobody.  Panic-free.
+/// tables it wrote whose cursor it passes, an abort wakes nobody.
+/// Panic-free.
 pub fn xact_end(event: pg_sys::XactEvent::Type) {
     use pg_sys::XactEvent::*;
     let commit = match event {
@@ -332,7 +408,6 @@ pub fn xact_end(event: pg_sys::XactEvent::Type) {
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => false,
         _ => return,
     };
-    LAST_WRITTEN.with(|c| c.set(0));
     let written = WRITTEN.with(|w| w.try_borrow_mut().map(|mut w| std::mem::take(&mut *w)).unwrap_or_default());
     if !commit || written.is_empty() {
         return;
@@ -342,29 +417,46 @@ pub fn xact_end(event: pg_sys::XactEvent::Type) {
     if r.hdr.waiting.load(SeqCst) == 0 {
         return;
     }
-    let mut woke_overflow = false;
-    for key in written {
-        let i = find(r, key).unwrap_or(0);
-        if i == 0 {
-            woke_overflow = true;
-            continue;
-        }
-        broadcast(&r.slots[i as usize]);
-    }
-    if woke_overflow || r.slots[0].waiters.load(SeqCst) > 0 {
-        broadcast(&r.slots[0]);
+    for w in written {
+        let i = find(r, w.key).unwrap_or(0);
+        wake(r, i, w.key, &w.lo, &w.hi);
     }
 }
 
-fn broadcast(s: &Slot) {
-    if s.waiters.load(SeqCst) == 0 {
+/// Sets the latch of every waiter on table `key` (counted in slot `i`)
+/// whose cursor a commit that latched spans from `lo` to `hi` passes.
+fn wake(r: &Region, i: u32, key: u64, lo: &KeyBuf, hi: &KeyBuf) {
+    // Its waiters count in its slot, or in slot 0 if they came when every
+    // slot was taken (and it got one since).
+    let s = &r.slots[i as usize];
+    if s.waiters.load(SeqCst) == 0 && r.slots[0].waiters.load(SeqCst) == 0 {
         return;
     }
-    s.broadcasts.fetch_add(1, SeqCst);
-    // SAFETY: an initialised condition variable in shared memory; the
-    // broadcast takes its spinlock and sets the waiters' latches, nothing
-    // that can raise.
-    unsafe { pg_sys::ConditionVariableBroadcast(s.cv.get()) };
+    let mut woke = false;
+    for (procno, w) in r.waiters.iter().enumerate() {
+        if w.key.load(SeqCst) != key {
+            continue;
+        }
+        let g = w.generation.load(SeqCst);
+        let pass = Pass::decode(w.pass.load(SeqCst), {
+            // SAFETY: a seqlock read (see WaiterRec); a torn value is
+            // discarded below.
+            unsafe { std::ptr::read_volatile(w.bound.get()) }
+        });
+        let steady = g % 2 == 0 && w.generation.load(SeqCst) == g;
+        if steady && !pass.passed_by(lo, hi) {
+            continue;
+        }
+        woke = true;
+        // SAFETY: the PGPROC of a live backend slot (procno is below the
+        // records' count, which is MaxBackends); SetLatch takes no lock
+        // that can raise, and a latch of a backend that exited is left
+        // set harmlessly for the next one.
+        unsafe { pg_sys::SetLatch(&raw mut (*(*pg_sys::ProcGlobal).allProcs.add(procno)).procLatch) };
+    }
+    if woke {
+        s.broadcasts.fetch_add(1, SeqCst);
+    }
 }
 
 fn my_procno(r: &Region) -> Option<usize> {
@@ -380,12 +472,28 @@ pub struct Waiting {
 }
 
 impl Waiting {
-    /// Registers as a waiter on `rel`.
-    pub fn register(rel: RelId) -> Waiting {
+    /// Registers as a waiter on `rel`, woken by commits that `pass`.
+    pub fn register(rel: RelId, pass: Pass) -> Waiting {
         let r = region().unwrap_or_else(|| super::not_preloaded());
         ensure_exit_hook();
         unregister(); // a leftover of an earlier call (cannot happen, but cheap)
         let key = key_of(rel);
+        // The record first, then the counts commits look at.
+        if let Some(p) = my_procno(r) {
+            let w = &r.waiters[p];
+            // SAFETY: plain reads of backend globals and the clock.
+            let (pid, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
+            let (mode, bound) = pass.encode();
+            w.generation.fetch_add(1, SeqCst);
+            w.pass.store(mode, SeqCst);
+            // SAFETY: our own record; readers check the generation.
+            unsafe { std::ptr::write_volatile(w.bound.get(), bound) };
+            w.generation.fetch_add(1, SeqCst);
+            w.pid.store(pid, SeqCst);
+            w.since_us.store(now, SeqCst);
+            w.wakeups.store(0, SeqCst);
+            w.key.store(key, SeqCst);
+        }
         // Counted in the slot before the claim flag goes: a slot with a
         // waiter never changes hands.
         let slot = claiming(r, || {
@@ -397,21 +505,7 @@ impl Waiting {
         s.calls.fetch_add(1, SeqCst);
         MY_WAIT.with(|c| c.set(Some(slot)));
         r.hdr.waiting.fetch_add(1, SeqCst);
-        if let Some(p) = my_procno(r) {
-            let w = &r.waiters[p];
-            // SAFETY: plain reads of backend globals and the clock.
-            let (pid, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
-            w.pid.store(pid, SeqCst);
-            w.since_us.store(now, SeqCst);
-            w.wakeups.store(0, SeqCst);
-            w.key.store(key, SeqCst);
-        }
         Waiting { slot }
-    }
-
-    /// The condition variable to sleep on.
-    pub fn cv(&self) -> *mut pg_sys::ConditionVariable {
-        region().expect("registered").slots[self.slot as usize].cv.get()
     }
 
     /// Counts one wake-up of this waiter.
@@ -594,6 +688,33 @@ mod tests {
         assert_eq!(nslots_for(1), 65);
         assert_eq!(nslots_for(256), 513);
         assert_eq!(nslots_for(300), 1025);
+    }
+
+    #[test]
+    fn a_commit_passes_a_cursor_only_with_a_key_past_it() {
+        let k = |b: &[u8]| KeyBuf::floor(b);
+        let span = |a: &[u8], b: &[u8]| Span { start: k(a), end: k(b) };
+        let passes = |p: Pass, s: Span| p.passed_by(&s.start, &s.end);
+        let after5 = Pass::of_cursor(&[5], false, false);
+        assert!(!passes(after5, Span::point(&[5])), "the cursor's own key is not past it");
+        assert!(!passes(after5, span(&[1], &[4])));
+        assert!(passes(after5, Span::point(&[6])));
+        assert!(passes(after5, Span::point(&[5, 0])), "the least key past it");
+        assert!(passes(after5, Span::ALL), "TRUNCATE");
+        let before5 = Pass::of_cursor(&[5], false, true);
+        assert!(!passes(before5, Span::point(&[5])) && !passes(before5, Span::point(&[9])));
+        assert!(passes(before5, Span::point(&[4, 9])));
+        // A truncated cursor (a prefix of the key): anything that may lie
+        // past the real key wakes, never less.
+        let after_prefix = Pass::of_cursor(&[5], true, false);
+        assert!(passes(after_prefix, Span::point(&[5, 7])) && !passes(after_prefix, Span::point(&[4, 9])));
+        let before_prefix = Pass::of_cursor(&[5], true, true);
+        assert!(passes(before_prefix, Span::point(&[5, 7])) && !passes(before_prefix, Span::point(&[6])));
+        assert!(passes(Pass::Any, Span::point(&[0])));
+        for p in [after5, before5, Pass::Any] {
+            let (m, b) = p.encode();
+            assert_eq!(Pass::decode(m, b), p);
+        }
     }
 
     #[test]

@@ -93,7 +93,8 @@ def test_explain_names_the_writer_waited_for(db, table_name, mode):
     with connect(db) as c, connect(db, autocommit=False) as w:
         c.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY)")
         c.execute(f"SELECT pgkvx.enable('{table_name}')")
-        c.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(1, 5) g")
+        # 7, the writer's key, lies behind 9: a read returning 9 waits for it.
+        c.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(1, 5) g UNION ALL SELECT 9")
         w.execute(f"INSERT INTO {table_name} VALUES (7)")
         wpid, wxid = w.info.backend_pid, w.execute("SELECT txid_current()").fetchone()[0]
         c.execute(f"ALTER DATABASE {db} SET pgkvx.scan_mode = {mode}")
@@ -114,7 +115,8 @@ def test_explain_hides_the_key_from_a_role_that_may_not_read_every_row(db, table
     with connect(db) as c, connect(db, autocommit=False) as w:
         c.execute(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, tenant text NOT NULL DEFAULT 'a')")
         c.execute(f"SELECT pgkvx.enable('{table_name}')")
-        c.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(1, 5) g")
+        # 7, the writer's key, lies behind 9: a read returning 9 waits for it.
+        c.execute(f"INSERT INTO {table_name} SELECT g FROM generate_series(1, 5) g UNION ALL SELECT 9")
         c.execute(f"CREATE ROLE {role}")
         try:
             c.execute(f"GRANT SELECT ON {table_name} TO {role}")

@@ -154,21 +154,26 @@ def test_touched_span_ends_at_last_row(tl):
 
 def test_writer_in_flight_past_the_batch_does_not_hold_it(tl):
     """A writer in flight in another partition, past the rows a read
-    returns, does not make it wait; one inside them does (the read returns
-    its row once it commits)."""
+    returns (also past the last row of the stream), does not make it wait;
+    one inside them does (the read returns its row once it commits)."""
     with connect(tl) as w, session(tl, "optimistic") as r:
         w.execute("BEGIN")
         (drawn,) = w.execute("INSERT INTO tl (created_at, v) VALUES ('2024-03-15', 'late') RETURNING id").fetchone()
         r.execute("SET statement_timeout = '5s'")
         # Stops before the writer's key: returns at once.
         assert [i for (i,) in r.execute(tail("ASC", drawn - 20, 5))] == list(range(drawn - 19, drawn - 14))
-        # Ran out at the head: must wait for the writer -- here it times out.
+        # Runs out at the head, before the writer's key: returns at once too.
+        assert [i for (i,) in r.execute(tail("ASC", drawn - 20, 100))] == list(range(drawn - 19, drawn))
+        # A row committed past the writer: the read returns it, so it must
+        # wait for the writer -- here it times out.
+        with connect(tl) as a:
+            a.execute("INSERT INTO tl (created_at, v) VALUES ('2024-03-16', 'after')")
         with pytest.raises(psycopg.errors.QueryCanceled):
             r.execute("SET statement_timeout = '300ms'")
             r.execute(tail("ASC", drawn - 20, 100))
         r.execute("SET statement_timeout = 0")
         w.execute("COMMIT")
-        assert [i for (i,) in r.execute(tail("ASC", drawn - 20, 100))] == list(range(drawn - 19, drawn + 1))
+        assert [i for (i,) in r.execute(tail("ASC", drawn - 20, 100))] == list(range(drawn - 19, drawn + 2))
 
 
 @pytest.mark.parametrize("mode", MODES)

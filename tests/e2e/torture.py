@@ -70,7 +70,7 @@ BEGIN INSERT INTO ident_events (category) VALUES (cat) RETURNING id INTO k; RETU
 CREATE TABLE watermark (k int PRIMARY KEY, hw bigint);
 INSERT INTO watermark VALUES (1, NULL);
 CREATE TABLE consumer_offsets (name text PRIMARY KEY, cur bigint NOT NULL);
-INSERT INTO consumer_offsets VALUES ('cte', 0);
+INSERT INTO consumer_offsets VALUES ('cte', 0), ('go FOR UPDATE', 0), ('go', 0);
 -- statistics that make the planner pick the index plans a tail uses
 INSERT INTO orders SELECT g, true, NULL FROM generate_series(-5000, -1) g;
 ANALYZE orders, subscriptions;
@@ -525,6 +525,37 @@ def consumers(connect, report, seed, stop, drained):
                 report.inconsistent.append(("materialized CTE", total, distinct))
         return _ids(rows)
     add("cursor from a CTE, fenced at the scan", ["SET pgkvx.scan_mode = fenced"], cte_poll)
+
+    # Declared spans that are sets: an OR of a window, a list and the rest
+    # of the tail (a BitmapOr under a Sort); `= ANY` or the rest, in a
+    # generic plan.
+    add("OR of a range, a list and the tail", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute(
+            "SELECT id FROM events WHERE (id > %(c)s AND id <= %(c)s + %(n)s) OR id = ANY(%(l)s) "
+            "OR id > %(c)s + 2 * %(n)s ORDER BY id LIMIT %(n)s",
+            {"c": cur, "n": n, "l": list(range(cur + n + 1, cur + 2 * n + 1))}).fetchall()))
+    add("= ANY or the tail, generic plan",
+        ["SET plan_cache_mode = force_generic_plan", "SET pgkvx.scan_mode = optimistic",
+         "PREPARE any_q(bigint[], bigint, int) AS "
+         "SELECT id FROM events WHERE id = ANY($1) OR id > $2 ORDER BY id LIMIT $3"],
+        lambda c, cur, n: _ids(c.execute(
+            f"EXECUTE any_q('{{{','.join(str(int(cur) + i) for i in range(1, n + 1))}}}', {int(cur) + n}, {int(n)})"
+        ).fetchall()))
+    # Read in no key order, sorted above: T ends at the greatest key read.
+    add("through a sort", ["SET pgkvx.scan_mode = optimistic", "SET enable_indexscan = off"],
+        lambda c, cur, n: _ids(c.execute("SELECT id FROM events WHERE id > %s ORDER BY id LIMIT %s",
+                                         (cur, n)).fetchall()))
+
+    # A consumer-group library's poll: the cursor from a CTE inside a
+    # subquery, under the outer ORDER BY ... LIMIT.
+    def go_poll(c, cur, n, name, lock):
+        c.execute("UPDATE consumer_offsets SET cur = %s WHERE name = %s", (cur, name))
+        return _ids(c.execute(
+            f"SELECT id FROM (WITH last AS (SELECT cur FROM consumer_offsets WHERE name = %s {lock}) "
+            "SELECT * FROM events WHERE id > (SELECT cur FROM last)) m ORDER BY id LIMIT %s", (name, n)).fetchall())
+    for name, lock in (("go FOR UPDATE", "FOR UPDATE"), ("go", "")):
+        add(f"cursor from a CTE in a subquery ({name})", ["SET pgkvx.scan_mode = optimistic"],
+            lambda c, cur, n, name=name, lock=lock: go_poll(c, cur, n, name, lock))
 
     for mode in ("optimistic", "fenced"):
         add(f"identity tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],

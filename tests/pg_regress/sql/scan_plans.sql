@@ -75,6 +75,25 @@ SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 100 ORDER BY k L
 RESET pgkvx.max_optimistic_rows;
 SELECT * FROM test_support.explain($$SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 40$$);
 
+-- declared spans are sets of intervals: = ANY and IN lists (sorted, each
+-- value once), an OR of a range and points, a prefix IN list with a range
+-- on the next column; an OR with a branch that bounds nothing narrows
+-- nothing; past 64 values one interval covers them; EXPLAIN names 8
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k = ANY('{300,100,200,100}') ORDER BY k LIMIT 10$$, false);
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE (k > 500 AND k <= 600) OR k IN (10, 20) ORDER BY k LIMIT 10$$, false);
+SELECT * FROM test_support.explain($$SELECT * FROM comp WHERE a IN (1, 3) AND b > 'b1' ORDER BY a, b LIMIT 4$$, false);
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k = 5 OR v = 3 ORDER BY k LIMIT 10$$, false);
+SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 1000 AND k IN (10, 20) ORDER BY k LIMIT 10$$, false);
+SELECT * FROM test_support.explain(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
+  (SELECT array_agg(g * 2)::text FROM generate_series(1, 20) g)), false);
+SELECT * FROM test_support.explain(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
+  (SELECT array_agg(g * 2)::text FROM generate_series(1, 100) g)), false);
+-- a parameter array in a generic plan: known when the statement runs
+PREPARE anyk(bigint[]) AS SELECT * FROM kv WHERE k = ANY($1) ORDER BY k LIMIT 10;
+SET plan_cache_mode = force_generic_plan;
+SELECT * FROM test_support.explain($$EXECUTE anyk('{30,10}')$$);
+RESET plan_cache_mode;
+DEALLOCATE anyk;
 -- results equal plain Postgres for every mode
 CREATE FUNCTION results(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE r text;
@@ -99,7 +118,11 @@ SELECT q, same_everywhere(q) FROM (VALUES
   ('SELECT * FROM comp WHERE a >= 3 ORDER BY a DESC, b DESC LIMIT 6'),
   ('SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k > p.k ORDER BY k LIMIT 1) x WHERE p.k < 80'),
   ('SELECT kv.k, (SELECT p.v FROM plain p WHERE p.k = kv.k) FROM kv WHERE k > 100 ORDER BY k LIMIT 5'),
-  ('SELECT k FROM kv WHERE k > 100 AND v IN (SELECT v FROM plain WHERE k < 50) ORDER BY k LIMIT 6')
+  ('SELECT k FROM kv WHERE k > 100 AND v IN (SELECT v FROM plain WHERE k < 50) ORDER BY k LIMIT 6'),
+  ('SELECT k FROM kv WHERE k = ANY(''{300,100,200,5}'') ORDER BY k LIMIT 10'),
+  ('SELECT k FROM kv WHERE (k > 500 AND k <= 600) OR k IN (10, 20) ORDER BY k LIMIT 100'),
+  ('SELECT * FROM comp WHERE a IN (1, 3) AND b > ''b1'' ORDER BY a, b LIMIT 40'),
+  ('SELECT k FROM kv WHERE k = 5 OR v = 3 ORDER BY k LIMIT 10')
 ) t(q);
 -- and equal to a table that is not latched at all
 SELECT a.r IS NOT DISTINCT FROM b.r AS same_as_unlatched FROM
