@@ -400,7 +400,10 @@ fn assemble(desc: &KeyDesc, cols: &mut [ColumnBounds]) -> Declared {
     let mut prefixes = vec![KeyWriter::new()];
     let mut j = 0;
     while j < cols.len() {
-        let Some(values) = cols[j].eq.take() else { break };
+        let Some(mut values) = cols[j].eq.take() else { break };
+        // A range on the same column leaves out the values outside it.
+        let (lo, hi) = (cols[j].lo, cols[j].hi);
+        values.retain(|v| within(desc, j, v, lo.as_ref(), hi.as_ref()));
         if values.is_empty() {
             return Declared::none();
         }
@@ -431,6 +434,26 @@ fn assemble(desc: &KeyDesc, cols: &mut [ColumnBounds]) -> Declared {
     let c = &cols[j];
     let spans = prefixes.iter().map(|prefix| column_span(desc, j, prefix, c)).collect();
     Declared { spans: normalized(spans), open_above: c.hi.is_none(), open_below: c.lo.is_none() }
+}
+
+/// Whether value `v` of column `i` lies within the bounds `lo` and `hi`.
+fn within(desc: &KeyDesc, i: usize, v: &ColumnBound, lo: Option<&ColumnBound>, hi: Option<&ColumnBound>) -> bool {
+    let k = encode_one(desc, i, v);
+    // A truncated encoding compares as its prefix: kept when in doubt.
+    let ok = |b: &ColumnBound, upper: bool| {
+        let e = encode_one(desc, i, b);
+        if k.truncated() || e.truncated() {
+            return true;
+        }
+        let ord = k.bytes().cmp(e.bytes());
+        match (upper, b.inclusive) {
+            (false, true) => ord.is_ge(),
+            (false, false) => ord.is_gt(),
+            (true, true) => ord.is_le(),
+            (true, false) => ord.is_lt(),
+        }
+    };
+    lo.is_none_or(|b| ok(b, false)) && hi.is_none_or(|b| ok(b, true))
 }
 
 /// Widens a bound taken from an equality's values to include `v`: the

@@ -77,23 +77,29 @@ SELECT * FROM test_support.explain($$SELECT p.k, x.k FROM plain p, LATERAL (SELE
 
 -- declared spans are sets of intervals: = ANY and IN lists (sorted, each
 -- value once), an OR of a range and points, a prefix IN list with a range
--- on the next column; an OR with a branch that bounds nothing narrows
--- nothing; past 64 values one interval covers them; EXPLAIN names 8
-SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k = ANY('{300,100,200,100}') ORDER BY k LIMIT 10$$, false);
-SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE (k > 500 AND k <= 600) OR k IN (10, 20) ORDER BY k LIMIT 10$$, false);
-SELECT * FROM test_support.explain($$SELECT * FROM comp WHERE a IN (1, 3) AND b > 'b1' ORDER BY a, b LIMIT 4$$, false);
-SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k = 5 OR v = 3 ORDER BY k LIMIT 10$$, false);
-SELECT * FROM test_support.explain($$SELECT * FROM kv WHERE k > 1000 AND k IN (10, 20) ORDER BY k LIMIT 10$$, false);
-SELECT * FROM test_support.explain(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
-  (SELECT array_agg(g * 2)::text FROM generate_series(1, 20) g)), false);
-SELECT * FROM test_support.explain(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
-  (SELECT array_agg(g * 2)::text FROM generate_series(1, 100) g)), false);
+-- on the next column; a range on the listed column itself leaves values
+-- out; an OR with a branch that bounds nothing narrows nothing; past 64
+-- values one interval covers them; EXPLAIN names 8.  (Only the span: how
+-- PostgreSQL reads = ANY differs between majors.)
+CREATE FUNCTION declared(q text) RETURNS text LANGUAGE sql AS $$
+  SELECT string_agg(trim(l), '; ') FROM test_support.explain(q, false) l WHERE l ~ 'Declared Span' $$;
+SELECT declared($$SELECT * FROM kv WHERE k = ANY('{300,100,200,100}') ORDER BY k LIMIT 10$$);
+SELECT declared($$SELECT * FROM kv WHERE (k > 500 AND k <= 600) OR k IN (10, 20) ORDER BY k LIMIT 10$$);
+SELECT declared($$SELECT * FROM comp WHERE a IN (1, 3) AND b > 'b1' ORDER BY a, b LIMIT 4$$);
+SELECT declared($$SELECT * FROM kv WHERE k > 15 AND k IN (10, 20, 30) ORDER BY k LIMIT 10$$);
+SELECT declared($$SELECT * FROM kv WHERE k > 1000 AND k IN (10, 20) ORDER BY k LIMIT 10$$);
+SELECT declared($$SELECT * FROM kv WHERE k = 5 OR v = 3 ORDER BY k LIMIT 10$$);
+SELECT declared(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
+  (SELECT array_agg(g * 2)::text FROM generate_series(1, 20) g)));
+SELECT declared(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
+  (SELECT array_agg(g * 2)::text FROM generate_series(1, 100) g)));
 -- a parameter array in a generic plan: known when the statement runs
 PREPARE anyk(bigint[]) AS SELECT * FROM kv WHERE k = ANY($1) ORDER BY k LIMIT 10;
 SET plan_cache_mode = force_generic_plan;
-SELECT * FROM test_support.explain($$EXECUTE anyk('{30,10}')$$);
+SELECT trim(l) FROM test_support.explain($$EXECUTE anyk('{30,10}')$$) l WHERE l ~ 'Declared Span|Touched Span';
 RESET plan_cache_mode;
 DEALLOCATE anyk;
+DROP FUNCTION declared;
 -- results equal plain Postgres for every mode
 CREATE FUNCTION results(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE r text;
