@@ -56,7 +56,8 @@ pub struct WaitStats {
     pub timeouts: u64,
     /// Microseconds spent in calls that slept.
     pub wait_us: u64,
-    /// Commits that broadcast to this table's waiters.
+    /// Commits that woke one of this table's waiters (their keys passed
+    /// its cursor).
     pub broadcasts: u64,
     /// Wake-ups after which there was still nothing past the cursor.
     pub spurious: u64,
