@@ -628,14 +628,9 @@ impl run::Reader for OptimisticAttempt<'_> {
                 let key = st.source.as_ref().expect("source").current_key(self.latched);
                 self.declared.within(&span::up_to(&key, true)).collect()
             }
-            // Ran out of rows, up to `upper`: all of D.
-            _ if !self.declared.open_above => self.declared.spans.clone(),
-            // Ran out of rows with no `upper`: up to the last key it read,
-            // as a LIMIT scan's (read/span.rs).
-            _ => match last {
-                Some(k) => self.declared.within(&span::up_to(&k, true)).collect(),
-                None => Vec::new(),
-            },
+            // Ran out of rows: up to `upper`, or with none up to the last
+            // key it read, as a LIMIT scan's (read/span.rs).
+            _ => self.declared.ran_out(last.as_ref(), true),
         };
         Some(spans.into_iter().map(|s| (self.rel, s)).collect())
     }

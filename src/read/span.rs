@@ -138,6 +138,31 @@ impl Declared {
         Declared { spans, open_above, open_below }
     }
 
+    /// T of a read of it that ran out of rows moving up the key
+    /// (`forward`) or down, having examined `last` last (None: no row).
+    /// Where it is open that way, its far interval -- the open one, a
+    /// tail -- only up to `last` (none of it when `last` lies before it);
+    /// every other interval whole: a range or a list in an OR beside the
+    /// tail was read to its bound.  Where it is bounded, all of it.
+    pub fn ran_out(&self, last: Option<&KeyWriter>, forward: bool) -> Vec<Span> {
+        if !self.open_toward(forward) || self.spans.is_empty() {
+            return self.spans.clone();
+        }
+        let far = if forward { self.spans.len() - 1 } else { 0 };
+        let mut out = Vec::with_capacity(self.spans.len());
+        for (i, s) in self.spans.iter().enumerate() {
+            if i != far {
+                out.push(*s);
+            } else if let Some(k) = last {
+                let t = s.intersect(&up_to(k, forward));
+                if !t.is_empty() {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
     /// Its intervals within `t`.
     pub fn within(&self, t: &Span) -> impl Iterator<Item = Span> + '_ {
         let t = *t;
@@ -243,12 +268,17 @@ fn conjunction<'a>(desc: &KeyDesc, quals: impl Iterator<Item = &'a KeyQual>) -> 
                 continue;
             }
             // SAFETY: a non-null array of `typid` elements.
-            let values = unsafe { array_values(q.value, typid) };
-            let values: Vec<ColumnBound> = values
-                .into_iter()
-                .filter_map(|v| as_column_type(desc, i, typid, v))
+            let raw = unsafe { array_values(q.value, typid) };
+            let values: Vec<ColumnBound> = raw
+                .iter()
+                .filter_map(|&v| as_column_type(desc, i, typid, v))
                 .map(|(datum, typid)| ColumnBound { datum, typid, inclusive: true })
                 .collect();
+            // A value the codec cannot encode as the column's is a key
+            // this qual does not rule out: the qual bounds nothing.
+            if values.len() != raw.len() {
+                continue;
+            }
             // Of two equalities on one column, either holds every key.
             let c = &mut cols[i];
             if c.eq.as_ref().is_none_or(|e| e.len() > values.len()) {
@@ -516,6 +546,65 @@ pub fn up_to(last: &KeyWriter, forward: bool) -> Span {
         Span { start: Span::ALL.start, end: p.end }
     } else {
         Span { start: p.start, end: Span::ALL.end }
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn key(v: i64) -> KeyWriter {
+        let mut w = KeyWriter::new();
+        w.int(v, false);
+        w
+    }
+
+    /// [a, b) of int keys; None: +∞.
+    fn iv(a: i64, b: Option<i64>) -> Span {
+        Span {
+            start: KeyBuf::floor(key(a).bytes()),
+            end: b.map_or(KeyBuf::INFINITE, |b| KeyBuf::floor(key(b).bytes())),
+        }
+    }
+
+    /// [a, last]: up to and including key `last`.
+    fn upto(a: i64, last: i64) -> Span {
+        Span { start: KeyBuf::floor(key(a).bytes()), end: Span::point(key(last).bytes()).end }
+    }
+
+    #[test]
+    fn a_read_that_ran_out_cuts_only_the_open_interval() {
+        // (12, 20) OR k > 100: the range is read whole, the tail to the last key.
+        let range = Declared::one(iv(13, Some(20)), false, false);
+        let tail = Declared::one(iv(101, None), true, false);
+        let d = range.union(&tail);
+        assert!(d.open_above && !d.open_below);
+        assert_eq!(d.ran_out(Some(&key(15)), true), vec![iv(13, Some(20))]);
+        assert_eq!(d.ran_out(None, true), vec![iv(13, Some(20))]);
+        assert_eq!(d.ran_out(Some(&key(150)), true), vec![iv(13, Some(20)), upto(101, 150)]);
+        // Bounded the way it read: all of it.
+        assert_eq!(range.ran_out(Some(&key(15)), true), vec![iv(13, Some(20))]);
+        assert_eq!(d.ran_out(Some(&key(15)), false), d.spans);
+        // A tail alone: up to the last key, none of it without a row.
+        assert_eq!(tail.ran_out(Some(&key(120)), true), vec![upto(101, 120)]);
+        assert_eq!(tail.ran_out(None, true), Vec::<Span>::new());
+    }
+
+    #[test]
+    fn sets_intersect_and_unite_with_their_bounds() {
+        let points = Declared {
+            spans: normalized(vec![iv(30, Some(31)), iv(10, Some(11)), iv(10, Some(11))]),
+            open_above: false,
+            open_below: false,
+        };
+        assert_eq!(points.spans, vec![iv(10, Some(11)), iv(30, Some(31))]);
+        let above = Declared::one(iv(20, None), true, false);
+        let both = points.intersect(&above);
+        assert_eq!((both.spans.clone(), both.open_above), (vec![iv(30, Some(31))], false));
+        // Past MAX_INTERVALS, one interval covers them.
+        let many: Vec<Span> = (0..(MAX_INTERVALS as i64 + 1)).map(|i| iv(i * 2, Some(i * 2 + 1))).collect();
+        assert_eq!(normalized(many), vec![iv(0, Some(MAX_INTERVALS as i64 * 2 + 1))]);
+        assert_eq!(Declared::none().union(&above), above);
     }
 }
 

@@ -971,13 +971,13 @@ impl NodeRuntime {
         }
     }
 
-    /// T of an execution that ran out of rows: all of D where D is bounded
-    /// in the direction it read (a range read may move its cursor to the
-    /// bound); else D up to the last key it examined -- rows past the last
-    /// visible key are rows it could not have returned, whose writers
-    /// commit after its snapshot, and a consumer reading up the key reads
-    /// them next time from its cursor -- and none of D when it examined no
-    /// row at all.
+    /// T of an execution that ran out of rows ([`Declared::ran_out`]): all
+    /// of D where D is bounded in the direction it read (a range read may
+    /// move its cursor to the bound); else D's open interval only up to
+    /// the last key it examined -- rows past the last visible key are rows
+    /// it could not have returned, whose writers commit after its
+    /// snapshot, and a consumer reading up the key reads them next time
+    /// from its cursor.
     ///
     /// # Safety
     /// `scan` (or NULL) is this node's scan, run out of rows; `attnos` are
@@ -997,10 +997,7 @@ impl NodeRuntime {
             },
             Seen::Key { key, .. } => *key,
         };
-        match last {
-            Some(k) => d.within(&span::up_to(&k, forward)).collect(),
-            None => Vec::new(),
-        }
+        d.ran_out(last.as_ref(), forward)
     }
 
     fn add_touched(&mut self, t: Span) {

@@ -89,6 +89,13 @@ SELECT declared($$SELECT * FROM comp WHERE a IN (1, 3) AND b > 'b1' ORDER BY a, 
 SELECT declared($$SELECT * FROM kv WHERE k > 15 AND k IN (10, 20, 30) ORDER BY k LIMIT 10$$);
 SELECT declared($$SELECT * FROM kv WHERE k > 1000 AND k IN (10, 20) ORDER BY k LIMIT 10$$);
 SELECT declared($$SELECT * FROM kv WHERE k = 5 OR v = 3 ORDER BY k LIMIT 10$$);
+-- values of another type that the key's encoding cannot take (timestamptz
+-- for a timestamp key: the cast depends on the session): no bound, never none
+CREATE TABLE tsk (ts timestamp PRIMARY KEY);
+SELECT pgkvx.enable('tsk');
+SELECT declared($$SELECT * FROM tsk WHERE ts = ANY(ARRAY['2024-01-02'::timestamptz]) ORDER BY ts LIMIT 10$$);
+SELECT declared($$SELECT * FROM tsk WHERE ts = ANY(ARRAY['2024-01-02'::timestamp]) ORDER BY ts LIMIT 10$$);
+DROP TABLE tsk;
 SELECT declared(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
   (SELECT array_agg(g * 2)::text FROM generate_series(1, 20) g)));
 SELECT declared(format($$SELECT * FROM kv WHERE k = ANY(%L::bigint[]) ORDER BY k LIMIT 10$$,
