@@ -107,6 +107,7 @@ def round_record(report, polls, stats, elapsed):
         "phantoms_sample": {k: v[:10] for k, v in report.phantoms.items() if v},
         "disorder": [list(map(str, d)) for d in report.disorder[:20]],
         "disorder_count": len(report.disorder),
+        "head_read_waits": report.head_read_waits,
         "errors": list(report.errors),
         "summary": report.summary(),
     }
@@ -120,6 +121,7 @@ def totals(rounds):
         for k in ("writer_txns", "writer_rollbacks", "writer_retries", "polls", "consumer_retries",
                   "committed_rows", "disorder_count"):
             t[k] += r[k]
+        t["head_read_waits"] += r.get("head_read_waits", 0)
         t["skipped"] += sum(r["skipped"].values())
         t["phantoms"] += sum(r["phantoms"].values())
         t["errors"] += len(r["errors"])
@@ -137,7 +139,7 @@ def render(result):
     cfg, m = result["config"], result["machine"]
     rounds = result["rounds"]
     t = totals(rounds)
-    clean = t["skipped"] == t["phantoms"] == t["disorder_count"] == t["errors"] == 0
+    clean = t["skipped"] == t["phantoms"] == t["disorder_count"] == t["errors"] == t["head_read_waits"] == 0
     seeds = [r["seed"] for r in rounds]
     stats = t["stats"]
     out = [
@@ -160,11 +162,13 @@ def render(result):
         "The test is tests/e2e/torture.py: writers of every kind against a gapless `events` "
         "table, consumers of every kind tailing it; the oracle checks that each consumer got "
         "every committed, never deleted or moved row its predicate matches, once, in key "
-        "order, and no row that never committed.",
+        "order, and no row that never committed, and that no read of a table written in key "
+        "order waited for its writer (always past every row a read returned).",
         "",
         ("**Oracle: nothing found**" if clean else "**Oracle: FAILED**")
         + f" — skipped rows {t['skipped']}, phantom rows {t['phantoms']}, "
-        f"out-of-order or duplicate deliveries {t['disorder_count']}, unexpected errors {t['errors']}.",
+        f"out-of-order or duplicate deliveries {t['disorder_count']}, unexpected errors {t['errors']}, "
+        f"reads at the head that waited {t['head_read_waits']}.",
         "",
         "## Totals", "",
         "| what | count |", "| --- | ---: |",

@@ -47,7 +47,7 @@ CATEGORIES = ["c0", "c1", "c2", "c3"]
 SUBSCRIBED = {"c1", "c3"}
 
 SETUP = """
-DROP TABLE IF EXISTS events, orders, subscriptions, pevents, ident_events, watermark, consumer_offsets;
+DROP TABLE IF EXISTS events, orders, subscriptions, pevents, ident_events, watermark, consumer_offsets, head_events;
 DROP FUNCTION IF EXISTS ident_insert(text);
 CREATE TABLE orders (id bigint PRIMARY KEY, paid boolean NOT NULL, note text);
 CREATE TABLE events (id bigserial PRIMARY KEY, category text COLLATE "C" NOT NULL,
@@ -67,6 +67,8 @@ SELECT pgkvx.enable('ident_events', gapless => true);
 CREATE FUNCTION ident_insert(cat text) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE k bigint;
 BEGIN INSERT INTO ident_events (category) VALUES (cat) RETURNING id INTO k; RETURN k; END $$;
+CREATE TABLE head_events (id bigserial PRIMARY KEY, category text COLLATE "C" NOT NULL DEFAULT 'c0');
+SELECT pgkvx.enable('head_events', gapless => true);
 CREATE TABLE watermark (k int PRIMARY KEY, hw bigint);
 INSERT INTO watermark VALUES (1, NULL);
 CREATE TABLE consumer_offsets (name text PRIMARY KEY, cur bigint NOT NULL);
@@ -132,10 +134,14 @@ class Report:
     # of one scan seen twice.
     inconsistent: list = field(default_factory=list)
     errors: list = field(default_factory=list)
+    # Reads of head_events that waited: its one producer commits in key
+    # order, so a writer in flight there is always past every committed
+    # row, outside every read's touched span.
+    head_read_waits: int = 0
 
     def ok(self):
         return not (any(self.skipped.values()) or any(self.phantoms.values()) or self.disorder
-                    or self.inconsistent or self.errors)
+                    or self.inconsistent or self.errors or self.head_read_waits)
 
     def summary(self):
         s = self.stats
@@ -339,6 +345,26 @@ class Writer:
             self.report.errors.append(f"writer: {e!r}")
 
 
+def head_writer(connect, ledger, report, stop):
+    """The one producer of head_events: one row per transaction, its key
+    held a moment before the commit, so a writer is nearly always in
+    flight there -- always past every committed row."""
+    try:
+        with connect(autocommit=False) as c:
+            while not stop.is_set():
+                (i,) = c.execute("INSERT INTO head_events DEFAULT VALUES RETURNING id").fetchone()
+                time.sleep(0.002)
+                c.commit()
+                ledger.commit([(i, "c0")], [])
+    except Exception as e:  # noqa: BLE001 - reported, checked by the caller
+        report.errors.append(f"head writer: {e!r}")
+
+
+def _read_waits(connect, table):
+    with connect() as c:
+        return dict(c.execute("SELECT stat, value FROM pgkvx.stats(%s::regclass)", (table,)).fetchall())["read_waits"]
+
+
 def watermark_writer(connect, report, stop):
     """Sets the watermark to the greatest ident_events id it sees committed,
     again and again: a consumer trusting it must see that row too."""
@@ -526,6 +552,21 @@ def consumers(connect, report, seed, stop, drained):
         return _ids(rows)
     add("cursor from a CTE, fenced at the scan", ["SET pgkvx.scan_mode = fenced"], cte_poll)
 
+    # At the head of head_events, whatever the shape, no read ever waits
+    # (Report.head_read_waits).
+    add("head tail", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute("SELECT id FROM head_events WHERE id > %s ORDER BY id LIMIT %s",
+                                         (cur, n)).fetchall()), table="head_events")
+    add("head through a sort", ["SET pgkvx.scan_mode = optimistic", "SET enable_indexscan = off"],
+        lambda c, cur, n: _ids(c.execute("SELECT id FROM head_events WHERE id > %s ORDER BY id LIMIT %s",
+                                         (cur, n)).fetchall()), table="head_events")
+    # (A list of the next ids would be read whole: its writer in flight is
+    # waited for, rightly.)
+    add("head OR", ["SET pgkvx.scan_mode = optimistic"],
+        lambda c, cur, n: _ids(c.execute(
+            "SELECT id FROM head_events WHERE (id > %(c)s AND id <= %(c)s + 2) OR id > %(c)s + 2 "
+            "ORDER BY id LIMIT %(n)s", {"c": cur, "n": n}).fetchall()), table="head_events")
+
     # Declared spans that are sets: an OR of a window, a list and the rest
     # of the tail (a BitmapOr under a Sort); `= ANY` or the rest, in a
     # generic plan.
@@ -586,12 +627,14 @@ def run(connect, seed, seconds, writers=4):
     with connect() as c:
         c.execute(SETUP)
     before = _stats(connect)
-    ledger, pledger, ident_ledger = Ledger(), Ledger(), Ledger()
-    ledgers = {"events": ledger, "pevents": pledger, "ident_events": ident_ledger}
+    ledger, pledger, ident_ledger, head_ledger = Ledger(), Ledger(), Ledger(), Ledger()
+    ledgers = {"events": ledger, "pevents": pledger, "ident_events": ident_ledger, "head_events": head_ledger}
+    head_waits_before = _read_waits(connect, "head_events")
     stop, drained = threading.Event(), threading.Event()
     ws = [Writer(connect, ledger, report, seed * 100 + i, stop, pledger, ident_ledger) for i in range(writers)]
     cs = consumers(connect, report, seed, stop, drained)
     ws.append(lambda: watermark_writer(connect, report, stop))
+    ws.append(lambda: head_writer(connect, head_ledger, report, stop))
     threads = [threading.Thread(target=w) for w in ws] + [threading.Thread(target=c) for c in cs]
     for t in threads:
         t.start()
@@ -604,7 +647,8 @@ def run(connect, seed, seconds, writers=4):
         t.join()
     after = _stats(connect)
     report.stats = {k: after.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
-    report.committed_rows = len(ledger.seen_ids) + len(pledger.seen_ids) + len(ident_ledger.seen_ids)
+    report.committed_rows = sum(len(led.seen_ids) for led in ledgers.values())
+    report.head_read_waits = _read_waits(connect, "head_events") - head_waits_before
     for cons in cs:
         led = ledgers[cons.table]
         got = set(cons.delivered)
