@@ -58,12 +58,22 @@ impl KeyQual {
 }
 
 /// A declared span: sorted, disjoint intervals, and whether the read's
-/// quals leave its keys open above (no upper bound: a tail) and below.
+/// quals leave its far ends open: the last interval's end (no upper bound:
+/// a tail) and the first one's start.  Every other end is a bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Declared {
     pub spans: Vec<Span>,
     pub open_above: bool,
     pub open_below: bool,
+}
+
+/// One interval on its way into a [`Declared`], with whether each of its
+/// ends is left open by the quals.
+#[derive(Clone, Copy)]
+struct Piece {
+    span: Span,
+    lo_open: bool,
+    hi_open: bool,
 }
 
 impl Declared {
@@ -79,8 +89,7 @@ impl Declared {
 
     /// One interval.
     pub fn one(span: Span, open_above: bool, open_below: bool) -> Declared {
-        let spans = if span.is_empty() { Vec::new() } else { vec![span] };
-        Declared { spans, open_above, open_below }
+        normalized(vec![Piece { span, lo_open: open_below, hi_open: open_above }])
     }
 
     /// Whether the quals leave the keys open in a scan's direction.
@@ -97,45 +106,44 @@ impl Declared {
         self.spans.iter().fold(Span::EMPTY, |a, s| a.hull(s))
     }
 
-    /// The keys in both.  Open only where both are: a bound of either caps
-    /// the other.
-    pub fn intersect(&self, other: &Declared) -> Declared {
-        let mut spans = Vec::new();
-        for a in &self.spans {
-            for b in &other.spans {
-                let s = a.intersect(b);
-                if !s.is_empty() {
-                    spans.push(s);
-                }
-            }
-        }
-        Declared {
-            spans: normalized(spans),
-            open_above: self.open_above && other.open_above,
-            open_below: self.open_below && other.open_below,
-        }
+    fn pieces(&self) -> impl Iterator<Item = Piece> + '_ {
+        let n = self.spans.len();
+        self.spans.iter().enumerate().map(move |(i, &span)| Piece {
+            span,
+            lo_open: i == 0 && self.open_below,
+            hi_open: i + 1 == n && self.open_above,
+        })
     }
 
-    /// The keys in either; open above as the one reaching higher is, below
-    /// as the one reaching lower.
+    /// The keys in both.  Each end of a piece is open as the end it comes
+    /// from is (both, where they meet): a bound of either caps the other.
+    pub fn intersect(&self, other: &Declared) -> Declared {
+        let mut out = Vec::new();
+        for a in self.pieces() {
+            for b in other.pieces() {
+                let span = a.span.intersect(&b.span);
+                if span.is_empty() {
+                    continue;
+                }
+                let lo_open = match a.span.start.cmp(&b.span.start) {
+                    std::cmp::Ordering::Greater => a.lo_open,
+                    std::cmp::Ordering::Less => b.lo_open,
+                    std::cmp::Ordering::Equal => a.lo_open && b.lo_open,
+                };
+                let hi_open = match a.span.end.cmp(&b.span.end) {
+                    std::cmp::Ordering::Less => a.hi_open,
+                    std::cmp::Ordering::Greater => b.hi_open,
+                    std::cmp::Ordering::Equal => a.hi_open && b.hi_open,
+                };
+                out.push(Piece { span, lo_open, hi_open });
+            }
+        }
+        normalized(out)
+    }
+
+    /// The keys in either.
     pub fn union(&self, other: &Declared) -> Declared {
-        let (ha, hb) = (self.hull(), other.hull());
-        let open_above = match (self.spans.is_empty(), other.spans.is_empty()) {
-            (true, _) => other.open_above,
-            (_, true) => self.open_above,
-            _ if ha.end == hb.end => self.open_above || other.open_above,
-            _ if ha.end > hb.end => self.open_above,
-            _ => other.open_above,
-        };
-        let open_below = match (self.spans.is_empty(), other.spans.is_empty()) {
-            (true, _) => other.open_below,
-            (_, true) => self.open_below,
-            _ if ha.start == hb.start => self.open_below || other.open_below,
-            _ if ha.start < hb.start => self.open_below,
-            _ => other.open_below,
-        };
-        let spans = normalized(self.spans.iter().chain(&other.spans).copied().collect());
-        Declared { spans, open_above, open_below }
+        normalized(self.pieces().chain(other.pieces()).collect())
     }
 
     /// T of a read of it that ran out of rows moving up the key
@@ -170,23 +178,54 @@ impl Declared {
     }
 }
 
-/// Sorted, overlapping and touching intervals merged, and at most
-/// [`MAX_INTERVALS`] of them (else one covering them all).
-fn normalized(mut spans: Vec<Span>) -> Vec<Span> {
-    spans.retain(|s| !s.is_empty());
-    spans.sort_unstable_by_key(|a| a.start);
-    let mut out: Vec<Span> = Vec::with_capacity(spans.len());
-    for s in spans {
+/// The pieces sorted, overlapping and touching ones merged (an end is
+/// open where the piece reaching furthest there is open; where two reach
+/// as far, only if both are), and at most [`MAX_INTERVALS`] of them: past
+/// that, one bounded interval covers all but an open first or last one,
+/// which stays apart -- a list folded into a tail would be cut with it.
+fn normalized(mut ps: Vec<Piece>) -> Declared {
+    ps.retain(|p| !p.span.is_empty());
+    ps.sort_unstable_by_key(|p| p.span.start);
+    let mut out: Vec<Piece> = Vec::with_capacity(ps.len());
+    for p in ps {
         match out.last_mut() {
-            Some(last) if s.start <= last.end => last.end = last.end.max(s.end),
-            _ => out.push(s),
+            Some(last) if p.span.start <= last.span.end => {
+                if p.span.start == last.span.start {
+                    last.lo_open &= p.lo_open;
+                }
+                match p.span.end.cmp(&last.span.end) {
+                    std::cmp::Ordering::Greater => {
+                        last.span.end = p.span.end;
+                        last.hi_open = p.hi_open;
+                    }
+                    std::cmp::Ordering::Equal => last.hi_open &= p.hi_open,
+                    std::cmp::Ordering::Less => {}
+                }
+            }
+            _ => out.push(p),
         }
     }
     if out.len() > MAX_INTERVALS {
-        let all = out.iter().fold(Span::EMPTY, |a, s| a.hull(s));
-        out = vec![all];
+        let n = out.len();
+        let (first, last) = (out[0], out[n - 1]);
+        let lo = usize::from(first.lo_open);
+        let hi = n - usize::from(last.hi_open);
+        let middle = out[lo..hi].iter().fold(Span::EMPTY, |a, p| a.hull(&p.span));
+        let mut folded = Vec::with_capacity(3);
+        if first.lo_open {
+            folded.push(first);
+        }
+        folded.push(Piece { span: middle, lo_open: false, hi_open: false });
+        if last.hi_open {
+            folded.push(last);
+        }
+        out = folded;
     }
-    out
+    Declared {
+        open_above: out.last().is_some_and(|p| p.hi_open),
+        open_below: out.first().is_some_and(|p| p.lo_open),
+        spans: out.into_iter().map(|p| p.span).collect(),
+    }
 }
 
 /// A bound on one key column: the value and whether it is included.
@@ -241,7 +280,10 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Dec
         let mut any = Declared::none();
         while i < groups.len() && groups[i].0 == g {
             let b = groups[i].1;
-            any = any.union(&conjunction(desc, quals.iter().filter(|q| q.group == g && q.branch == b)));
+            // With the quals ANDed to the OR (a prefix equality outside it):
+            // a branch alone may bound nothing, or another prefix.
+            let branch = quals.iter().filter(|q| q.group == 0 || (q.group == g && q.branch == b));
+            any = any.union(&conjunction(desc, branch));
             i += 1;
         }
         d = d.intersect(&any);
@@ -458,12 +500,14 @@ fn assemble(desc: &KeyDesc, cols: &mut [ColumnBounds]) -> Declared {
         j += 1;
     }
     if j == cols.len() {
-        let spans = normalized(prefixes.iter().map(|p| Span::point(p.bytes())).collect());
-        return Declared { spans, open_above: false, open_below: false };
+        let point = |p: &KeyWriter| Piece { span: Span::point(p.bytes()), lo_open: false, hi_open: false };
+        return normalized(prefixes.iter().map(point).collect());
     }
     let c = &cols[j];
-    let spans = prefixes.iter().map(|prefix| column_span(desc, j, prefix, c)).collect();
-    Declared { spans: normalized(spans), open_above: c.hi.is_none(), open_below: c.lo.is_none() }
+    let (lo_open, hi_open) = (c.lo.is_none(), c.hi.is_none());
+    normalized(
+        prefixes.iter().map(|prefix| Piece { span: column_span(desc, j, prefix, c), lo_open, hi_open }).collect(),
+    )
 }
 
 /// Whether value `v` of column `i` lies within the bounds `lo` and `hi`.
@@ -592,18 +636,27 @@ mod unit {
 
     #[test]
     fn sets_intersect_and_unite_with_their_bounds() {
-        let points = Declared {
-            spans: normalized(vec![iv(30, Some(31)), iv(10, Some(11)), iv(10, Some(11))]),
-            open_above: false,
-            open_below: false,
-        };
+        let point = |a: i64| Declared::one(iv(a, Some(a + 1)), false, false);
+        let points = point(30).union(&point(10)).union(&point(10));
         assert_eq!(points.spans, vec![iv(10, Some(11)), iv(30, Some(31))]);
         let above = Declared::one(iv(20, None), true, false);
         let both = points.intersect(&above);
         assert_eq!((both.spans.clone(), both.open_above), (vec![iv(30, Some(31))], false));
-        // Past MAX_INTERVALS, one interval covers them.
-        let many: Vec<Span> = (0..(MAX_INTERVALS as i64 + 1)).map(|i| iv(i * 2, Some(i * 2 + 1))).collect();
-        assert_eq!(normalized(many), vec![iv(0, Some(MAX_INTERVALS as i64 * 2 + 1))]);
+        // Past MAX_INTERVALS, one bounded interval covers them, beside an
+        // open tail, which stays apart.
+        let n = MAX_INTERVALS as i64 + 1;
+        let many = (0..n).fold(Declared::none(), |d, i| d.union(&point(i * 2)));
+        assert_eq!(many.spans, vec![iv(0, Some(n * 2 - 1))]);
+        let with_tail = many.union(&Declared::one(iv(1000, None), true, false));
+        assert_eq!(
+            (with_tail.spans.clone(), with_tail.open_above),
+            (vec![iv(0, Some(n * 2 - 1)), iv(1000, None)], true)
+        );
+        assert_eq!(with_tail.ran_out(None, true), vec![iv(0, Some(n * 2 - 1))]);
+        // Intersected, a bounded piece of an open operand is bounded.
+        let prefix = Declared::one(iv(0, Some(100)), true, true);
+        let cut = prefix.intersect(&Declared::one(iv(0, Some(50)), false, true));
+        assert_eq!((cut.spans.clone(), cut.open_above), (vec![iv(0, Some(50))], false));
         assert_eq!(Declared::none().union(&above), above);
     }
 }

@@ -406,7 +406,9 @@ unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key
 /// A set (`= ANY`, an OR) may still leave its last interval open (`k >
 /// $cursor OR k IN (…)`), which only the evaluated span tells.
 pub fn may_be_open(plan: &GuardPlan, key: &crate::keys::KeyDesc, up: bool) -> bool {
-    plan.bounds.iter().filter(|b| !b.array && b.group == 0).all(|b| !caps(b, key, up))
+    use super::plan_data::{RUNTIME_CAPS_ABOVE, RUNTIME_CAPS_BELOW};
+    let runtime = plan.runtime_caps & if up { RUNTIME_CAPS_ABOVE } else { RUNTIME_CAPS_BELOW } != 0;
+    !runtime && plan.bounds.iter().filter(|b| !b.array && b.group == 0).all(|b| !caps(b, key, up))
 }
 
 /// Whether bound `b` limits the key from above (`up`) or below, in the

@@ -6,6 +6,11 @@
 use crate::pg::{list_iter, make_list};
 use pgrx::pg_sys::{self, List, Oid};
 
+/// [`GuardPlan::runtime_caps`]: bounded above, below (in the key's
+/// encoded order).
+pub const RUNTIME_CAPS_ABOVE: u8 = 1;
+pub const RUNTIME_CAPS_BELOW: u8 = 2;
+
 /// The custom scan's name, in plans and EXPLAIN.
 pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
 
@@ -17,7 +22,7 @@ unsafe impl<T> Sync for StaticMethods<T> {}
 
 /// Bumped whenever the layout changes: a plan cached by an older library
 /// is refused rather than misread.
-const LAYOUT: i32 = 4;
+const LAYOUT: i32 = 5;
 
 /// A qual `key column <strategy> expression` that bounds the declared span,
 /// the expression being the matching entry of `custom_exprs`.  Only
@@ -64,6 +69,10 @@ pub struct GuardPlan {
     /// reads may retry it at another snapshot.
     pub restartable: bool,
     pub bounds: Vec<BoundQual>,
+    /// Which ways key quals with values that change while the statement
+    /// runs (nestloop and lateral parameters) bound the key: `bounds` do
+    /// not hold them, and the span is not open where they cap it.
+    pub runtime_caps: u8,
     /// The node guards a partitioned table's Append or MergeAppend (all
     /// its partitions' scans), not one table's scan.
     pub tree: bool,
@@ -99,6 +108,7 @@ impl GuardPlan {
                 i32::from(b.branch),
             ]);
         }
+        v.push(i32::from(self.runtime_caps));
         v.push(i32::from(self.tree));
         match &self.stream {
             None => v.push(0),
@@ -142,6 +152,7 @@ impl GuardPlan {
                 branch: branch as u16,
             });
         }
+        let runtime_caps = next()? as u8;
         let tree = next()? != 0;
         let stream = match next()? {
             0 => None,
@@ -156,7 +167,14 @@ impl GuardPlan {
         if ints.next().is_some() {
             return None;
         }
-        Some(GuardPlan { relid: Oid::from(relid as u32), restartable: restartable != 0, bounds, tree, stream })
+        Some(GuardPlan {
+            relid: Oid::from(relid as u32),
+            restartable: restartable != 0,
+            bounds,
+            runtime_caps,
+            tree,
+            stream,
+        })
     }
 }
 
@@ -175,6 +193,7 @@ mod tests {
                 BoundQual { col: 0, strategy: 5, typid: pg_sys::INT8OID, array: false, group: 0, branch: 0 },
                 BoundQual { col: 1, strategy: 3, typid: pg_sys::TEXTOID, array: true, group: 2, branch: 1 },
             ],
+            runtime_caps: RUNTIME_CAPS_BELOW,
             tree: false,
             stream: None,
         };

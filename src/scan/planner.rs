@@ -418,8 +418,12 @@ unsafe fn key_bounds(
     rti: u32,
     key: &crate::keys::KeyDesc,
     clauses: *mut List,
-) -> Vec<(BoundQual, *mut Node)> {
+) -> (Vec<(BoundQual, *mut Node)>, u8) {
     let mut out = Vec::new();
+    // Key quals whose values change while the statement runs (a nestloop
+    // or lateral parameter): they bound each execution, which the plan's
+    // bounds do not show (plan_data::RUNTIME_CAPS_*).
+    let mut caps = 0u8;
     // SAFETY: per contract.
     let one_value = |value: *mut Node| unsafe { one_value_per_statement(value, init_params) };
     let mut group = 0u16;
@@ -430,6 +434,7 @@ unsafe fn key_bounds(
                 continue;
             }
             let clause = (*ri).clause as *mut Node;
+            caps |= runtime_caps(rti, key, clause, init_params);
             let Some(arms) = bool_args(clause, pg_sys::BoolExprType::OR_EXPR) else {
                 out.extend(clause_bounds(rti, key, clause, &one_value));
                 continue;
@@ -452,7 +457,134 @@ unsafe fn key_bounds(
             }
         }
     }
-    out
+    (out, caps)
+}
+
+/// How `clause` bounds the key with values that change while the
+/// statement runs: `key < $param` caps it above, `key > $param` below; an
+/// equality, a list, a row comparison or an OR with such a value both
+/// ways.
+///
+/// # Safety
+/// `clause` is a valid expression of the current planning step.
+unsafe fn runtime_caps(rti: u32, key: &crate::keys::KeyDesc, clause: *mut Node, init_params: &[i32]) -> u8 {
+    use super::plan_data::{RUNTIME_CAPS_ABOVE as ABOVE, RUNTIME_CAPS_BELOW as BELOW};
+    // SAFETY: per contract; nodes are checked by tag before each cast.
+    unsafe {
+        if !mentions_key(clause, rti, key) || one_value_per_statement_but_key(clause, rti, init_params) {
+            return 0;
+        }
+        if node_tag(clause) == pg_sys::NodeTag::T_OpExpr {
+            let op = &*(clause as *mut pg_sys::OpExpr);
+            let args: Vec<*mut Node> = list_iter(op.args).collect();
+            if let &[l, r] = args.as_slice() {
+                for c in &key.cols {
+                    let opno = if is_column(l, rti, c.attnum) {
+                        op.opno
+                    } else if is_column(r, rti, c.attnum) {
+                        pg_sys::get_commutator(op.opno)
+                    } else {
+                        continue;
+                    };
+                    let s = if opno == pg_sys::InvalidOid {
+                        0
+                    } else {
+                        pg_sys::get_op_opfamily_strategy(opno, c.opfamily) as u32
+                    };
+                    let below = matches!(s, pg_sys::BTLessStrategyNumber | pg_sys::BTLessEqualStrategyNumber);
+                    let above = matches!(s, pg_sys::BTGreaterStrategyNumber | pg_sys::BTGreaterEqualStrategyNumber);
+                    // `<` caps an ascending column from above, a DESC one
+                    // from below (in the key's encoded order); an equality
+                    // (a point, or a prefix the plan cannot see) both ways.
+                    let (up, down) = if c.desc { (BELOW, ABOVE) } else { (ABOVE, BELOW) };
+                    return match (below, above) {
+                        (true, _) => up,
+                        (_, true) => down,
+                        _ => ABOVE | BELOW,
+                    };
+                }
+            }
+        }
+        ABOVE | BELOW
+    }
+}
+
+/// Whether `node` refers to a key column of `rti`.
+///
+/// # Safety
+/// `node` is a valid expression.
+unsafe fn mentions_key(node: *mut Node, rti: u32, key: &crate::keys::KeyDesc) -> bool {
+    struct Cx<'a> {
+        rti: u32,
+        key: &'a crate::keys::KeyDesc,
+    }
+    #[pg_guard]
+    unsafe extern "C-unwind" fn walk(node: *mut Node, cx: *mut std::ffi::c_void) -> bool {
+        if node.is_null() {
+            return false;
+        }
+        // SAFETY: nodes of a valid expression, cast after the tag check;
+        // `cx` is the Cx below, alive for the walk.
+        unsafe {
+            let cx = &*(cx as *const Cx);
+            if node_tag(node) == pg_sys::NodeTag::T_Var {
+                let v = &*(node as *mut pg_sys::Var);
+                return v.varno as u32 == cx.rti
+                    && v.varlevelsup == 0
+                    && cx.key.cols.iter().any(|c| c.attnum == v.varattno);
+            }
+            pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                crate::pg::walk::expression_tree_walker(node, Some(walk), cx as *const Cx as *mut _)
+            })
+        }
+    }
+    let cx = Cx { rti, key };
+    // SAFETY: per contract.
+    unsafe { walk(node, &cx as *const Cx as *mut std::ffi::c_void) }
+}
+
+/// Whether everything in `clause` but the columns of `rti` itself has one
+/// value for the whole statement: no parameter an executor node sets
+/// (other than init plans'), no column of another relation or query level.
+///
+/// # Safety
+/// `clause` is a valid expression.
+unsafe fn one_value_per_statement_but_key(clause: *mut Node, rti: u32, init_params: &[i32]) -> bool {
+    struct Cx<'a> {
+        rti: u32,
+        init_params: &'a [i32],
+    }
+    #[pg_guard]
+    unsafe extern "C-unwind" fn walk(node: *mut Node, cx: *mut std::ffi::c_void) -> bool {
+        if node.is_null() {
+            return false;
+        }
+        // SAFETY: as in mentions_key.  Returns true at the first value that
+        // changes while the statement runs.
+        unsafe {
+            let cx = &*(cx as *const Cx);
+            match node_tag(node) {
+                pg_sys::NodeTag::T_Var => {
+                    let v = &*(node as *mut pg_sys::Var);
+                    return v.varno as u32 != cx.rti || v.varlevelsup != 0;
+                }
+                pg_sys::NodeTag::T_Param => {
+                    let p = &*(node as *mut pg_sys::Param);
+                    return p.paramkind == pg_sys::ParamKind::PARAM_EXEC && !cx.init_params.contains(&p.paramid);
+                }
+                pg_sys::NodeTag::T_SubPlan | pg_sys::NodeTag::T_AlternativeSubPlan | pg_sys::NodeTag::T_SubLink => {
+                    return true
+                }
+                _ => {}
+            }
+            pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                crate::pg::walk::expression_tree_walker(node, Some(walk), cx as *const Cx as *mut _)
+            })
+        }
+    }
+    let cx = Cx { rti, init_params };
+    // SAFETY: per contract.
+    !unsafe { walk(clause, &cx as *const Cx as *mut std::ffi::c_void) }
 }
 
 /// The arguments of `node` when it is a BoolExpr of kind `kind`.
@@ -683,13 +815,14 @@ unsafe extern "C-unwind" fn plan_custom_path(
         let latched = registry::require(relid);
         let init_params: Vec<i32> =
             list_iter::<pg_sys::Integer>((*best_path).custom_private).map(|i| (*i).ival).collect();
-        let bounds = key_bounds(&init_params, rti, &latched.key, clauses);
+        let (bounds, runtime_caps) = key_bounds(&init_params, rti, &latched.key, clauses);
         let restartable = RESTARTABLE.with(|r| r.borrow().last().copied()).unwrap_or(false);
         GUARDS_PLANNED.set(GUARDS_PLANNED.get().wrapping_add(1));
         let plan = GuardPlan {
             relid,
             restartable,
             bounds: bounds.iter().map(|(b, _)| *b).collect(),
+            runtime_caps,
             tree: false,
             stream: None,
         };

@@ -165,6 +165,7 @@ unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<
                 Some((p, f)) => {
                     let same = p.restartable == plan.restartable
                         && p.bounds == plan.bounds
+                        && p.runtime_caps == plan.runtime_caps
                         && pg_sys::equal((*f.guard).custom_exprs as *const _, (*cs).custom_exprs as *const _);
                     if !same {
                         return None;
@@ -179,6 +180,7 @@ unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<
             relid: (*parent_rte).relid,
             restartable: first_plan.restartable,
             bounds: first_plan.bounds,
+            runtime_caps: first_plan.runtime_caps,
             tree: true,
             stream: Some(stream),
         };
