@@ -456,13 +456,19 @@ pub fn scan_keys_cap(
             }
             return false;
         }
-        let desc_col = desc.cols.get(col).is_some_and(|c| c.desc);
-        let below = matches!(s, pg_sys::BTLessStrategyNumber | pg_sys::BTLessEqualStrategyNumber);
-        // A `<` bound caps an ascending column from above, a DESC one from
-        // below (in encoded order).
-        (below != desc_col) == up
+        strategy_caps(s, desc.cols.get(col).is_some_and(|c| c.desc), up)
     });
     caps || fixed.iter().all(|&f| f)
+}
+
+/// Whether a comparison of btree `strategy` with a key column (`desc`:
+/// descending in the key) caps the key from above in its encoded order
+/// (`up`), or from below: `<` caps an ascending column from above, a DESC
+/// one from below; `=` neither.
+pub fn strategy_caps(strategy: u32, desc: bool, up: bool) -> bool {
+    let below = matches!(strategy, pg_sys::BTLessStrategyNumber | pg_sys::BTLessEqualStrategyNumber);
+    let above = matches!(strategy, pg_sys::BTGreaterStrategyNumber | pg_sys::BTGreaterEqualStrategyNumber);
+    (below || above) && (below != desc) == up
 }
 
 fn assemble(desc: &KeyDesc, cols: &mut [ColumnBounds]) -> Declared {
@@ -632,6 +638,26 @@ mod unit {
         // A tail alone: up to the last key, none of it without a row.
         assert_eq!(tail.ran_out(Some(&key(120)), true), vec![upto(101, 120)]);
         assert_eq!(tail.ran_out(None, true), Vec::<Span>::new());
+    }
+
+    #[test]
+    fn comparisons_cap_the_key_in_its_encoded_order() {
+        let (lt, le, eq, ge, gt) = (
+            pg_sys::BTLessStrategyNumber,
+            pg_sys::BTLessEqualStrategyNumber,
+            pg_sys::BTEqualStrategyNumber,
+            pg_sys::BTGreaterEqualStrategyNumber,
+            pg_sys::BTGreaterStrategyNumber,
+        );
+        for s in [lt, le] {
+            assert!(strategy_caps(s, false, true) && !strategy_caps(s, false, false));
+            assert!(!strategy_caps(s, true, true) && strategy_caps(s, true, false));
+        }
+        for s in [gt, ge] {
+            assert!(!strategy_caps(s, false, true) && strategy_caps(s, false, false));
+            assert!(strategy_caps(s, true, true) && !strategy_caps(s, true, false));
+        }
+        assert!([true, false].iter().all(|&d| !strategy_caps(eq, d, true) && !strategy_caps(eq, d, false)));
     }
 
     #[test]

@@ -414,16 +414,7 @@ pub fn may_be_open(plan: &GuardPlan, key: &crate::keys::KeyDesc, up: bool) -> bo
 /// Whether bound `b` limits the key from above (`up`) or below, in the
 /// key's encoded order.
 fn caps(b: &super::plan_data::BoundQual, key: &crate::keys::KeyDesc, up: bool) -> bool {
-    let desc = key.cols.get(b.col as usize).is_some_and(|c| c.desc);
-    let s = u32::from(b.strategy);
-    let below = s == pg_sys::BTLessStrategyNumber || s == pg_sys::BTLessEqualStrategyNumber;
-    let above = s == pg_sys::BTGreaterStrategyNumber || s == pg_sys::BTGreaterEqualStrategyNumber;
-    // `<` caps an ascending column from above, a DESC one from below.
-    if up {
-        below != desc && (below || above)
-    } else {
-        above != desc && (below || above)
-    }
+    span::strategy_caps(u32::from(b.strategy), key.cols.get(b.col as usize).is_some_and(|c| c.desc), up)
 }
 
 /// Whether `plan`'s span is open above: no bound of its quals limits the

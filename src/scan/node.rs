@@ -552,7 +552,7 @@ unsafe fn note_key(rt: &mut NodeRuntime, slot: *mut pg_sys::TupleTableSlot) {
     let Seen::Key { slot: from, attnos, greatest, key } = &mut rt.seen else { return };
     // SAFETY: per contract; the scan's slot holds the row it examined last.
     unsafe {
-        if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+        if is_empty(slot) {
             return;
         }
         let src = if from.is_null() { slot } else { *from };

@@ -491,16 +491,13 @@ unsafe fn runtime_caps(rti: u32, key: &crate::keys::KeyDesc, clause: *mut Node, 
                     } else {
                         pg_sys::get_op_opfamily_strategy(opno, c.opfamily) as u32
                     };
-                    let below = matches!(s, pg_sys::BTLessStrategyNumber | pg_sys::BTLessEqualStrategyNumber);
-                    let above = matches!(s, pg_sys::BTGreaterStrategyNumber | pg_sys::BTGreaterEqualStrategyNumber);
-                    // `<` caps an ascending column from above, a DESC one
-                    // from below (in the key's encoded order); an equality
-                    // (a point, or a prefix the plan cannot see) both ways.
-                    let (up, down) = if c.desc { (BELOW, ABOVE) } else { (ABOVE, BELOW) };
-                    return match (below, above) {
-                        (true, _) => up,
-                        (_, true) => down,
-                        _ => ABOVE | BELOW,
+                    // A comparison caps one way; an equality (a point, or a
+                    // prefix the plan cannot see) or anything else both.
+                    let caps =
+                        |up: bool, bit: u8| if crate::read::span::strategy_caps(s, c.desc, up) { bit } else { 0 };
+                    return match caps(true, ABOVE) | caps(false, BELOW) {
+                        0 => ABOVE | BELOW,
+                        one => one,
                     };
                 }
             }
@@ -514,33 +511,15 @@ unsafe fn runtime_caps(rti: u32, key: &crate::keys::KeyDesc, clause: *mut Node, 
 /// # Safety
 /// `node` is a valid expression.
 unsafe fn mentions_key(node: *mut Node, rti: u32, key: &crate::keys::KeyDesc) -> bool {
-    struct Cx<'a> {
-        rti: u32,
-        key: &'a crate::keys::KeyDesc,
-    }
-    #[pg_guard]
-    unsafe extern "C-unwind" fn walk(node: *mut Node, cx: *mut std::ffi::c_void) -> bool {
-        if node.is_null() {
-            return false;
-        }
-        // SAFETY: nodes of a valid expression, cast after the tag check;
-        // `cx` is the Cx below, alive for the walk.
-        unsafe {
-            let cx = &*(cx as *const Cx);
-            if node_tag(node) == pg_sys::NodeTag::T_Var {
-                let v = &*(node as *mut pg_sys::Var);
-                return v.varno as u32 == cx.rti
-                    && v.varlevelsup == 0
-                    && cx.key.cols.iter().any(|c| c.attnum == v.varattno);
-            }
-            pg_sys::ffi::pg_guard_ffi_boundary(|| {
-                crate::pg::walk::expression_tree_walker(node, Some(walk), cx as *const Cx as *mut _)
+    // SAFETY: per contract; nodes are cast after their tag is checked.
+    unsafe {
+        crate::pg::walk::any_node(node, |n| {
+            (node_tag(n) == pg_sys::NodeTag::T_Var).then(|| {
+                let v = &*(n as *mut pg_sys::Var);
+                v.varno as u32 == rti && v.varlevelsup == 0 && key.cols.iter().any(|c| c.attnum == v.varattno)
             })
-        }
+        })
     }
-    let cx = Cx { rti, key };
-    // SAFETY: per contract.
-    unsafe { walk(node, &cx as *const Cx as *mut std::ffi::c_void) }
 }
 
 /// Whether everything in `clause` but the columns of `rti` itself has one
@@ -550,41 +529,25 @@ unsafe fn mentions_key(node: *mut Node, rti: u32, key: &crate::keys::KeyDesc) ->
 /// # Safety
 /// `clause` is a valid expression.
 unsafe fn one_value_per_statement_but_key(clause: *mut Node, rti: u32, init_params: &[i32]) -> bool {
-    struct Cx<'a> {
-        rti: u32,
-        init_params: &'a [i32],
-    }
-    #[pg_guard]
-    unsafe extern "C-unwind" fn walk(node: *mut Node, cx: *mut std::ffi::c_void) -> bool {
-        if node.is_null() {
-            return false;
-        }
-        // SAFETY: as in mentions_key.  Returns true at the first value that
-        // changes while the statement runs.
-        unsafe {
-            let cx = &*(cx as *const Cx);
-            match node_tag(node) {
-                pg_sys::NodeTag::T_Var => {
-                    let v = &*(node as *mut pg_sys::Var);
-                    return v.varno as u32 != cx.rti || v.varlevelsup != 0;
-                }
-                pg_sys::NodeTag::T_Param => {
-                    let p = &*(node as *mut pg_sys::Param);
-                    return p.paramkind == pg_sys::ParamKind::PARAM_EXEC && !cx.init_params.contains(&p.paramid);
-                }
-                pg_sys::NodeTag::T_SubPlan | pg_sys::NodeTag::T_AlternativeSubPlan | pg_sys::NodeTag::T_SubLink => {
-                    return true
-                }
-                _ => {}
+    // SAFETY: per contract; nodes are cast after their tag is checked.
+    // The walk answers true at the first value that changes while the
+    // statement runs.
+    !unsafe {
+        crate::pg::walk::any_node(clause, |n| match node_tag(n) {
+            pg_sys::NodeTag::T_Var => {
+                let v = &*(n as *mut pg_sys::Var);
+                Some(v.varno as u32 != rti || v.varlevelsup != 0)
             }
-            pg_sys::ffi::pg_guard_ffi_boundary(|| {
-                crate::pg::walk::expression_tree_walker(node, Some(walk), cx as *const Cx as *mut _)
-            })
-        }
+            pg_sys::NodeTag::T_Param => {
+                let p = &*(n as *mut pg_sys::Param);
+                Some(p.paramkind == pg_sys::ParamKind::PARAM_EXEC && !init_params.contains(&p.paramid))
+            }
+            pg_sys::NodeTag::T_SubPlan | pg_sys::NodeTag::T_AlternativeSubPlan | pg_sys::NodeTag::T_SubLink => {
+                Some(true)
+            }
+            _ => None,
+        })
     }
-    let cx = Cx { rti, init_params };
-    // SAFETY: per contract.
-    !unsafe { walk(clause, &cx as *const Cx as *mut std::ffi::c_void) }
 }
 
 /// The arguments of `node` when it is a BoolExpr of kind `kind`.
@@ -724,27 +687,19 @@ unsafe fn one_value_per_statement(value: *mut Node, init_params: &[i32]) -> bool
 /// # Safety
 /// `value` is a valid expression.
 pub(super) unsafe fn exec_param_ids(value: *mut Node) -> Vec<i32> {
-    #[pg_guard]
-    unsafe extern "C-unwind" fn walk(node: *mut Node, cx: *mut std::ffi::c_void) -> bool {
-        if node.is_null() {
-            return false;
-        }
-        // SAFETY: nodes of a valid expression, cast after the tag check;
-        // `cx` is the Vec of exec_param_ids, alive for the whole walk.
-        unsafe {
-            if node_tag(node) == pg_sys::NodeTag::T_Param {
-                let p = &*(node as *mut pg_sys::Param);
-                if p.paramkind == pg_sys::ParamKind::PARAM_EXEC {
-                    (*(cx as *mut Vec<i32>)).push(p.paramid);
-                }
-                return false;
-            }
-            pg_sys::ffi::pg_guard_ffi_boundary(|| crate::pg::walk::expression_tree_walker(node, Some(walk), cx))
-        }
-    }
     let mut ids = Vec::new();
-    // SAFETY: per contract.
-    unsafe { walk(value, &mut ids as *mut Vec<i32> as *mut std::ffi::c_void) };
+    // SAFETY: per contract; nodes are cast after their tag is checked.
+    unsafe {
+        crate::pg::walk::any_node(value, |n| {
+            (node_tag(n) == pg_sys::NodeTag::T_Param).then(|| {
+                let p = &*(n as *mut pg_sys::Param);
+                if p.paramkind == pg_sys::ParamKind::PARAM_EXEC {
+                    ids.push(p.paramid);
+                }
+                false
+            })
+        })
+    };
     ids
 }
 
