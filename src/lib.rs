@@ -14,7 +14,6 @@ pub mod fast_hash;
 pub mod guc;
 mod heap;
 pub mod keys;
-pub use pgkvx_latch as latch;
 pub mod maintenance;
 pub mod memcx;
 pub mod pg;

@@ -11,10 +11,10 @@
 
 use crate::args::Regclass;
 use crate::errors;
-use crate::latch::{KeyBuf, Span};
 use crate::pg::rel_name;
 use crate::registry;
 use crate::shmem::backend;
+use pgkvx_latch::{KeyBuf, Span};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 

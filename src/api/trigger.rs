@@ -15,11 +15,11 @@
 
 use crate::errors;
 use crate::keys::KeyWriter;
-use crate::latch::{Span, Xid};
 use crate::pg::{quote_literal, regclass_text};
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
 use crate::shmem::drawn;
+use pgkvx_latch::{Span, Xid};
 use pgrx::pg_sys::{self, Datum};
 use pgrx::prelude::*;
 use std::cell::Cell;

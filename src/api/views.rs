@@ -6,10 +6,10 @@
 //! the table and no row level security applying to them (its owner,
 //! BYPASSRLS, or a table without policies); otherwise they are NULL.
 
-use crate::latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
-use crate::latch::{LatchInfo, RangeInfo, RelId, Span, Stat, State};
 use crate::registry;
 use crate::shmem::{backend, table};
+use pgkvx_latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
+use pgkvx_latch::{LatchInfo, RangeInfo, RelId, Span, Stat, State};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::collections::HashMap;
@@ -45,7 +45,7 @@ impl SpanFormatter {
             None => format!("{span:?}"),
         }
     }
-    fn key(&mut self, relid: Oid, k: &crate::latch::KeyBuf, open: &str) -> String {
+    fn key(&mut self, relid: Oid, k: &pgkvx_latch::KeyBuf, open: &str) -> String {
         if k.is_infinite() || k.as_bytes().is_empty() {
             return open.to_string();
         }

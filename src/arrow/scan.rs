@@ -27,13 +27,13 @@ use super::types::{self, EncoderSettings};
 use super::{key_for, StreamArgs};
 use crate::errors;
 use crate::keys::codec::KeyWriter;
-use crate::latch::{Footprint, KeyBuf, RelId, Span};
 use crate::pg::{in_live_transaction, input_datum, Attr, OpenRel};
 use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
 use crate::read::span::{self, Declared};
 use crate::registry::Latched;
 use crate::shmem::backend;
+use pgkvx_latch::{Footprint, KeyBuf, RelId, Span};
 
 /// The request, as arrow_scan received it.
 pub struct ScanRequest {
@@ -589,7 +589,7 @@ impl run::Reader for OptimisticAttempt<'_> {
     /// A tail read through `arrow_scan` -- from `lower` up, open above, at
     /// most `max_rows` rows -- may stop before a writer's key and read it
     /// next time; a range read whole may not.
-    fn cut(&mut self, conflicts: &[crate::latch::Conflict]) -> Option<Footprint> {
+    fn cut(&mut self, conflicts: &[pgkvx_latch::Conflict]) -> Option<Footprint> {
         (self.declared.open_above && self.stream.max_rows.is_some()).then(|| run::cut_upward(conflicts))
     }
 

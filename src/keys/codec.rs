@@ -18,7 +18,7 @@
 //! (`KEY_MAX`), so an over-long key is detectably truncated and never costs
 //! an allocation.
 
-use crate::latch::KEY_MAX;
+use pgkvx_latch::KEY_MAX;
 
 /// How one key column is encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

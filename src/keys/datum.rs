@@ -5,8 +5,8 @@
 use super::codec::{decode_col, KeyKind, KeyValue, KeyWriter};
 use super::desc::KeyDesc;
 use crate::errors;
-use crate::latch::{KeyBuf, Span};
 use crate::pg::{input_datum, varlena_bytes};
+use pgkvx_latch::{KeyBuf, Span};
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::PgSqlErrorCode;
 use std::ffi::CStr;

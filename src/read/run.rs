@@ -10,10 +10,10 @@
 use super::snapshot::{self, BaseSnapshot};
 use crate::errors;
 use crate::guc::{self, ScanMode};
-use crate::latch::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
-use crate::latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
 use crate::pg::rel_name;
 use crate::shmem::{backend, table};
+use pgkvx_latch::protocol::{self, Env, ReadMode, ReadOutcome, ReadParams, ReadReport};
+use pgkvx_latch::{Check, Conflict, Footprint, RelId, Span, Stat, Xid};
 use pgrx::PgSqlErrorCode;
 
 /// How a read runs an optimistic attempt.

@@ -11,9 +11,9 @@
 //! after its first statement's parse analysis, which runs just after that
 //! snapshot is taken.  Reading later only errs on the safe side.
 
-use crate::latch::{ReadSnapshot, Stat, Xid};
 use crate::pg;
 use crate::shmem::backend;
+use pgkvx_latch::{ReadSnapshot, Stat, Xid};
 use pgrx::pg_sys::{self, Snapshot};
 use pgrx::prelude::*;
 use std::cell::Cell;

@@ -22,7 +22,7 @@
 use crate::keys::codec::KeyWriter;
 use crate::keys::datum::encode_value;
 use crate::keys::KeyDesc;
-use crate::latch::{KeyBuf, Span};
+use pgkvx_latch::{KeyBuf, Span};
 use pgrx::pg_sys;
 
 /// The most intervals a declared span keeps apart; past it, one interval

@@ -11,9 +11,9 @@ use super::node;
 use super::statement::prev_run;
 use crate::errors::{self, raw};
 use crate::guc;
-use crate::latch::{Conflict, Footprint};
 use crate::read::run::Reader;
 use crate::read::snapshot::BaseSnapshot;
+use pgkvx_latch::{Conflict, Footprint};
 use pgrx::pg_sys::{self, QueryDesc};
 
 /// Runs `f` (which calls Postgres only through [`errors::pass`]) with

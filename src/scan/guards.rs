@@ -6,12 +6,12 @@
 use super::node;
 use super::plan_data::GuardPlan;
 use crate::errors::{self, raw};
-use crate::latch::{Footprint, RelId};
 use crate::pg::{list_iter, node_tag};
 use crate::read::admit;
 use crate::read::span;
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
+use pgkvx_latch::{Footprint, RelId};
 use pgrx::pg_sys::{self, Node, QueryDesc};
 use std::rc::Rc;
 

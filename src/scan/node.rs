@@ -16,11 +16,11 @@ use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use crate::errors::raw;
 use crate::keys::codec::KeyWriter;
 use crate::keys::KeyDesc;
-use crate::latch::protocol::ReadReport;
-use crate::latch::{RelId, Span};
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::read::span::{self, Declared, KeyQual};
 use crate::registry::{self, Latched};
+use pgkvx_latch::protocol::ReadReport;
+use pgkvx_latch::{RelId, Span};
 use pgrx::pg_sys::{self, List, Node};
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -176,10 +176,10 @@ pub struct NodeRuntime {
     /// A fenced statement whose bounds are known only once it runs: the
     /// scan fences when it first runs, with this `after` for the
     /// statement's snapshot.
-    pub fence_at_start: Option<crate::latch::Xid>,
+    pub fence_at_start: Option<pgkvx_latch::Xid>,
     /// The read stops before this key (the protocol's cut): rows at or
     /// past it are left out, and a scan moving up the key ends there.
-    cut: Option<crate::latch::KeyBuf>,
+    cut: Option<pgkvx_latch::KeyBuf>,
     /// A scan moving up the key met the cut: it has ended.
     stopped: bool,
     /// For a scan in no key order (`Anywhere`) of the latched table itself:
@@ -632,7 +632,7 @@ unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) 
                 (ScanPosition::Anywhere, None) => return slot,
             };
             let k = key.encode_slot_at(src, attnos);
-            if crate::latch::KeyBuf::floor(k.bytes()) < cut {
+            if pgkvx_latch::KeyBuf::floor(k.bytes()) < cut {
                 return slot;
             }
             if forward {
@@ -653,7 +653,7 @@ unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) 
 ///
 /// # Safety
 /// `nodes` are begun guard nodes.
-pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &crate::latch::Footprint) {
+pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint) {
     for &n in nodes {
         // SAFETY: per contract.
         let rt = unsafe { runtime(n) };
@@ -718,18 +718,18 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let rt = &mut *(*(node as *mut NodeState)).rt;
             let Some(after) = rt.fence_at_start.take() else { return };
             let d = rt.declared(node);
-            let fp: crate::latch::Footprint = d.spans.iter().map(|s| (rt.rel, *s)).collect();
+            let fp: pgkvx_latch::Footprint = d.spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             let t = crate::shmem::table();
-            let check = |out: &mut Vec<crate::latch::Conflict>| {
+            let check = |out: &mut Vec<pgkvx_latch::Conflict>| {
                 let view = base.view();
-                crate::shmem::backend::count(crate::latch::Stat::Validations, 1);
+                crate::shmem::backend::count(pgkvx_latch::Stat::Validations, 1);
                 t.check_footprint(&fp, &view, &snapshot::committed, &mut |c| out.push(c));
             };
             let mut met = Vec::new();
             check(&mut met);
-            let mut report = crate::latch::ReadReport { validations: 1, ..Default::default() };
+            let mut report = pgkvx_latch::ReadReport { validations: 1, ..Default::default() };
             if met.is_empty() {
                 if let Some(st) = &rt.statement {
                     st.borrow_mut().report.add(&report);

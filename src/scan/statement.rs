@@ -39,11 +39,11 @@ use super::starting;
 use super::unguarded;
 use crate::errors::{self, raw};
 
-use crate::latch::protocol::ReadMode;
-use crate::latch::{Footprint, Xid};
 use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
 use crate::shmem::{backend, table};
+use pgkvx_latch::protocol::ReadMode;
+use pgkvx_latch::{Footprint, Xid};
 use pgrx::pg_sys::{self, QueryDesc};
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -323,7 +323,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                     let fp = declared();
                     let view = base.view();
                     let clean = table().check_footprint(&fp, &view, &snapshot::committed, &mut |_| {}).clean();
-                    backend::count(crate::latch::Stat::Validations, 1);
+                    backend::count(pgkvx_latch::Stat::Validations, 1);
                     clean
                 } =>
             {
@@ -457,7 +457,7 @@ unsafe fn attach(
 /// # Safety
 /// `base` is a valid snapshot newer than the transaction's; `rel` names a
 /// table the statement reads.
-unsafe fn adopt_for_transaction(base: &BaseSnapshot, rel: crate::latch::RelId) {
+unsafe fn adopt_for_transaction(base: &BaseSnapshot, rel: pgkvx_latch::RelId) {
     // SAFETY: per contract.
     unsafe {
         if snapshot::adopt_for_transaction(base.snap, base.after()) {

@@ -33,8 +33,8 @@
 use super::table;
 use crate::errors;
 use crate::guc;
-use crate::latch::holdings::TOP_SUBXACT;
-use crate::latch::{AcquireError, Holder, Holdings, Latched, Limits, RelId, Span, Stat, TxEnd, Xid};
+use pgkvx_latch::holdings::TOP_SUBXACT;
+use pgkvx_latch::{AcquireError, Holder, Holdings, Latched, Limits, RelId, Span, Stat, TxEnd, Xid};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};

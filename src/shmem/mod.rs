@@ -12,7 +12,7 @@ pub mod drawn;
 pub mod wakeups;
 
 use crate::guc;
-use crate::latch::{Config, LatchTable, LockId, LockSet, Mode};
+use pgkvx_latch::{Config, LatchTable, LockId, LockSet, Mode};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::UnsafeCell;

@@ -32,7 +32,7 @@
 //! committer's later read of the records sees the registration, and the
 //! latch it sets makes the sleep that follows the look return at once.
 
-use crate::latch::{KeyBuf, RelId, Span};
+use pgkvx_latch::{KeyBuf, RelId, Span};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
