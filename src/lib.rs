@@ -11,11 +11,12 @@ pub mod args;
 pub mod arrow;
 pub mod errors;
 pub mod fast_hash;
+pub mod gapless;
 pub mod guc;
 mod heap;
 pub mod keys;
 pub mod maintenance;
-pub mod memcx;
+
 pub mod pg;
 pub mod read;
 pub mod registry;
@@ -65,7 +66,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::backend::init();
     registry::init();
     read::snapshot::init();
-    api::identity::init();
+    gapless::init();
     utility::init();
     scan::init();
     maintenance::worker::register();

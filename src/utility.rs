@@ -34,14 +34,14 @@ unsafe extern "C-unwind" fn utility_hook(
     qc: *mut pg_sys::QueryCompletion,
 ) {
     // SAFETY: the hook's own arguments; the checks only read the tree.
-    unsafe { crate::api::identity::check_utility(pstmt) };
+    unsafe { crate::gapless::ddl::check_utility(pstmt) };
     // SAFETY: chaining the previous hook, or the standard function, with
     // the same arguments; both are plain C calls, not pgrx's guarded
     // wrappers, so an error longjmps straight past this frame.
     unsafe {
         match PREV_UTILITY_HOOK {
             Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
-            None => crate::errors::raw::standard_ProcessUtility(
+            None => crate::pg::raw::standard_ProcessUtility(
                 pstmt,
                 query_string,
                 read_only_tree,

@@ -7,7 +7,8 @@
 
 use crate::args::{self, Regclass};
 use crate::errors;
-use crate::keys::{KeyDesc, KeyKind};
+use crate::gapless::sequence::{check_sequence_cache, gapless_sequence, is_identity, key_sequence, refuse_gapless_key};
+use crate::keys::KeyDesc;
 use crate::pg::{list_iter, qualified_name, quote_ident, quote_literal, rel_name, with_pinned_settings, OpenRel};
 use crate::registry::{self, partitions, ROW_TRIGGER, TRUNCATE_TRIGGER};
 use crate::shmem::backend;
@@ -34,50 +35,6 @@ fn run_ddl(sql: &str) {
     with_pinned_settings(|| Spi::run(sql)).unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// The sequence that feeds the key column (serial/bigserial or identity).
-pub fn key_sequence(key: &KeyDesc) -> Option<Oid> {
-    let table = qualified_name(key.relid);
-    with_pinned_settings(|| {
-        Spi::connect(|c| {
-            c.select(
-                "SELECT pg_catalog.pg_get_serial_sequence($1, $2)::pg_catalog.regclass::pg_catalog.oid",
-                Some(1),
-                &[table.into(), key.cols[0].name.clone().into()],
-            )
-            .ok()?
-            .first()
-            .get_one::<Oid>()
-            .ok()
-            .flatten()
-        })
-    })
-}
-
-/// A unique index of `relid` that can be a gapless tail key: one integer
-/// column fed by a sequence, not partial, no expression, valid.  Named as
-/// `pgkvx.enable` takes it.
-fn tail_key_index(relid: Oid) -> Option<String> {
-    with_pinned_settings(|| {
-        Spi::get_one_with_args::<Oid>(
-            "SELECT i.indexrelid
-               FROM pg_catalog.pg_index i
-               JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-              WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
-                AND i.indexprs IS NULL AND i.indpred IS NULL
-                AND a.atttypid IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
-                                   'pg_catalog.int8'::pg_catalog.regtype)
-                AND pg_catalog.pg_get_serial_sequence(i.indrelid::pg_catalog.regclass::pg_catalog.text,
-                                                      a.attname::pg_catalog.text) IS NOT NULL
-              ORDER BY i.indexrelid LIMIT 1",
-            &[relid.into()],
-        )
-    })
-    .ok()
-    .flatten()
-    // Named as the caller's search_path finds it.
-    .map(crate::pg::regclass_text)
-}
-
 /// The columns of `relid`'s primary key, in key order.
 fn primary_key_columns(relid: Oid) -> Vec<String> {
     with_pinned_settings(|| {
@@ -93,46 +50,6 @@ fn primary_key_columns(relid: Oid) -> Vec<String> {
     .ok()
     .flatten()
     .unwrap_or_default()
-}
-
-/// Refuses a gapless table whose key is not one integer column, naming the
-/// unique index that could be its key (or how to make one).
-fn refuse_gapless_key(relid: Oid, relname: &str, columns: &[String]) -> ! {
-    let table = quote_literal(&crate::pg::regclass_text(relid));
-    let hint = match tail_key_index(relid) {
-        Some(index) => format!(
-            "Name a unique index on the tail column as the key: SELECT pgkvx.enable({table}, {}, gapless => true);",
-            quote_literal(&index)
-        ),
-        None => format!(
-            "Create a unique index on the tail column (an integer column fed by a sequence) and name it as the key: SELECT pgkvx.enable({table}, '<index>', gapless => true);"
-        ),
-    };
-    errors::raise_full(
-        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-        format!("gapless keys need a single integer key column; \"{relname}\" has another key"),
-        Some(format!(
-            "The key of \"{relname}\" is ({}).",
-            columns.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
-        )),
-        Some(hint),
-    )
-}
-
-/// Checks `key` can be drawn gaplessly and returns its sequence.
-pub fn gapless_sequence(key: &KeyDesc) -> Oid {
-    if key.cols.len() != 1 || key.cols[0].kind != KeyKind::Int {
-        let columns: Vec<String> = key.cols.iter().map(|c| c.name.clone()).collect();
-        refuse_gapless_key(key.relid, &key.relname, &columns);
-    }
-    let Some(seq) = key_sequence(key) else {
-        errors::raise_hint(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("key column \"{}\" of \"{}\" has no sequence", key.cols[0].name, key.relname),
-            "Declare the key column bigserial (or attach a sequence with OWNED BY).",
-        );
-    };
-    seq
 }
 
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
@@ -269,7 +186,7 @@ pub fn restore_sequence_default(rel: Oid) {
     let index = reg.key_index.filter(|&i| unsafe { !pg_sys::get_rel_name(i).is_null() });
     let key = partitions::narrow(KeyDesc::resolve(rel, index), reg.key_columns.as_deref());
     // An identity key kept its own default throughout.
-    if super::identity::is_identity(rel, key.cols[0].attnum) {
+    if is_identity(rel, key.cols[0].attnum) {
         return;
     }
     if let Some(seq) = key_sequence(&key) {
@@ -331,37 +248,6 @@ fn disable(rel: Option<Regclass>) {
 fn forget_table(rel: Oid) {
     registry::unregister(rel);
     backend::purge_at_commit(backend::rel_id(rel));
-}
-
-/// Refuses sequences whose values are cached per backend: a backend can
-/// then hand out a smaller value after another committed a larger one,
-/// which is exactly the gap gapless keys exist to prevent.
-pub fn check_sequence_cache(seq: Oid) {
-    // SAFETY: a syscache probe of pg_sequence.
-    let cache = unsafe {
-        let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(seq));
-        if t.is_null() {
-            1
-        } else {
-            // pg_sequence.seqcache is its 7th column.
-            let mut isnull = false;
-            let d = pg_sys::SysCacheGetAttr(pg_sys::SysCacheIdentifier::SEQRELID as i32, t, 7, &mut isnull);
-            pg_sys::ReleaseSysCache(t);
-            if isnull {
-                1
-            } else {
-                d.value() as i64
-            }
-        }
-    };
-    if cache != 1 {
-        let name = qualified_name(seq);
-        errors::raise_hint(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("sequence {name} caches {cache} values per session; gapless keys need CACHE 1"),
-            format!("ALTER SEQUENCE {name} CACHE 1;"),
-        );
-    }
 }
 
 #[no_mangle]

@@ -3,7 +3,7 @@
 
 pub mod enable;
 pub mod head_blockers;
-pub mod identity;
+
 pub mod key_bytes;
 pub mod latch_span;
 pub mod next_key;
@@ -40,7 +40,7 @@ fn _exposures(rel: crate::args::Regclass) -> SetOfIterator<'static, String> {
                 found.extend(crate::registry::partitions::member_exposures(relid));
             }
             // check() only: readers cannot see a sequence moved back.
-            found.extend(identity::sequence_behind(relid));
+            found.extend(crate::gapless::sequence::sequence_behind(relid));
             if !crate::shmem::preloaded() {
                 found.push(
                     "pgkvx is not in shared_preload_libraries: its reads are not protected and its writes fail until the server preloads pgkvx".to_string(),

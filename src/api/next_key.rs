@@ -17,10 +17,9 @@
 //! and escalation and back-pressure happen after.  Inside remain the
 //! sequence page update and one latch publication.
 
-use super::enable::{check_sequence_cache, gapless_sequence};
-use super::trigger;
 use crate::args::Regclass;
 use crate::errors;
+use crate::gapless::sequence::{self, check_sequence_cache};
 use crate::keys::KeyWriter;
 use crate::pg::{rel_name, OpenRel};
 use crate::registry;
@@ -29,35 +28,6 @@ use crate::shmem::{backend, table};
 use pgkvx_latch::{Span, Stat};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
-use std::cell::RefCell;
-use std::collections::HashMap;
-
-unsafe extern "C-unwind" {
-    // commands/sequence.h; not in pgrx's bindings.  Called only through
-    // the FFI boundary guard below.
-    fn nextval_internal(relid: Oid, check_permissions: bool) -> i64;
-}
-
-thread_local! {
-    /// Key sequence per table, and whether it is the key's identity
-    /// sequence; dropped with the table's relcache entry (identity.rs).
-    static KEY_SEQUENCES: RefCell<HashMap<Oid, (Oid, bool)>> = RefCell::new(HashMap::new());
-}
-
-/// Forgets `relid`'s key sequence (all tables' for InvalidOid): its key
-/// column may have another sequence now.  Runs inside invalidation
-/// processing, so it only touches the map.
-pub fn forget_sequence(relid: Oid) {
-    let _ = KEY_SEQUENCES.try_with(|s| {
-        if let Ok(mut s) = s.try_borrow_mut() {
-            if relid == pg_sys::InvalidOid {
-                s.clear();
-            } else {
-                s.remove(&relid);
-            }
-        }
-    });
-}
 
 fn has_table_privilege(relid: Oid, mode: u32) -> bool {
     // SAFETY: a catalog ACL check for the current user.
@@ -130,15 +100,7 @@ fn next_key(rel: Regclass) -> i64 {
     } else {
         relid
     };
-    let (seq, identity) = match KEY_SEQUENCES.with(|s| s.borrow().get(&relid).copied()) {
-        Some(found) => found,
-        None => {
-            let seq = gapless_sequence(&latched.key);
-            let identity = super::identity::is_identity(relid, latched.key.cols[0].attnum);
-            KEY_SEQUENCES.with(|s| s.borrow_mut().insert(relid, (seq, identity)));
-            (seq, identity)
-        }
-    };
+    let (seq, identity) = sequence::drawn_sequence(relid, &latched.key);
     check_sequence_cache(seq);
     // An identity sequence is the table's own: writing the table is the
     // right to draw from it, as for Postgres's own identity default.
@@ -172,7 +134,7 @@ fn next_key(rel: Regclass) -> i64 {
         let _draws = t.lock_draws(rel_id, latched.owner.to_u32()).unwrap_or_else(|e| backend::raise_acquire_error(e));
         // SAFETY: nextval without its own permission check (done above);
         // errors unwind through the guard, which releases the draw lock.
-        let value = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(seq, false)) };
+        let value = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| crate::pg::raw::nextval_internal(seq, false)) };
         let mut key = KeyWriter::new();
         // SAFETY: an int8 datum for the (integer) key column.
         unsafe { latched.key.encode_datum(0, pg_sys::Datum::from(value), &mut key) };
@@ -183,7 +145,7 @@ fn next_key(rel: Regclass) -> i64 {
     // it drew is never written, so it leaves no hole.
     let published = published.unwrap_or_else(|e| backend::raise_acquire_error(e));
     drawn::record(relid, value);
-    trigger::remember(h.xid, relid, key);
+    backend::remember_latched(h.xid, relid, key);
     backend::after_draw(relid, &Span::point(key.bytes()), &h, published);
     backend::count(Stat::KeysDrawn, 1);
     value

@@ -25,9 +25,6 @@ use pgrx::prelude::*;
 use std::cell::Cell;
 
 thread_local! {
-    /// The last key this backend latched: `next_key` latches a key and the
-    /// row trigger then sees the same key in the same transaction.
-    static LAST_LATCHED_KEY: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
     /// A row of a latched partitioned table being moved to another
     /// partition by an UPDATE, which PostgreSQL runs as the UPDATE's BEFORE
     /// ROW trigger, then a DELETE from the old partition and an INSERT into
@@ -48,22 +45,15 @@ struct MovingRow {
     deleted: bool,
 }
 
-/// Remembers a latched key so the row trigger can skip it.
-pub fn remember(xid: Xid, relid: pg_sys::Oid, key: KeyWriter) {
-    LAST_LATCHED_KEY.with(|l| l.set(Some((xid, relid, key))));
-}
-
 fn latch_key(latched: &Latched, key: &KeyWriter) {
     // A partition latches under its latched parent.
     let relid = latched.root;
     let xid = backend::my_xid();
-    if let Some((x, r, k)) = LAST_LATCHED_KEY.with(|l| l.get()) {
-        if x == xid && r == relid && k.bytes() == key.bytes() {
-            return;
-        }
+    if backend::latched_last(xid, relid, key) {
+        return;
     }
     backend::latch(relid, latched.owner, &Span::point(key.bytes()));
-    remember(xid, relid, *key);
+    backend::remember_latched(xid, relid, *key);
 }
 
 fn replica_role() -> bool {

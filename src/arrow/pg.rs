@@ -49,7 +49,7 @@ impl RowContext {
             pg_sys::CurrentMemoryContext = self.0;
             let r = f();
             pg_sys::CurrentMemoryContext = prev;
-            crate::memcx::reset_if_used(self.0);
+            crate::pg::memcx::reset_if_used(self.0);
             r
         }
     }

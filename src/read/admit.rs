@@ -27,7 +27,7 @@ use pgrx::{pg_sys, PgSqlErrorCode};
 pub fn effective_mode() -> ScanMode {
     let mode = guc::SCAN_MODE.get();
     // SAFETY: plain reads of the backend's user ids, which cannot raise.
-    let as_another_user = unsafe { errors::raw::GetUserId() != errors::raw::GetOuterUserId() };
+    let as_another_user = unsafe { crate::pg::raw::GetUserId() != crate::pg::raw::GetOuterUserId() };
     if mode == ScanMode::Off && as_another_user {
         ScanMode::Optimistic
     } else {

@@ -22,7 +22,7 @@ use std::cell::Cell;
 pub fn next_xid() -> Xid {
     // SAFETY: reads the shared counter under its lock (taken shared, once:
     // it cannot raise).
-    Xid(unsafe { crate::errors::raw::ReadNextFullTransactionId() }.value as u32)
+    Xid(unsafe { crate::pg::raw::ReadNextFullTransactionId() }.value as u32)
 }
 
 thread_local! {

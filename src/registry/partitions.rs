@@ -17,21 +17,9 @@
 
 use super::{lookup, trigger_exposures, Latched};
 use crate::keys::KeyDesc;
-use crate::pg::{rel_name, OpenRel};
+use crate::pg::{raw, rel_name, OpenRel};
 use pgrx::pg_sys::{self, Oid};
 use std::rc::Rc;
-
-unsafe extern "C-unwind" {
-    // catalog/partition.h; not in pgrx's bindings.  Called only through
-    // the FFI boundary guard.
-    fn get_partition_parent(relid: Oid, even_if_detached: bool) -> Oid;
-    // catalog/pg_inherits.h; as above.
-    fn find_all_inheritors(
-        parent: Oid,
-        lockmode: pg_sys::LOCKMODE,
-        numparents: *mut *mut pg_sys::List,
-    ) -> *mut pg_sys::List;
-}
 
 /// The partition ancestors of `relid`, nearest first; empty for a table
 /// that is no partition.  A partition being detached concurrently still
@@ -44,7 +32,7 @@ pub fn ancestors(relid: Oid) -> Vec<Oid> {
     // (both are read under the same catalog snapshot).
     unsafe {
         while pg_sys::get_rel_relispartition(at) {
-            let parent = pg_sys::ffi::pg_guard_ffi_boundary(|| get_partition_parent(at, true));
+            let parent = pg_sys::ffi::pg_guard_ffi_boundary(|| raw::get_partition_parent(at, true));
             if parent == pg_sys::InvalidOid || out.contains(&parent) {
                 break;
             }
@@ -60,7 +48,7 @@ pub fn members(root: Oid) -> Vec<Oid> {
     // SAFETY: a pg_inherits scan without locks; returns a fresh OidList.
     unsafe {
         let list = pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            find_all_inheritors(root, pg_sys::NoLock as pg_sys::LOCKMODE, std::ptr::null_mut())
+            raw::find_all_inheritors(root, pg_sys::NoLock as pg_sys::LOCKMODE, std::ptr::null_mut())
         });
         let out = crate::pg::list_oids(list).filter(|&o| o != root).collect();
         pg_sys::list_free(list);

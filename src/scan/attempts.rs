@@ -9,8 +9,9 @@ use super::buffer::BufferDest;
 use super::guards;
 use super::node;
 use super::statement::prev_run;
-use crate::errors::{self, raw};
 use crate::guc;
+use crate::pg::boundary;
+use crate::pg::raw;
 use crate::read::run::Reader;
 use crate::read::snapshot::BaseSnapshot;
 use pgkvx_latch::{Conflict, Footprint};
@@ -133,7 +134,7 @@ pub(super) unsafe fn start_second_executor(
             (*qd).instrument_options,
         );
         pg_sys::MemoryContextSwitchTo(old);
-        errors::pass(|| raw::standard_ExecutorStart(q2, eflags));
+        boundary::pass(|| raw::standard_ExecutorStart(q2, eflags));
         q2
     }
 }
@@ -142,7 +143,7 @@ pub(super) unsafe fn start_second_executor(
 pub(super) unsafe fn end_second_executor(q2: *mut QueryDesc, finished: bool) {
     // SAFETY: a second executor we started and have not ended.
     unsafe {
-        errors::pass(|| {
+        boundary::pass(|| {
             if !finished {
                 raw::standard_ExecutorFinish(q2);
             }
@@ -220,7 +221,7 @@ impl Reader for OptimisticAttempts {
                 node::apply_cut(&guards::guard_nodes(q2), cut);
             }
             with_active((*(*q2).estate).es_snapshot, || {
-                errors::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
+                boundary::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
             });
             let fp = footprint(q2);
             end_second_executor(q2, false);

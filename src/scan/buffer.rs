@@ -130,7 +130,7 @@ impl HeldRows {
     ///
     /// # Safety
     /// `dest` is a live receiver; `desc` describes the rows; called inside
-    /// [`crate::errors::rethrow_pending`].
+    /// [`crate::pg::boundary::rethrow_pending`].
     pub unsafe fn send(
         &mut self,
         dest: *mut pg_sys::DestReceiver,
@@ -145,14 +145,14 @@ impl HeldRows {
         // the statement ends, and the receiver's callbacks are plain C
         // calls (nothing in this closure can panic).
         let n = unsafe {
-            crate::errors::pass(|| {
+            crate::pg::boundary::pass(|| {
                 let mut n = 0u64;
                 if let Some(startup) = (*dest).rStartup {
                     startup(dest, pg_sys::CmdType::CMD_SELECT as i32, desc);
                 }
                 while moving && (count == 0 || n < count) {
                     let Some(&row) = rows.get(next) else { break };
-                    crate::errors::raw::ExecStoreMinimalTuple(row, slot, false);
+                    crate::pg::raw::ExecStoreMinimalTuple(row, slot, false);
                     next += 1;
                     n += 1;
                     if let Some(receive) = (*dest).receiveSlot {

@@ -5,7 +5,8 @@
 
 use super::node;
 use super::plan_data::GuardPlan;
-use crate::errors::{self, raw};
+use crate::pg::boundary;
+use crate::pg::raw;
 use crate::pg::{list_iter, node_tag};
 use crate::read::admit;
 use crate::read::span;
@@ -634,7 +635,7 @@ unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) 
         (*econtext).ecxt_param_list_info = params;
         let state = pg_sys::ExecInitExpr(expr, std::ptr::null_mut());
         let mut isnull = false;
-        let v = errors::pass(|| raw::eval_expr(state, econtext, &mut isnull));
+        let v = boundary::pass(|| raw::eval_expr(state, econtext, &mut isnull));
         // By-reference values live in the caller's context: the per-query
         // context of the standalone ExprContext goes with FreeExprContext.
         let v = if isnull { v } else { copy_datum(v, pg_sys::exprType(expr as *mut Node)) };

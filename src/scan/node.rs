@@ -13,9 +13,9 @@
 //! expression of the statement sees.
 
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
-use crate::errors::raw;
 use crate::keys::codec::KeyWriter;
 use crate::keys::KeyDesc;
+use crate::pg::raw;
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::read::span::{self, Declared, KeyQual};
 use crate::registry::{self, Latched};
@@ -386,11 +386,11 @@ unsafe fn key_source_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> Option<
 
 // ---- begin -----------------------------------------------------------------
 
-/// No `#[pg_guard]`: [`crate::errors::rethrow_pending`] catches every
+/// No `#[pg_guard]`: [`crate::pg::boundary::rethrow_pending`] catches every
 /// unwind.
 unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
     // SAFETY: see errors.rs for the boundary.
-    unsafe { crate::errors::rethrow_pending(|| begin_node(node, estate, eflags)) }
+    unsafe { crate::pg::boundary::rethrow_pending(|| begin_node(node, estate, eflags)) }
 }
 
 /// # Safety
@@ -415,7 +415,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         let Some(child_plan) = list_nth::<pg_sys::Plan>((*cs).custom_plans, 0) else {
             crate::errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "a PgkvxLimitScan plan has no child plan")
         };
-        let child = crate::errors::pass(|| raw::ExecInitNode(child_plan, estate, eflags));
+        let child = crate::pg::boundary::pass(|| raw::ExecInitNode(child_plan, estate, eflags));
         (*node).custom_ps = make_list([child]);
         // We hand up the child's own slots, so our result slots are of its
         // kind.  Left as the virtual slots of a CustomScan, a parent would
@@ -713,7 +713,7 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
 unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node, begun; see errors.rs for the boundary.
     unsafe {
-        crate::errors::rethrow_pending(|| {
+        crate::pg::boundary::rethrow_pending(|| {
             use crate::read::{run, snapshot};
             let rt = &mut *(*(node as *mut NodeState)).rt;
             let Some(after) = rt.fence_at_start.take() else { return };
@@ -806,7 +806,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node.  The execution that ends here is recorded before
     // its scan moves back to the start.
     unsafe {
-        crate::errors::rethrow_pending(|| {
+        crate::pg::boundary::rethrow_pending(|| {
             let rt = &mut *(*(node as *mut NodeState)).rt;
             rt.fold(node);
             rt.stopped = false;
@@ -817,7 +817,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
             }
             // With changed parameters the child rescans itself when next run.
             if (*child).chgParam.is_null() {
-                crate::errors::pass(|| raw::ExecReScan(child));
+                crate::pg::boundary::pass(|| raw::ExecReScan(child));
             }
         })
     }
@@ -836,12 +836,12 @@ unsafe extern "C-unwind" fn restr_pos(node: *mut pg_sys::CustomScanState) {
     // SAFETY: as above.  How far the scan got is recorded before it moves
     // back; it goes on from the mark, so it has still started.
     unsafe {
-        crate::errors::rethrow_pending(|| {
+        crate::pg::boundary::rethrow_pending(|| {
             let rt = &mut *(*(node as *mut NodeState)).rt;
             rt.fold(node);
             rt.started = true;
             let child = rt.child;
-            crate::errors::pass(|| raw::ExecRestrPos(child));
+            crate::pg::boundary::pass(|| raw::ExecRestrPos(child));
         })
     }
 }
@@ -874,7 +874,7 @@ impl NodeRuntime {
                 .zip(states)
                 .map(|(b, e)| {
                     let mut isnull = false;
-                    let value = crate::errors::pass(|| raw::eval_expr(e, econtext, &mut isnull));
+                    let value = crate::pg::boundary::pass(|| raw::eval_expr(e, econtext, &mut isnull));
                     b.qual(value, isnull)
                 })
                 .collect()
@@ -1083,12 +1083,12 @@ unsafe fn key_at_tid(
         }
         let fetch = (*(*rel).rd_tableam).tuple_fetch_row_version?;
         let mut tid = tid;
-        let found = crate::errors::pass(|| fetch(rel, &mut tid, &raw mut pg_sys::SnapshotAnyData, slot));
+        let found = crate::pg::boundary::pass(|| fetch(rel, &mut tid, &raw mut pg_sys::SnapshotAnyData, slot));
         if !found {
             return None;
         }
         let k = key.encode_slot_at(slot, attnos);
-        crate::errors::pass(|| ((*(*slot).tts_ops).clear.unwrap_unchecked())(slot));
+        crate::pg::boundary::pass(|| ((*(*slot).tts_ops).clear.unwrap_unchecked())(slot));
         Some(k)
     }
 }
@@ -1148,7 +1148,7 @@ unsafe extern "C-unwind" fn explain(
     es: *mut pg_sys::ExplainState,
 ) {
     // SAFETY: see errors.rs for the boundary.
-    unsafe { crate::errors::rethrow_pending(|| explain_node(node, es)) }
+    unsafe { crate::pg::boundary::rethrow_pending(|| explain_node(node, es)) }
 }
 
 /// # Safety

@@ -81,7 +81,7 @@ unsafe extern "C-unwind" fn planner_hook(
 ) -> *mut pg_sys::PlannedStmt {
     // SAFETY: the Query about to be planned; identity draws into gapless
     // tables become pgkvx.next_key calls before anything reads it.
-    let parse = unsafe { crate::api::identity::draw_through_next_key(parse) };
+    let parse = unsafe { crate::gapless::rewrite::draw_through_next_key(parse) };
     // SAFETY: the planner's own arguments, read before planning changes them.
     let restartable = unsafe { super::restartable::statement(parse, cursor_options) };
     // SAFETY: chaining the previous hook (or the standard planner) with the
@@ -89,14 +89,14 @@ unsafe extern "C-unwind" fn planner_hook(
     // folding runs user functions) passes on as raised, once the planning
     // frame is popped (errors.rs).
     unsafe {
-        crate::errors::rethrow_pending(|| {
+        crate::pg::boundary::rethrow_pending(|| {
             RESTARTABLE.with(|r| r.borrow_mut().push(restartable));
             TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().clear());
             let _frame = PlanningFrame;
             let planned_before = GUARDS_PLANNED.get();
-            let stmt = crate::errors::pass(|| match PREV_PLANNER_HOOK {
+            let stmt = crate::pg::boundary::pass(|| match PREV_PLANNER_HOOK {
                 Some(prev) => prev(parse, query_string, cursor_options, params),
-                None => crate::errors::raw::standard_planner(parse, query_string, cursor_options, params),
+                None => crate::pg::raw::standard_planner(parse, query_string, cursor_options, params),
             });
             if GUARDS_PLANNED.get() != planned_before {
                 super::tree::guard_merge_appends(stmt);

@@ -37,7 +37,9 @@ use super::guards::{self, Guards};
 use super::node::{self, ReadPath, StatementReport};
 use super::starting;
 use super::unguarded;
-use crate::errors::{self, raw};
+use crate::errors;
+use crate::pg::boundary;
+use crate::pg::raw;
 
 use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
@@ -144,7 +146,7 @@ pub fn init() {
 /// owner; only our memory is left to free.
 unsafe extern "C-unwind" fn forget_statement(arg: *mut std::ffi::c_void) {
     // SAFETY: no Postgres call inside; see errors.rs for the boundary.
-    unsafe { errors::rethrow_pending(|| drop(take_statement(arg as *mut QueryDesc))) }
+    unsafe { boundary::rethrow_pending(|| drop(take_statement(arg as *mut QueryDesc))) }
 }
 
 // The previous hooks, or the standard functions, as plain C calls: an
@@ -210,10 +212,10 @@ fn refuse_on_standby() {
 }
 
 /// ExecutorStart.  Statements with no guarded scan pass straight on.  No
-/// `#[pg_guard]`: [`errors::rethrow_pending`] catches every unwind.
+/// `#[pg_guard]`: [`boundary::rethrow_pending`] catches every unwind.
 unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
     // SAFETY: the executor's QueryDesc; see errors.rs for the boundary.
-    unsafe { errors::rethrow_pending(|| start_statement(qd, eflags)) }
+    unsafe { boundary::rethrow_pending(|| start_statement(qd, eflags)) }
 }
 
 /// # Safety
@@ -232,7 +234,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             Guards::of(stmt)
         };
         if guards.is_empty() {
-            errors::pass(|| prev_start(qd, eflags));
+            boundary::pass(|| prev_start(qd, eflags));
             return;
         }
         let params = (*qd).params;
@@ -383,7 +385,7 @@ impl Reads {
 unsafe fn start_executor(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> Vec<*mut pg_sys::CustomScanState> {
     let scope = starting::Scope::enter(qd, guards);
     // SAFETY: per contract; an ERROR unwinds the scope, which ends it.
-    unsafe { errors::pass(|| prev_start(qd, eflags)) };
+    unsafe { boundary::pass(|| prev_start(qd, eflags)) };
     scope.nodes()
 }
 
@@ -402,7 +404,7 @@ unsafe fn start_unguarded(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> b
         }
         let Some(plain) = unguarded::plan_without_guard((*qd).plannedstmt, guards) else { return false };
         (*qd).plannedstmt = plain;
-        errors::pass(|| prev_start(qd, eflags));
+        boundary::pass(|| prev_start(qd, eflags));
         true
     }
 }
@@ -497,12 +499,12 @@ unsafe fn executor_run_with(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type
     }
 }
 
-/// No `#[pg_guard]` either: [`errors::rethrow_pending`] catches every
+/// No `#[pg_guard]` either: [`boundary::rethrow_pending`] catches every
 /// unwind, and one guard frame less per level of recursion counts.
 #[inline(never)]
 unsafe fn guarded_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
     // SAFETY: a started statement of ours; see errors.rs for the boundary.
-    unsafe { errors::rethrow_pending(|| run_statement(qd, dir, count, once)) }
+    unsafe { boundary::rethrow_pending(|| run_statement(qd, dir, count, once)) }
 }
 
 /// Kept small: recursion through a guarded read passes through it at every
@@ -515,7 +517,7 @@ unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, co
     // stays valid while its hooks run.
     unsafe {
         let Some(st) = statement(qd) else {
-            return errors::pass(|| prev_run(qd, dir, count, once));
+            return boundary::pass(|| prev_run(qd, dir, count, once));
         };
         enum Step {
             Plain { swapped: bool },
@@ -549,7 +551,7 @@ unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, co
             Step::Second(q2) => {
                 (*q2).dest = (*qd).dest;
                 with_active((*(*q2).estate).es_snapshot, || {
-                    errors::pass(|| raw::standard_ExecutorRun(q2, dir, count, once))
+                    boundary::pass(|| raw::standard_ExecutorRun(q2, dir, count, once))
                 });
                 (*(*qd).estate).es_processed = (*(*q2).estate).es_processed;
             }
@@ -656,14 +658,14 @@ unsafe extern "C-unwind" fn executor_finish(qd: *mut QueryDesc) {
 unsafe extern "C-unwind" fn guarded_finish(qd: *mut QueryDesc) {
     // SAFETY: finishing a second executor we started, then chaining.
     unsafe {
-        errors::rethrow_pending(|| {
+        boundary::rethrow_pending(|| {
             if let Some(st) = statement(qd) {
                 if let RowSource::Second(q2) = (*st).source {
                     (*st).second_finished = true;
-                    errors::pass(|| raw::standard_ExecutorFinish(q2));
+                    boundary::pass(|| raw::standard_ExecutorFinish(q2));
                 }
             }
-            errors::pass(|| prev_finish(qd));
+            boundary::pass(|| prev_finish(qd));
         })
     }
 }
@@ -681,12 +683,12 @@ unsafe extern "C-unwind" fn executor_end(qd: *mut QueryDesc) {
     }
 }
 
-/// No `#[pg_guard]`: [`errors::rethrow_pending`] catches every unwind.
+/// No `#[pg_guard]`: [`boundary::rethrow_pending`] catches every unwind.
 #[inline(never)]
 unsafe extern "C-unwind" fn guarded_end(qd: *mut QueryDesc) {
     // SAFETY: ending what we started, then chaining.
     unsafe {
-        errors::rethrow_pending(|| {
+        boundary::rethrow_pending(|| {
             if let Some(mut st) = take_statement(qd) {
                 if let RowSource::Second(q2) = st.source {
                     end_second_executor(q2, st.second_finished);
@@ -695,7 +697,7 @@ unsafe extern "C-unwind" fn guarded_end(qd: *mut QueryDesc) {
                     b.release();
                 }
             }
-            errors::pass(|| prev_end(qd));
+            boundary::pass(|| prev_end(qd));
         })
     }
 }

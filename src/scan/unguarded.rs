@@ -30,7 +30,7 @@
 //! node, which behaves the same, only dearer.
 
 use super::guards::Guards;
-use crate::errors::raw;
+use crate::pg::raw;
 use crate::pg::{list_nth, node_tag};
 use pgrx::pg_sys::{self, Node, Plan, PlannedStmt};
 use std::cell::RefCell;

@@ -33,6 +33,7 @@
 use super::table;
 use crate::errors;
 use crate::guc;
+use crate::keys::KeyWriter;
 use pgkvx_latch::holdings::TOP_SUBXACT;
 use pgkvx_latch::{AcquireError, Holder, Holdings, Latched, Limits, RelId, Span, Stat, TxEnd, Xid};
 use pgrx::pg_sys;
@@ -255,8 +256,25 @@ fn release_subxact(sub: u32) {
         // The row trigger skips a key it latched last in this transaction;
         // that latch may just have gone, so the next write of the key must
         // latch it again.  An invalid xid matches no transaction.
-        crate::api::trigger::remember(Xid::INVALID, pg_sys::InvalidOid, crate::keys::KeyWriter::new());
+        LAST_LATCHED_KEY.with(|l| l.set(None));
     }
+}
+
+thread_local! {
+    /// The last key this backend latched: `next_key` latches a key and the
+    /// row trigger then sees the same key in the same transaction.
+    static LAST_LATCHED_KEY: Cell<Option<(Xid, pg_sys::Oid, KeyWriter)>> = const { Cell::new(None) };
+}
+
+/// Remembers a key just latched, so the row trigger that follows for the
+/// same key need not latch it again.
+pub fn remember_latched(xid: Xid, relid: pg_sys::Oid, key: KeyWriter) {
+    LAST_LATCHED_KEY.with(|l| l.set(Some((xid, relid, key))));
+}
+
+/// Whether `key` of `relid` is the key transaction `xid` latched last.
+pub fn latched_last(xid: Xid, relid: pg_sys::Oid, key: &KeyWriter) -> bool {
+    LAST_LATCHED_KEY.with(|l| l.get()).is_some_and(|(x, r, k)| x == xid && r == relid && k.bytes() == key.bytes())
 }
 
 /// Whether holdings were recorded (they must go with the transaction).
@@ -321,7 +339,7 @@ pub fn my_xid() -> Xid {
 /// The xid this transaction has, if any (no assignment).
 pub fn my_xid_if_any() -> Xid {
     // SAFETY: plain read, which cannot raise.
-    Xid(unsafe { crate::errors::raw::GetTopTransactionIdIfAny() }.into_inner())
+    Xid(unsafe { crate::pg::raw::GetTopTransactionIdIfAny() }.into_inner())
 }
 
 /// How far over `pgkvx.range_max_latches` a range may grow before writers

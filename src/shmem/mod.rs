@@ -63,7 +63,7 @@ impl LockSet for PgLocks {
         // SAFETY: a valid LWLock in shared memory, never held twice (Held
         // guards pair every acquire with a release), so it cannot raise:
         // called plainly, without a jump buffer, on every guarded read.
-        unsafe { crate::errors::raw::LWLockAcquire(self.get(id), lw_mode(mode)) };
+        unsafe { crate::pg::raw::LWLockAcquire(self.get(id), lw_mode(mode)) };
     }
     fn try_acquire(&self, id: LockId, mode: Mode) -> bool {
         // SAFETY: as above.
@@ -71,7 +71,7 @@ impl LockSet for PgLocks {
     }
     fn release(&self, id: LockId) {
         // SAFETY: we hold it (Held guards pair every acquire with a release).
-        unsafe { crate::errors::raw::LWLockRelease(self.get(id)) };
+        unsafe { crate::pg::raw::LWLockRelease(self.get(id)) };
     }
 }
 

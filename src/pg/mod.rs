@@ -82,44 +82,15 @@ pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
 /// type Postgres calls (pgrx's bindings take an argument-less one).  PG16
 /// made the plain names macros over `*_impl` functions with typed callbacks.
 /// Call them only through `pg_sys::ffi::pg_guard_ffi_boundary`.
+pub mod boundary;
+pub mod memcx;
+pub mod raw;
+
 pub mod walk {
     use pgrx::pg_sys::{self, Node};
     use std::ffi::c_void;
 
-    unsafe extern "C-unwind" {
-        #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_walker_impl")]
-        pub fn query_tree_walker(
-            query: *mut pg_sys::Query,
-            walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> bool>,
-            context: *mut c_void,
-            flags: i32,
-        ) -> bool;
-        #[cfg_attr(
-            any(feature = "pg16", feature = "pg17", feature = "pg18"),
-            link_name = "expression_tree_walker_impl"
-        )]
-        pub fn expression_tree_walker(
-            node: *mut Node,
-            walker: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> bool>,
-            context: *mut c_void,
-        ) -> bool;
-        #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_mutator_impl")]
-        pub fn query_tree_mutator(
-            query: *mut pg_sys::Query,
-            mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
-            context: *mut c_void,
-            flags: i32,
-        ) -> *mut pg_sys::Query;
-        #[cfg_attr(
-            any(feature = "pg16", feature = "pg17", feature = "pg18"),
-            link_name = "expression_tree_mutator_impl"
-        )]
-        pub fn expression_tree_mutator(
-            node: *mut Node,
-            mutator: Option<unsafe extern "C-unwind" fn(*mut Node, *mut c_void) -> *mut Node>,
-            context: *mut c_void,
-        ) -> *mut Node;
-    }
+    pub use super::raw::{expression_tree_mutator, expression_tree_walker, query_tree_mutator, query_tree_walker};
 
     /// Whether `visit` answers true for some node of expression `node`,
     /// walked with [`expression_tree_walker`]: `visit` returns the answer
@@ -222,7 +193,7 @@ pub fn row_compare_lower_bound(rc: &pg_sys::RowCompareExpr) -> Option<bool> {
 pub fn in_live_transaction() -> bool {
     // SAFETY: reads backend-local transaction state; callable at any time,
     // cannot raise.
-    unsafe { crate::errors::raw::IsTransactionState() }
+    unsafe { crate::pg::raw::IsTransactionState() }
 }
 
 /// A Rust string from a catalog C string, or `None` for NULL.
