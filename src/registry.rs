@@ -16,7 +16,10 @@
 
 use crate::errors;
 use crate::keys::KeyDesc;
+use crate::pg::acl::{self, Visibility};
 use crate::pg::{quote_literal, regclass_text, rel_name, OpenRel};
+use crate::shmem::backend;
+use pgkvx_latch::RelId;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -48,6 +51,13 @@ pub struct Latched {
     /// latch trigger does not fire for every write, or it is a logical
     /// replication target.
     pub exposure: Option<String>,
+}
+
+impl Latched {
+    /// The latch identity its writers latch and wake under ([`latch_id`]).
+    pub fn latch_id(&self) -> RelId {
+        backend::rel_id(self.root)
+    }
 }
 
 /// A cached answer and the partition ancestors it was derived from: an
@@ -141,8 +151,8 @@ pub fn lookup_nowait(relid: Oid) -> Option<Option<Rc<Latched>>> {
     found
 }
 
-/// [`latch_identity`] from the catalogs alone, taking no lock on the table
-/// (for monitoring): its topmost registered ancestor, else itself.
+/// The table whose latches `relid`'s are, from the catalogs alone, taking
+/// no lock on the table: its topmost registered ancestor, else itself.
 pub fn latch_root_unlocked(relid: Oid) -> Oid {
     partitions::ancestors(relid).into_iter().rev().find(|&a| registration(a).is_some()).unwrap_or(relid)
 }
@@ -157,10 +167,32 @@ pub fn require_root_unlocked(relid: Oid) -> Oid {
     root
 }
 
-/// The latch identity of `relid`: its latched ancestor for a partition of
-/// a latched partitioned table, else itself.
-pub fn latch_identity(relid: Oid) -> Oid {
-    lookup(relid).map_or(relid, |l| l.root)
+/// The latch identity of `relid` -- the id its writers latch and wake
+/// under: its latched ancestor's for a partition of a latched partitioned
+/// table, else its own (also for a table that is not latched).
+pub fn latch_id(relid: Oid) -> RelId {
+    lookup(relid).map_or_else(|| backend::rel_id(relid), |l| l.latch_id())
+}
+
+/// [`latch_id`] from the catalogs alone, taking no lock on the table (for
+/// monitoring), of a table that must be latched (itself or through a
+/// parent): raises [`not_latched`] otherwise.
+pub fn latch_id_unlocked(relid: Oid) -> RelId {
+    backend::rel_id(require_root_unlocked(relid))
+}
+
+/// What the current user may see of a table's latches.  Privileges first,
+/// from the catalog alone: a table the caller may not see is never looked
+/// up, and no lookup waits for a table lock.
+pub fn visibility(relid: Oid) -> Visibility {
+    let v = acl::may_see(relid, &[]);
+    if !v.latches || v.keys {
+        return v;
+    }
+    // Column privileges on the key: the key's columns, if known now.
+    let attnums: Vec<i16> =
+        lookup_nowait(relid).flatten().map(|l| l.key.cols.iter().map(|c| c.attnum).collect()).unwrap_or_default();
+    acl::may_see(relid, &attnums)
 }
 
 /// Like [`lookup`] but raises a clear error for a table that is not latched.

@@ -16,21 +16,6 @@ use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::ffi::CStr;
 
-/// Only the table's owner may change how its writes behave.
-fn require_owner(relid: Oid) {
-    // SAFETY: catalog checks; aclcheck_error raises the standard 42501 error.
-    unsafe {
-        if !crate::pg::owns_relation(relid, pg_sys::GetUserId()) {
-            let kind = pg_sys::get_rel_relkind(relid);
-            pg_sys::aclcheck_error(
-                pg_sys::AclResult::ACLCHECK_NOT_OWNER,
-                pg_sys::get_relkind_objtype(kind),
-                pg_sys::get_rel_name(relid),
-            );
-        }
-    }
-}
-
 fn run_ddl(sql: &str) {
     with_pinned_settings(|| Spi::run(sql)).unwrap_or_else(|e| panic!("{e}"));
 }
@@ -57,7 +42,7 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
     let rel = args::required(rel, "rel");
     let gapless = args::required_value(gapless, "gapless");
     let index = index.map(|i| i.0);
-    require_owner(rel);
+    crate::pg::acl::require_owner(rel);
     // SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes) up front, so writers
     // in flight finish before latching starts and none slips through.  The
     // lock lasts to the end of the transaction; the relation itself is
@@ -202,7 +187,7 @@ pub fn restore_sequence_default(rel: Oid) {
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn disable(rel: Option<Regclass>) {
     let rel = args::required(rel, "rel");
-    require_owner(rel);
+    crate::pg::acl::require_owner(rel);
     // No reader may be validating and no writer latching while we go.
     // SAFETY: standard lock acquisition, held to the end of the transaction.
     unsafe { pg_sys::LockRelationOid(rel, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE) };

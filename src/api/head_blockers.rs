@@ -21,15 +21,16 @@
 //! Visibility follows `pgkvx.latches`: a table's blockers are shown to
 //! roles that may SELECT it (or have pg_monitor); spans and row counts --
 //! table data -- only to roles that may read every row of the key
-//! (`read::admit::may_see`).  A cursor is a key: passing one needs that
+//! (`pg::acl::may_see`).  A cursor is a key: passing one needs that
 //! too.  The holder's backend state comes from `pg_stat_activity`, with
 //! its rules (other roles' sessions need pg_read_all_stats, which
 //! pg_monitor has).
 
-use super::wait_for::{parse_after, scan_keys, After};
+use super::cursor::{parse_after, scan_fresh, scan_keys, After};
 use crate::args::Regclass;
 use crate::errors;
 use crate::keys::KeyDesc;
+use crate::pg::acl::Visibility;
 use crate::pg::{rel_name, OpenRel};
 use crate::registry::{self, Latched};
 use crate::shmem::{backend, table};
@@ -154,27 +155,18 @@ fn rows_behind(
         None => scan_keys(key, &index, after, false, false),
     };
     let mut read = 0u64;
-    // SAFETY: a fresh MVCC snapshot registered for the scan and released
-    // after it; relation and index open and locked; the scan keys (and the
-    // row members they point to) outlive the scan; the slot belongs to the
-    // relation and is dropped before the scan ends.
-    unsafe {
-        let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = crate::pg::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
-        let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
-        while read < *budget && pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+    if *budget > 0 {
+        scan_fresh(&heap, &index, &mut keys, pg_sys::ScanDirection::ForwardScanDirection, |slot| {
             read += 1;
-            let k = key.encode_slot(slot);
+            // SAFETY: the scan's slot holds a row of the keyed table.
+            let k = unsafe { key.encode_slot(slot) };
             // The blockers whose first key is at or before this row's.
             let n = starts.partition_point(|s| s.as_bytes() <= k.bytes());
             if n > 0 {
                 segments[n - 1] += 1;
             }
-        }
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::index_endscan(scan);
-        pg_sys::UnregisterSnapshot(snap);
+            read < *budget
+        });
     }
     let capped = read == *budget;
     *budget -= read;
@@ -183,11 +175,6 @@ fn rows_behind(
         segments[i] += segments[i + 1];
     }
     Some((segments, capped))
-}
-
-fn timestamptz(us: i64) -> Option<TimestampWithTimeZone> {
-    // SAFETY: TimestampTz is a plain i64.
-    unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false) }
 }
 
 type Row = (Oid, i32, i32, i64, Option<String>, i32, Option<TimestampWithTimeZone>, Option<i64>, Option<bool>);
@@ -228,7 +215,7 @@ fn table_rows(
             pgrx::xid_to_64bit(b.xid.into()) as i64,
             latched.filter(|_| keys_visible).map(|l| l.key.format_span(&b.span)),
             b.latches,
-            timestamptz(b.since_us),
+            crate::pg::timestamptz(b.since_us),
             n,
             capped,
         ));
@@ -263,7 +250,7 @@ fn head_blocker_list(
             let relid = rel.0;
             // Privileges first, from the catalog: nothing of a table the
             // caller may not see is looked up.
-            let (row, keys) = super::views::may_see(relid);
+            let Visibility { latches: row, keys } = registry::visibility(relid);
             if !row {
                 errors::raise(
                     PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -271,7 +258,7 @@ fn head_blocker_list(
                 );
             }
             // A partition's latches are its latched parent's.
-            let root = registry::require_root_unlocked(relid);
+            let latch_id = registry::latch_id_unlocked(relid);
             let latched = registry::lookup_nowait(relid).flatten();
             if after.is_some() && latched.is_none() {
                 errors::raise(
@@ -289,7 +276,7 @@ fn head_blocker_list(
             let after = latched.as_ref().and_then(|l| after.map(|t| parse_after(&l.key, t)));
             let region = past(after.as_ref());
             let mut latches = Vec::new();
-            table().for_each_latch_of(backend::rel_id(root), &region, &mut |l| {
+            table().for_each_latch_of(latch_id, &region, &mut |l| {
                 if l.state == State::Live {
                     latches.push(*l);
                 }
@@ -312,7 +299,7 @@ fn head_blocker_list(
             });
             for (rel, latches) in by_rel {
                 let relid = Oid::from(RelId(rel).rel());
-                let (row, keys) = super::views::may_see(relid);
+                let Visibility { latches: row, keys } = registry::visibility(relid);
                 if row {
                     let latched = registry::lookup_nowait(relid).flatten();
                     table_rows(relid, latched.as_deref(), &latches, None, keys, &mut rows);

@@ -11,6 +11,7 @@
 
 use crate::args::Regclass;
 use crate::errors;
+use crate::pg::acl;
 use crate::pg::rel_name;
 use crate::registry;
 use crate::shmem::backend;
@@ -31,16 +32,7 @@ fn latch_span(rel: Option<Regclass>, lo: Option<&str>, hi: Option<&str>) {
     }
     // A span latch makes readers wait: it takes the privileges LOCK TABLE
     // asks for a mode that blocks readers (owners and superusers have all).
-    // SAFETY: catalog ACL check.
-    let ok = unsafe {
-        pg_sys::pg_class_aclmask(
-            relid,
-            pg_sys::GetUserId(),
-            (pg_sys::ACL_UPDATE | pg_sys::ACL_DELETE | pg_sys::ACL_TRUNCATE) as pg_sys::AclMode,
-            pg_sys::AclMaskHow::ACLMASK_ANY,
-        ) != 0
-    };
-    if !ok {
+    if !acl::may_any(relid, pg_sys::ACL_UPDATE | pg_sys::ACL_DELETE | pg_sys::ACL_TRUNCATE) {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!(
@@ -53,9 +45,7 @@ fn latch_span(rel: Option<Regclass>, lo: Option<&str>, hi: Option<&str>) {
     // Row-level security limits which rows the caller may write; a span
     // reaches rows of other users.  (Raises 42501 itself when row_security
     // is off and a policy would apply.)
-    // SAFETY: a catalog lookup for the current user.
-    let rls = unsafe { pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) };
-    if rls == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32 {
+    if acl::rls_applies(relid) {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("pgkvx.latch_span() is refused on table \"{}\": row-level security applies to it", rel_name(relid)),

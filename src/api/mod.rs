@@ -1,6 +1,7 @@
 //! The SQL surface: `enable`/`disable`, the latch triggers, `latch_span`,
 //! `next_key`, the views, `stats()` and `check()`.
 
+pub mod cursor;
 pub mod enable;
 pub mod head_blockers;
 

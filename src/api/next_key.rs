@@ -21,6 +21,7 @@ use crate::args::Regclass;
 use crate::errors;
 use crate::gapless::sequence::{self, check_sequence_cache};
 use crate::keys::KeyWriter;
+use crate::pg::acl;
 use crate::pg::{rel_name, OpenRel};
 use crate::registry;
 use crate::shmem::drawn;
@@ -29,35 +30,10 @@ use pgkvx_latch::{Span, Stat};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 
-fn has_table_privilege(relid: Oid, mode: u32) -> bool {
-    // SAFETY: a catalog ACL check for the current user.
-    unsafe {
-        pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), mode as pg_sys::AclMode) == pg_sys::AclResult::ACLCHECK_OK
-    }
-}
-
-/// Whether the current user has any of the privileges in `mode`, on the
-/// table or on any of its columns: a role granted INSERT on some columns
-/// inserts rows whose key its default draws, as in PostgreSQL, which asks
-/// no privilege on a column left to its default.
-fn has_any_table_privilege(relid: Oid, mode: u32) -> bool {
-    // SAFETY: catalog ACL checks for the current user.
-    unsafe {
-        pg_sys::pg_class_aclmask(relid, pg_sys::GetUserId(), mode as pg_sys::AclMode, pg_sys::AclMaskHow::ACLMASK_ANY)
-            != 0
-            || pg_sys::pg_attribute_aclcheck_all(
-                relid,
-                pg_sys::GetUserId(),
-                mode as pg_sys::AclMode,
-                pg_sys::AclMaskHow::ACLMASK_ANY,
-            ) == pg_sys::AclResult::ACLCHECK_OK
-    }
-}
-
 /// Raises 42501 unless the current user may write a key into `relid`
 /// (INSERT a row, or UPDATE one's key).
 fn require_write_privilege(relid: Oid) {
-    if !has_any_table_privilege(relid, pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE) {
+    if !acl::may_any_column(relid, pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!(
@@ -104,7 +80,7 @@ fn next_key(rel: Regclass) -> i64 {
     check_sequence_cache(seq);
     // An identity sequence is the table's own: writing the table is the
     // right to draw from it, as for Postgres's own identity default.
-    if !identity && !has_table_privilege(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
+    if !identity && !acl::may(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("permission denied for sequence {}", rel_name(seq)),

@@ -50,7 +50,7 @@ fn enable_partitions(rel: Regclass) {
         tables.extend(crate::registry::partitions::members(t));
     }
     // SAFETY: an ownership probe of an existing relation.
-    tables.retain(|&t| latched_tree(t) && unsafe { crate::pg::owns_relation(t, pg_sys::GetUserId()) });
+    tables.retain(|&t| latched_tree(t) && crate::pg::acl::is_owner(t));
     tables.dedup();
     REPAIRING.with(|r| r.set(true));
     pgrx::PgTryBuilder::new(|| super::enable::enable_new_members(&tables))
@@ -142,11 +142,11 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
         }
         // Resolved without a lock, as the ALTER itself will resolve it.
         let Some(relid) = crate::pg::relation_named(stmt.relation) else { return pg_sys::Datum::from(0) };
-        let root = crate::registry::latch_identity(relid);
+        let root = crate::registry::lookup(relid).map_or(relid, |l| l.root);
         let latched = crate::registry::registration(root).is_some();
         // Only for the table's owner (whom the ALTER requires): no one
         // else may make a latched table wait by trying.
-        if latched && crate::pg::owns_relation(relid, pg_sys::GetUserId()) {
+        if latched && crate::pg::acl::is_owner(relid) {
             pg_sys::LockRelationOid(root, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE);
             if crate::registry::registration(root).is_some_and(|r| r.gapless) {
                 for c in crate::pg::list_iter::<pg_sys::AlterTableCmd>(stmt.cmds) {
@@ -183,7 +183,7 @@ unsafe fn refuse_attaching_rows(root: Oid, rv: *mut pg_sys::RangeVar) {
     // caller does not own (its rows) may show in our answer.  PostgreSQL's
     // own check then refuses with 42501.
     // SAFETY: a catalog ownership check.
-    if !unsafe { crate::pg::owns_relation(part, pg_sys::GetUserId()) } {
+    if !crate::pg::acl::is_owner(part) {
         return;
     }
     let mut leaves = crate::registry::partitions::members(part);

@@ -6,29 +6,18 @@
 //! the table and no row level security applying to them (its owner,
 //! BYPASSRLS, or a table without policies); otherwise they are NULL.
 
+use crate::args::Regclass;
+use crate::errors;
+use crate::pg::acl::Visibility;
+use crate::pg::rel_name;
 use crate::registry;
+use crate::shmem::wakeups;
 use crate::shmem::{backend, table};
 use pgkvx_latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
 use pgkvx_latch::{LatchInfo, RangeInfo, RelId, Span, Stat, State};
-use pgrx::pg_sys::{self, Oid};
+use pgrx::pg_sys::Oid;
 use pgrx::prelude::*;
 use std::collections::HashMap;
-
-/// What the caller may see of a table's latches: (the latches, their keys).
-/// Privileges first, from the catalog alone: a table the caller may not
-/// see is never looked up, and no lookup waits for a table lock.
-pub fn may_see(relid: Oid) -> (bool, bool) {
-    let (row, keys) = crate::read::admit::may_see(relid, &[]);
-    if !row || keys {
-        return (row, keys);
-    }
-    // Column privileges on the key: the key's columns, if known now.
-    let attnums: Vec<i16> = registry::lookup_nowait(relid)
-        .flatten()
-        .map(|l| l.key.cols.iter().map(|c| c.attnum).collect())
-        .unwrap_or_default();
-    crate::read::admit::may_see(relid, &attnums)
-}
 
 /// Formats spans with each table's key, caching one lookup per table; a
 /// table locked by someone else (DDL) shows its keys encoded.
@@ -59,12 +48,12 @@ impl SpanFormatter {
 
 /// The table of `rel` if its latches are shown here, and whether its keys
 /// are.
-fn visible_here(rel: RelId, cache: &mut HashMap<Oid, (bool, bool)>) -> Option<(Oid, bool)> {
+fn visible_here(rel: RelId, cache: &mut HashMap<Oid, Visibility>) -> Option<(Oid, bool)> {
     let relid = Oid::from(rel.rel());
     if rel.db() != backend::my_db() {
         return None;
     }
-    let (row, keys) = *cache.entry(relid).or_insert_with(|| may_see(relid));
+    let Visibility { latches: row, keys } = *cache.entry(relid).or_insert_with(|| registry::visibility(relid));
     row.then_some((relid, keys))
 }
 
@@ -99,9 +88,7 @@ fn latch_list(
         .filter_map(|l| {
             let (relid, keys) = visible_here(l.rel, &mut seen)?;
             let state = if l.state == State::Live { "live" } else { "tombstone" };
-            // SAFETY: TimestampTz is a plain i64.
-            let at =
-                unsafe { pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(l.acquired_at), false) }?;
+            let at = crate::pg::timestamptz(l.acquired_at)?;
             Some((
                 relid,
                 keys.then(|| fmt.span(relid, &l.span)),
@@ -186,8 +173,48 @@ fn stats() -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
         ("tables_used".to_string(), i64::from(u.tables_used)),
         ("tables_max".to_string(), i64::from(u.tables_max)),
     ]);
-    rows.extend(super::wait_for::stat_rows());
+    rows.extend(stat_rows());
     TableIterator::new(rows)
+}
+
+/// `pgkvx.stats(rel)`: one table's waits since the server started -- reads
+/// that waited for its writers and `wait_for` calls on it -- as the same
+/// (stat, value) rows `pgkvx.stats()` gives for the whole cluster.  Needs
+/// what `pgkvx.waiters` needs: SELECT on the table, or pg_monitor.
+#[pg_extern(volatile, parallel_safe, schema = "pgkvx", name = "stats")]
+fn table_stats(rel: Option<Regclass>) -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
+    let relid = crate::args::required(rel, "rel");
+    if !registry::visibility(relid).latches {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("permission denied for table {}", rel_name(relid)),
+        );
+    }
+    // Waits are counted under the latch identity: a partition's parent.
+    let (s, waiting) = wakeups::table_stats(registry::latch_id_unlocked(relid));
+    TableIterator::new(wait_rows(&s, waiting))
+}
+
+/// The rows of `pgkvx.stats()` (all tables) and `pgkvx.stats(rel)`.
+pub fn wait_rows(t: &wakeups::WaitStats, waiting: u32) -> Vec<(String, i64)> {
+    vec![
+        ("read_waits".to_string(), t.read_waits as i64),
+        ("read_wait_micros".to_string(), t.read_wait_us as i64),
+        ("wait_for_calls".to_string(), t.calls as i64),
+        ("wait_for_immediate".to_string(), t.immediate as i64),
+        ("wait_for_woken".to_string(), t.woken as i64),
+        ("wait_for_timeouts".to_string(), t.timeouts as i64),
+        ("wait_for_micros".to_string(), t.wait_us as i64),
+        ("wait_for_broadcasts".to_string(), t.broadcasts as i64),
+        ("wait_for_spurious_wakeups".to_string(), t.spurious as i64),
+        ("wait_for_waiting".to_string(), i64::from(waiting)),
+    ]
+}
+
+/// Global rows for `pgkvx.stats()`.
+fn stat_rows() -> Vec<(String, i64)> {
+    let (t, waiting) = wakeups::totals();
+    wait_rows(&t, waiting)
 }
 
 extension_sql!(

@@ -29,10 +29,11 @@
 //! a large object's, an exported one) may still be read after the call
 //! returns, so it is kept (backend_xmin stays set while waiting).
 
+use super::cursor::{self, After};
 use crate::args::Regclass;
 use crate::errors;
 use crate::guc::{self, ScanMode};
-use crate::keys::KeyDesc;
+use crate::pg::acl;
 use crate::pg::{rel_name, OpenRel};
 use crate::registry;
 use crate::shmem::backend;
@@ -40,29 +41,6 @@ use crate::shmem::wakeups::{self, Outcome, Pass, Waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
-
-/// btree support function 1, the three-way comparison (access/nbtree.h).
-const BTORDER_PROC: i16 = 1;
-
-/// The cursor: a key (or a prefix of the leading key columns), as text
-/// fields and as its encoding.
-pub(super) struct After {
-    pub(super) fields: Vec<String>,
-    pub(super) bytes: Vec<u8>,
-    pub(super) truncated: bool,
-}
-
-pub(super) fn parse_after(key: &KeyDesc, text: &str) -> After {
-    let (w, n) = key.parse_bound(text, "after");
-    let fields = if key.cols.len() == 1 {
-        vec![text.to_string()]
-    } else {
-        // parse_bound accepted it, so it is a row literal of n non-NULL fields.
-        crate::keys::datum::parse_row_literal(text).unwrap_or_default().into_iter().flatten().collect()
-    };
-    debug_assert_eq!(fields.len(), n);
-    After { fields, bytes: w.bytes().to_vec(), truncated: w.truncated() }
-}
 
 #[pg_extern(volatile, parallel_unsafe, schema = "pgkvx")]
 fn wait_for(
@@ -95,24 +73,16 @@ fn wait_for(
             "With scan_mode off the read after the wait can skip rows committed late; SET pgkvx.scan_mode = optimistic (or fenced).",
         );
     }
-    // SAFETY: catalog ACL check for the current user.
-    let may_select = unsafe {
-        pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
-            == pg_sys::AclResult::ACLCHECK_OK
-    };
-    if !may_select {
+    if !acl::may(relid, pg_sys::ACL_SELECT) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("permission denied for table {}", rel_name(relid)),
         );
     }
     let latched = registry::require(relid);
-    // SAFETY: catalog lookup; with row_security off Postgres raises its
-    // own 42501 here, as for a query.
-    let rls = unsafe {
-        pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, false) == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
-    };
-    if rls {
+    // With row_security off Postgres raises its own 42501 here, as for a
+    // query.
+    if acl::rls_applies(relid) {
         // The look past the cursor reads the index without policies: it
         // would answer for rows the caller may not see, and a consumer that
         // cannot see them would be woken to nothing, again and again.
@@ -155,7 +125,7 @@ fn wait_for(
     let cursor = after.or(before);
     // Checked now; parsed again at every look, with the key as it is then.
     if let Some(t) = cursor {
-        parse_after(&latched.key, t);
+        cursor::parse_after(&latched.key, t);
     }
     // SAFETY: a function call's FunctionCallInfo has its FmgrInfo.
     let fn_oid = unsafe {
@@ -229,12 +199,12 @@ fn wait(relid: Oid, cursor: Option<&str>, backward: bool, timeout_us: Option<i64
         None => Pass::Any,
         Some(t) => {
             let latched = registry::require(relid);
-            let a = parse_after(&latched.key, t);
+            let a = cursor::parse_after(&latched.key, t);
             Pass::of_cursor(&a.bytes, a.truncated, backward)
         }
     };
     // Writers of a partition are noted under its latched parent.
-    let waiting = Waiting::register(backend::rel_id(registry::latch_identity(relid)), pass);
+    let waiting = Waiting::register(registry::latch_id(relid), pass);
     let mut spurious = 0u64;
     let mut slept = false;
     let mut woken = false;
@@ -372,7 +342,7 @@ fn look(relid: Oid, cursor: Option<&str>, backward: bool) -> bool {
         )
     };
     let latched = registry::require(relid);
-    let after = cursor.map(|t| parse_after(&latched.key, t));
+    let after = cursor.map(|t| cursor::parse_after(&latched.key, t));
     drop(latched);
     committed_past(heap, after.as_ref(), backward)
 }
@@ -402,147 +372,41 @@ fn committed_past(heap: OpenRel, after: Option<&After>, backward: bool) -> bool 
         return true;
     }
     let index = OpenRel::open(key.index, pg_sys::AccessShareLock);
-    let (mut keys, _subkeys, exact) = scan_keys(key, &index, after, false, backward);
+    let (mut keys, _subkeys, exact) = cursor::scan_keys(key, &index, after, false, backward);
     // Backward from the cursor: the first row is the nearest before it.
     let direction = if backward {
         pg_sys::ScanDirection::BackwardScanDirection
     } else {
         pg_sys::ScanDirection::ForwardScanDirection
     };
-    // SAFETY: a fresh MVCC snapshot, registered for the probe and released
-    // after it; relation and index are open and locked; the keys (and the
-    // row members they point to) outlive the scan; the slot belongs to the
-    // relation and is dropped with the scan.
-    unsafe {
-        let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = crate::pg::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
-        let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
-        let mut found = false;
-        while pg_sys::index_getnext_slot(scan, direction, slot) {
-            let Some(a) = after else {
-                found = true;
-                break;
-            };
-            if exact {
-                found = true;
-                break;
-            }
-            let k = key.encode_slot(slot);
-            let (kb, ab) = (k.bytes(), a.bytes.as_slice());
-            // A key that starts with the cursor's encoding is the cursor
-            // itself or, for a prefix cursor `(3)`, one of the keys it
-            // stands for; a truncated key that ties with it cannot be
-            // ordered (the next one can).
-            let tie = kb.starts_with(ab) || ((k.truncated() || a.truncated) && ab.starts_with(kb));
-            if (if backward { kb < ab } else { kb > ab }) && !tie {
-                found = true;
-                break;
-            }
+    let mut found = false;
+    cursor::scan_fresh(&heap, &index, &mut keys, direction, |slot| {
+        let Some(a) = after else {
+            found = true;
+            return false;
+        };
+        if exact {
+            found = true;
+            return false;
         }
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::index_endscan(scan);
-        pg_sys::UnregisterSnapshot(snap);
-        found
-    }
-}
-
-/// Scan keys for "past `after`" in key order: a row comparison over the
-/// leading cursor columns that share the first column's direction, strict
-/// when that is all of them (`exact`: every row the scan returns is past
-/// the cursor), inclusive otherwise (rows are then checked by their
-/// encoding).  `inclusive` asks for the inclusive form always ("from
-/// `after` on"); `before` mirrors it all ("before `after`").  The row
-/// members are returned too: the header points at them.
-pub(super) fn scan_keys(
-    key: &KeyDesc,
-    index: &OpenRel,
-    after: Option<&After>,
-    inclusive: bool,
-    before: bool,
-) -> (Vec<pg_sys::ScanKeyData>, Box<[pg_sys::ScanKeyData]>, bool) {
-    let Some(a) = after else { return (Vec::new(), Box::new([]), true) };
-    let m = a.fields.len();
-    let desc = key.cols[0].desc;
-    let k = key.cols[..m].iter().take_while(|c| c.desc == desc).count();
-    let exact = k == m && !a.truncated && !inclusive;
-    let strategy = match (desc != before, exact) {
-        (false, true) => pg_sys::BTGreaterStrategyNumber,
-        (false, false) => pg_sys::BTGreaterEqualStrategyNumber,
-        (true, true) => pg_sys::BTLessStrategyNumber,
-        (true, false) => pg_sys::BTLessEqualStrategyNumber,
-    } as u16;
-    let r = index.get();
-    let mut members: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(k);
-    for i in 0..k {
-        let c = &key.cols[i];
-        let value = crate::pg::input_datum(c.typid, -1, &a.fields[i]);
-        // SAFETY: the index's per-column arrays have one entry per key
-        // column; catalog lookups; ScanKeyEntryInitialize only fills the
-        // struct.
-        unsafe {
-            let opfamily = *r.rd_opfamily.add(i);
-            let opcintype = *r.rd_opcintype.add(i);
-            let collation = *r.rd_indcollation.add(i);
-            let proc = if k == 1 {
-                let op = pg_sys::get_opfamily_member(opfamily, opcintype, opcintype, strategy as i16);
-                pg_sys::get_opcode(op)
-            } else {
-                pg_sys::get_opfamily_proc(opfamily, opcintype, opcintype, BTORDER_PROC)
-            };
-            if proc == pg_sys::InvalidOid {
-                errors::raise(
-                    PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
-                    format!("the key index of \"{}\" has no comparison for its own type", key.relname),
-                );
-            }
-            let mut sk = pg_sys::ScanKeyData::default();
-            let flags =
-                if k == 1 { 0 } else { pg_sys::SK_ROW_MEMBER | if i + 1 == k { pg_sys::SK_ROW_END } else { 0 } };
-            pg_sys::ScanKeyEntryInitialize(
-                &mut sk,
-                flags as i32,
-                (i + 1) as pg_sys::AttrNumber,
-                strategy,
-                opcintype,
-                collation,
-                proc,
-                value,
-            );
-            members.push(sk);
-        }
-    }
-    if k == 1 {
-        return (members, Box::new([]), exact);
-    }
-    let members = members.into_boxed_slice();
-    let mut header = pg_sys::ScanKeyData::default();
-    // SAFETY: fills the struct; the members live as long as the header
-    // (returned together).
-    unsafe {
-        pg_sys::ScanKeyEntryInitialize(
-            &mut header,
-            pg_sys::SK_ROW_HEADER as i32,
-            1,
-            strategy,
-            pg_sys::InvalidOid,
-            pg_sys::InvalidOid,
-            pg_sys::InvalidOid,
-            pg_sys::Datum::from(members.as_ptr()),
-        );
-    }
-    (vec![header], members, exact)
+        // SAFETY: the scan's slot holds a row of the keyed table.
+        let k = unsafe { key.encode_slot(slot) };
+        let (kb, ab) = (k.bytes(), a.bytes.as_slice());
+        // A key that starts with the cursor's encoding is the cursor
+        // itself or, for a prefix cursor `(3)`, one of the keys it
+        // stands for; a truncated key that ties with it cannot be
+        // ordered (the next one can).
+        let tie = kb.starts_with(ab) || ((k.truncated() || a.truncated) && ab.starts_with(kb));
+        found = (if backward { kb < ab } else { kb > ab }) && !tie;
+        !found
+    });
+    found
 }
 
 /// Whether the caller may see that `relid` is waited on (from the catalog
 /// alone: it never waits for a table lock).
 pub(super) fn visible(relid: Oid) -> bool {
-    super::views::may_see(relid).0
-}
-
-fn timestamptz(us: i64) -> Option<TimestampWithTimeZone> {
-    // SAFETY: TimestampTz is a plain i64.
-    unsafe { TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false) }
+    registry::visibility(relid).latches
 }
 
 /// Per-table wait statistics since the server started, for tables of this
@@ -594,41 +458,6 @@ fn wait_stats() -> TableIterator<
     }))
 }
 
-/// `pgkvx.stats(rel)`: one table's waits since the server started -- reads
-/// that waited for its writers and `wait_for` calls on it -- as the same
-/// (stat, value) rows `pgkvx.stats()` gives for the whole cluster.  Needs
-/// what `pgkvx.waiters` needs: SELECT on the table, or pg_monitor.
-#[pg_extern(volatile, parallel_safe, schema = "pgkvx", name = "stats")]
-fn table_stats(rel: Option<Regclass>) -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
-    let relid = crate::args::required(rel, "rel");
-    if !visible(relid) {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            format!("permission denied for table {}", rel_name(relid)),
-        );
-    }
-    // Waits are counted under the latch identity: a partition's parent.
-    let root = registry::require_root_unlocked(relid);
-    let (s, waiting) = wakeups::table_stats(backend::rel_id(root));
-    TableIterator::new(wait_rows(&s, waiting))
-}
-
-/// The rows of `pgkvx.stats()` (all tables) and `pgkvx.stats(rel)`.
-fn wait_rows(t: &wakeups::WaitStats, waiting: u32) -> Vec<(String, i64)> {
-    vec![
-        ("read_waits".to_string(), t.read_waits as i64),
-        ("read_wait_micros".to_string(), t.read_wait_us as i64),
-        ("wait_for_calls".to_string(), t.calls as i64),
-        ("wait_for_immediate".to_string(), t.immediate as i64),
-        ("wait_for_woken".to_string(), t.woken as i64),
-        ("wait_for_timeouts".to_string(), t.timeouts as i64),
-        ("wait_for_micros".to_string(), t.wait_us as i64),
-        ("wait_for_broadcasts".to_string(), t.broadcasts as i64),
-        ("wait_for_spurious_wakeups".to_string(), t.spurious as i64),
-        ("wait_for_waiting".to_string(), i64::from(waiting)),
-    ]
-}
-
 /// Sessions waiting in `pgkvx.wait_for` now, on tables of this database the
 /// caller may see.
 #[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
@@ -641,15 +470,9 @@ fn wait_list() -> TableIterator<
     let rows: Vec<_> = wakeups::waiters()
         .into_iter()
         .filter(|w| w.rel.db() == db && visible(Oid::from(w.rel.rel())))
-        .map(|w| (w.pid, Oid::from(w.rel.rel()), timestamptz(w.since_us), w.wakeups as i32))
+        .map(|w| (w.pid, Oid::from(w.rel.rel()), crate::pg::timestamptz(w.since_us), w.wakeups as i32))
         .collect();
     TableIterator::new(rows)
-}
-
-/// Global rows for `pgkvx.stats()`.
-pub fn stat_rows() -> Vec<(String, i64)> {
-    let (t, waiting) = wakeups::totals();
-    wait_rows(&t, waiting)
 }
 
 extension_sql!(

@@ -135,7 +135,7 @@ pub unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
             pg_sys::NodeTag::T_AlterSeqStmt => {
                 let s = &*(stmt as *mut pg_sys::AlterSeqStmt);
                 let Some(seq) = crate::pg::relation_named(s.sequence) else { return };
-                if !crate::pg::owns_relation(seq, pg_sys::GetUserId()) {
+                if !crate::pg::acl::is_owner(seq) {
                     return; // Postgres refuses it
                 }
                 if let Some(table) = gapless_table_of(seq) {
@@ -164,7 +164,7 @@ pub unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
                             | pg_sys::AlterTableType::AT_AddIdentity
                     )
                 });
-                if !touches_identity || !crate::pg::owns_relation(relid, pg_sys::GetUserId()) {
+                if !touches_identity || !crate::pg::acl::is_owner(relid) {
                     return;
                 }
                 let Some((attnum, key)) = gapless_key(relid) else { return };

@@ -376,7 +376,7 @@ pub fn sequence_behind(relid: Oid) -> Option<String> {
     })
     .ok()
     .flatten()?;
-    if !crate::read::admit::may_see(relid, &[attnum]).1 {
+    if !crate::pg::acl::may_see(relid, &[attnum]).keys {
         return None;
     }
     let col = &col;

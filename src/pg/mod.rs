@@ -28,21 +28,6 @@ pub unsafe fn index_beginscan(
     }
 }
 
-/// Whether `role` owns relation `relid` (PG16 folded pg_class_ownercheck
-/// into object_ownercheck).
-///
-/// # Safety
-/// A transaction is open (a syscache lookup; raises for a missing relation).
-pub unsafe fn owns_relation(relid: Oid, role: Oid) -> bool {
-    // SAFETY: per contract.
-    unsafe {
-        #[cfg(feature = "pg15")]
-        return pg_sys::pg_class_ownercheck(relid, role);
-        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
-        return pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, role);
-    }
-}
-
 /// This backend's PGPROC number, or `None` without a PGPROC.
 #[cfg(any(feature = "pg15", feature = "pg16"))]
 pub fn my_proc_number() -> Option<i32> {
@@ -82,9 +67,18 @@ pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
 /// type Postgres calls (pgrx's bindings take an argument-less one).  PG16
 /// made the plain names macros over `*_impl` functions with typed callbacks.
 /// Call them only through `pg_sys::ffi::pg_guard_ffi_boundary`.
+pub mod acl;
 pub mod boundary;
 pub mod memcx;
 pub mod raw;
+
+/// A `timestamptz` from microseconds since the PostgreSQL epoch, as
+/// shared memory keeps times.
+pub fn timestamptz(us: i64) -> Option<pgrx::datum::TimestampWithTimeZone> {
+    use pgrx::FromDatum;
+    // SAFETY: TimestampTz is a plain i64.
+    unsafe { pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false) }
+}
 
 pub mod walk {
     use pgrx::pg_sys::{self, Node};

@@ -16,7 +16,7 @@
 use crate::errors;
 use crate::guc::{self, ScanMode};
 use crate::registry::Latched;
-use pgrx::{pg_sys, PgSqlErrorCode};
+use pgrx::PgSqlErrorCode;
 
 /// The scan mode a read runs under: `pgkvx.scan_mode`, except that `off`
 /// is not honoured while the read runs as another user than the one the
@@ -62,38 +62,5 @@ pub fn report_unprotected_read(msg: String) {
             errors::raise_hint(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, msg, hint)
         }
         guc::Unprotected::Warning => errors::warn_hint(PgSqlErrorCode::ERRCODE_WARNING, msg, hint),
-    }
-}
-
-/// What the current user may see of latched table `relid`: (its latches at
-/// all, their keys).  Keys are table data: they are shown only to a role
-/// that may read every row of the key -- SELECT on the table or on each key
-/// column (`key_attnums`), and no row level security applying to it (its
-/// owner, BYPASSRLS, or a table without policies).  Latches without keys
-/// are shown to roles that may SELECT the table and to pg_monitor.  The
-/// views, EXPLAIN and every message that could print a key ask this.
-pub fn may_see(relid: pg_sys::Oid, key_attnums: &[i16]) -> (bool, bool) {
-    // SAFETY: catalog ACL and row-security checks for the current user.
-    unsafe {
-        let me = pg_sys::GetUserId();
-        // A table dropped while its ranges wait to be reclaimed: nothing
-        // of it is anyone's to see.
-        let mut missing = false;
-        let select = pg_sys::pg_class_aclcheck_ext(relid, me, pg_sys::ACL_SELECT as pg_sys::AclMode, &mut missing)
-            == pg_sys::AclResult::ACLCHECK_OK;
-        if missing {
-            return (false, false);
-        }
-        let monitor = pg_sys::has_privs_of_role(me, pg_sys::Oid::from(pg_sys::ROLE_PG_MONITOR));
-        let key_columns = select
-            || (!key_attnums.is_empty()
-                && key_attnums.iter().all(|&a| {
-                    pg_sys::pg_attribute_aclcheck(relid, a, me, pg_sys::ACL_SELECT as pg_sys::AclMode)
-                        == pg_sys::AclResult::ACLCHECK_OK
-                }));
-        let all_rows = key_columns
-            && pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
-                != pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
-        (select || monitor, all_rows)
     }
 }

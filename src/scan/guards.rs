@@ -30,7 +30,7 @@ pub struct Guard {
 /// table's latched parent for a partition, else the table itself (also
 /// one no longer latched, `latched` None).
 pub fn latch_rel(plan: &GuardPlan, latched: Option<&Latched>) -> RelId {
-    backend::rel_id(latched.map_or(plan.relid, |l| l.root))
+    latched.map_or_else(|| backend::rel_id(plan.relid), Latched::latch_id)
 }
 
 impl Guard {
@@ -163,7 +163,7 @@ impl Guards {
                 let (value, isnull) = unsafe { eval_at_start(e, params) }?;
                 Some(b.qual(value, isnull))
             });
-            let rel = backend::rel_id(latched.root);
+            let rel = latched.latch_id();
             fp.extend(span::declared(&latched.key, quals).spans.into_iter().map(|s| (rel, s)));
         }
         fp

@@ -1186,14 +1186,14 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         // Spans are keys, and keys are table data: only for a role that
         // may read every row of the key (a view can hide the key column).
         let attnums: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
-        let (_, keys_visible) = crate::read::admit::may_see(rt.plan.relid, &attnums);
+        let keys_visible = crate::pg::acl::may_see(rt.plan.relid, &attnums).keys;
         // Read through its parent, a partition's privileges are the parent's.
         let keys_visible = keys_visible
             || rt.latched.as_ref().filter(|l| l.root != rt.plan.relid).is_some_and(|l| {
                 let root_attnums: Vec<i16> = crate::registry::lookup(l.root)
                     .map(|r| r.key.cols.iter().map(|c| c.attnum).collect())
                     .unwrap_or_default();
-                crate::read::admit::may_see(l.root, &root_attnums).1
+                crate::pg::acl::may_see(l.root, &root_attnums).keys
             });
         const HIDDEN: &str = "(keys hidden: requires SELECT on every row of the key)";
         if !keys_visible {
