@@ -7,8 +7,10 @@
 
 use super::buffer::BufferDest;
 use super::guards;
+use super::hooks::prev_run;
 use super::node;
-use super::statement::prev_run;
+use super::plan_walk;
+use super::runtime;
 use crate::guc;
 use crate::pg::boundary;
 use crate::pg::raw;
@@ -171,7 +173,7 @@ pub(super) struct OptimisticAttempts {
 /// `qd` has been started (and run).
 unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
     // SAFETY: per contract.
-    unsafe { footprint_of(&guards::guard_nodes(qd)) }
+    unsafe { footprint_of(&plan_walk::guard_nodes(qd)) }
 }
 
 /// The footprint of `nodes`, the guarded scans of an executor that has run.
@@ -184,7 +186,7 @@ unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> Footprint {
     // SAFETY: per contract.
     unsafe {
         for &n in nodes {
-            let rt = node::runtime(n);
+            let rt = runtime::runtime(n);
             let rel = rt.rel;
             for s in rt.touched(n) {
                 fp.push((rel, s));
@@ -199,7 +201,7 @@ impl Reader for OptimisticAttempts {
         // SAFETY: our statement's QueryDesc, started and run once: its
         // guard nodes have begun.
         let ok = unsafe {
-            guards::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n))
+            plan_walk::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n))
                 && guards::reads_only_guarded((*self.qd).plannedstmt)
         };
         ok.then(|| crate::read::run::cut_upward(conflicts))
@@ -218,7 +220,7 @@ impl Reader for OptimisticAttempts {
             let dest = (*self.buffer).as_dest();
             let q2 = start_second_executor(self.qd, base.snap, dest, self.eflags);
             if !cut.is_empty() {
-                node::apply_cut(&guards::guard_nodes(q2), cut);
+                node::apply_cut(&plan_walk::guard_nodes(q2), cut);
             }
             with_active((*(*q2).estate).es_snapshot, || {
                 boundary::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))

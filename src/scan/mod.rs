@@ -16,11 +16,17 @@
 
 pub mod attempts;
 pub mod buffer;
+pub mod explain;
 pub mod guards;
+pub mod hooks;
 pub mod node;
 pub mod plan_data;
+pub mod plan_walk;
 pub mod planner;
+pub mod position;
+pub mod report;
 pub mod restartable;
+pub mod runtime;
 pub mod starting;
 pub mod statement;
 pub mod tree;

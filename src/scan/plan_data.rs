@@ -14,6 +14,24 @@ pub const RUNTIME_CAPS_BELOW: u8 = 2;
 /// The custom scan's name, in plans and EXPLAIN.
 pub const NAME: &std::ffi::CStr = c"PgkvxLimitScan";
 
+/// The `PgkvxLimitScan` plan methods as PostgreSQL's registry has them
+/// (node.rs registers them at load): the planner builds and recognises our
+/// plans through PostgreSQL's own lookup, and needs nothing of the node.
+pub fn scan_methods() -> *const pg_sys::CustomScanMethods {
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    static METHODS: AtomicPtr<pg_sys::CustomScanMethods> = AtomicPtr::new(std::ptr::null_mut());
+    let p = METHODS.load(Ordering::Relaxed);
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: a lookup in the backend's registry of custom scan methods,
+    // filled at load (the first call is right after registering, in
+    // `_PG_init`); raises if the name is missing, which it never is then.
+    let p = unsafe { pg_sys::GetCustomScanMethods(NAME.as_ptr(), false) } as *mut pg_sys::CustomScanMethods;
+    METHODS.store(p, Ordering::Relaxed);
+    p
+}
+
 /// Static method tables Postgres keeps pointers to.
 #[repr(transparent)]
 pub struct StaticMethods<T>(pub T);

@@ -676,31 +676,8 @@ unsafe fn one_value_per_statement(value: *mut Node, init_params: &[i32]) -> bool
     unsafe {
         pg_sys::is_pseudo_constant_clause(value)
             && !pg_sys::contain_subplans(value)
-            && exec_param_ids(value).iter().all(|id| init_params.contains(id))
+            && super::plan_walk::exec_param_ids(value).iter().all(|id| init_params.contains(id))
     }
-}
-
-/// The PARAM_EXEC ids in `value`.  Not pull_paramids: from PG16 on it also
-/// returns the query's own parameters (PARAM_EXTERN `$n`), which are one
-/// value for the statement.
-///
-/// # Safety
-/// `value` is a valid expression.
-pub(super) unsafe fn exec_param_ids(value: *mut Node) -> Vec<i32> {
-    let mut ids = Vec::new();
-    // SAFETY: per contract; nodes are cast after their tag is checked.
-    unsafe {
-        crate::pg::walk::any_node(value, |n| {
-            (node_tag(n) == pg_sys::NodeTag::T_Param).then(|| {
-                let p = &*(n as *mut pg_sys::Param);
-                if p.paramkind == pg_sys::ParamKind::PARAM_EXEC {
-                    ids.push(p.paramid);
-                }
-                false
-            })
-        })
-    };
-    ids
 }
 
 /// A row comparison `(k1, k2, ...) op (v1, v2, ...)` whose first column is
@@ -796,7 +773,7 @@ unsafe extern "C-unwind" fn plan_custom_path(
         // stays forward-only (and reads optimistically); a SCROLL cursor
         // gets a Material over the plan and reads fenced.
         (*cs).flags = (*best_path).flags;
-        (*cs).methods = &super::node::SCAN_METHODS.0;
+        (*cs).methods = super::plan_data::scan_methods();
         cs as *mut pg_sys::Plan
     }
 }

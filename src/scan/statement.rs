@@ -34,7 +34,11 @@ use super::attempts::{
 };
 use super::buffer::HeldRows;
 use super::guards::{self, Guards};
-use super::node::{self, ReadPath, StatementReport};
+use super::hooks::{self, prev_end, prev_finish, prev_run, prev_start};
+use super::node;
+use super::plan_walk;
+use super::report::{ReadPath, StatementReport};
+use super::runtime;
 use super::starting;
 use super::unguarded;
 use crate::errors;
@@ -119,24 +123,9 @@ fn take_statement(qd: *mut QueryDesc) -> Option<Box<GuardedStatement>> {
     })
 }
 
-static mut PREV_START: pg_sys::ExecutorStart_hook_type = None;
-static mut PREV_RUN: pg_sys::ExecutorRun_hook_type = None;
-static mut PREV_FINISH: pg_sys::ExecutorFinish_hook_type = None;
-static mut PREV_END: pg_sys::ExecutorEnd_hook_type = None;
-
 pub fn init() {
     unguarded::init();
-    // SAFETY: _PG_init, single-threaded.
-    unsafe {
-        PREV_START = pg_sys::ExecutorStart_hook;
-        pg_sys::ExecutorStart_hook = Some(executor_start);
-        PREV_RUN = pg_sys::ExecutorRun_hook;
-        pg_sys::ExecutorRun_hook = Some(executor_run);
-        PREV_FINISH = pg_sys::ExecutorFinish_hook;
-        pg_sys::ExecutorFinish_hook = Some(executor_finish);
-        PREV_END = pg_sys::ExecutorEnd_hook;
-        pg_sys::ExecutorEnd_hook = Some(executor_end);
-    }
+    hooks::install(executor_start, executor_run, executor_finish, executor_end);
 }
 
 // ---- the hooks ---------------------------------------------------------------
@@ -147,55 +136,6 @@ pub fn init() {
 unsafe extern "C-unwind" fn forget_statement(arg: *mut std::ffi::c_void) {
     // SAFETY: no Postgres call inside; see errors.rs for the boundary.
     unsafe { boundary::rethrow_pending(|| drop(take_statement(arg as *mut QueryDesc))) }
-}
-
-// The previous hooks, or the standard functions, as plain C calls: an
-// ERROR in them longjmps to the caller's jump buffer (see errors.rs).
-
-unsafe fn prev_start(qd: *mut QueryDesc, eflags: i32) {
-    // SAFETY: chaining with the same arguments.
-    unsafe {
-        match PREV_START {
-            Some(f) => f(qd, eflags),
-            None => raw::standard_ExecutorStart(qd, eflags),
-        }
-    }
-}
-
-pub(super) unsafe fn prev_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
-    // SAFETY: chaining with the same arguments.
-    unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        match PREV_RUN {
-            Some(f) => f(qd, dir, count, once),
-            None => raw::standard_ExecutorRun(qd, dir, count, once),
-        }
-        #[cfg(feature = "pg18")]
-        match PREV_RUN {
-            Some(f) => f(qd, dir, count),
-            None => raw::standard_ExecutorRun(qd, dir, count, once),
-        }
-    }
-}
-
-unsafe fn prev_finish(qd: *mut QueryDesc) {
-    // SAFETY: chaining with the same arguments.
-    unsafe {
-        match PREV_FINISH {
-            Some(f) => f(qd),
-            None => raw::standard_ExecutorFinish(qd),
-        }
-    }
-}
-
-unsafe fn prev_end(qd: *mut QueryDesc) {
-    // SAFETY: chaining with the same arguments.
-    unsafe {
-        match PREV_END {
-            Some(f) => f(qd),
-            None => raw::standard_ExecutorEnd(qd),
-        }
-    }
 }
 
 /// Refuses to pretend on a hot standby: its latch table is empty, and its
@@ -269,7 +209,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 let nodes = start_executor(qd, eflags, &guards);
                 let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
                 for &n in &(*st).nodes {
-                    node::runtime(n).fence_at_start = Some(after);
+                    runtime::runtime(n).fence_at_first_run(after);
                 }
             }
             ReadMode::Fenced => {
@@ -426,7 +366,7 @@ unsafe fn attach(
     // SAFETY: per contract.
     unsafe {
         for &n in &nodes {
-            node::runtime(n).statement = Some(report.clone());
+            runtime::runtime(n).attach_report(report.clone());
         }
         let cb = pg_sys::MemoryContextAlloc(
             (*(*qd).estate).es_query_cxt,
@@ -626,7 +566,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
                 }
                 let q2 = start_second_executor(qd, base.snap, (*qd).dest, eflags);
                 if !cut.is_empty() {
-                    node::apply_cut(&guards::guard_nodes(q2), &cut);
+                    node::apply_cut(&plan_walk::guard_nodes(q2), &cut);
                 }
                 RowSource::Second(q2)
             }

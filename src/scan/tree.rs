@@ -66,7 +66,7 @@ unsafe fn rewrite(
     }
     // SAFETY: per contract; the cast follows the tag check.
     unsafe {
-        super::guards::for_each_child(p, &mut |child| *child = rewrite(*child, rtable, stmt, next_id));
+        super::plan_walk::for_each_child(p, &mut |child| *child = rewrite(*child, rtable, stmt, next_id));
         if node_tag(p as *const Node) != pg_sys::NodeTag::T_MergeAppend {
             return p;
         }
@@ -109,7 +109,7 @@ impl Input {
     unsafe fn of(input: *mut Plan) -> Option<Input> {
         // SAFETY: per contract; checked by tag before the cast.
         unsafe {
-            if super::guards::is_guard_plan(input) {
+            if super::plan_walk::is_guard_plan(input) {
                 return Some(Input { guard: input as *mut pg_sys::CustomScan, projection: None });
             }
             if node_tag(input as *const Node) != pg_sys::NodeTag::T_Result {
@@ -124,7 +124,7 @@ impl Input {
                 && p.initPlan.is_null()
                 && p.righttree.is_null()
                 && !p.lefttree.is_null()
-                && super::guards::is_guard_plan(p.lefttree);
+                && super::plan_walk::is_guard_plan(p.lefttree);
             plain_projection.then_some(Input { guard: p.lefttree as *mut pg_sys::CustomScan, projection: Some(r) })
         }
     }
@@ -289,7 +289,7 @@ impl TreeGuard {
             (*cs).custom_exprs = self.exprs;
             (*cs).custom_private = self.plan.to_list();
             (*cs).flags = 0;
-            (*cs).methods = &super::node::SCAN_METHODS.0;
+            (*cs).methods = super::plan_data::scan_methods();
             cs as *mut Plan
         }
     }
@@ -373,12 +373,12 @@ unsafe fn max_plan_node_id(stmt: *mut pg_sys::PlannedStmt) -> i32 {
     let mut max = 0;
     // SAFETY: per contract.
     unsafe {
-        super::guards::walk_plans((*stmt).planTree, &mut |p| {
+        super::plan_walk::walk_plans((*stmt).planTree, &mut |p| {
             max = max.max((*p).plan_node_id);
             true
         });
         for sp in list_iter::<Plan>((*stmt).subplans) {
-            super::guards::walk_plans(sp, &mut |p| {
+            super::plan_walk::walk_plans(sp, &mut |p| {
                 max = max.max((*p).plan_node_id);
                 true
             });

@@ -1,0 +1,151 @@
+//! EXPLAIN for `PgkvxLimitScan`: the mode, the table, and the spans -- only
+//! to a role that may see the keys -- and, under ANALYZE, what the read
+//! protocol did.
+
+use super::report::ReadPath;
+use super::runtime::runtime;
+use crate::keys::KeyDesc;
+use crate::pg::{list_iter, rel_name};
+use pgkvx_latch::Span;
+use pgrx::pg_sys::{self, List};
+use pgrx::prelude::*;
+use std::ffi::{CStr, CString};
+
+fn prop_text(es: *mut pg_sys::ExplainState, label: &CStr, value: &str) {
+    let v = CString::new(value.replace('\0', "")).expect("no NUL");
+    // SAFETY: ExplainState from the caller; strings outlive the call.
+    unsafe { pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es) };
+}
+
+fn prop_int(es: *mut pg_sys::ExplainState, label: &CStr, value: i64) {
+    // SAFETY: as above.
+    unsafe { pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), value, es) };
+}
+
+/// Intervals shown before the rest are only counted.
+const SHOWN_SPANS: usize = 8;
+
+fn spans_text(key: &KeyDesc, spans: &[Span]) -> String {
+    if spans.is_empty() {
+        return "none".into();
+    }
+    let mut text = spans.iter().take(SHOWN_SPANS).map(|s| key.format_span(s)).collect::<Vec<_>>().join(", ");
+    if spans.len() > SHOWN_SPANS {
+        text.push_str(&format!(", … ({} intervals)", spans.len()));
+    }
+    text
+}
+
+#[pg_guard]
+pub(super) unsafe extern "C-unwind" fn explain(
+    node: *mut pg_sys::CustomScanState,
+    _ancestors: *mut List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY: see errors.rs for the boundary.
+    unsafe { crate::pg::boundary::rethrow_pending(|| explain_node(node, es)) }
+}
+
+/// # Safety
+/// The arguments of ExplainCustomScan.
+unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::ExplainState) {
+    // SAFETY (whole body): our node and the caller's ExplainState.
+    unsafe {
+        let rt = runtime(node);
+        let analyze = (*es).analyze;
+        let st = rt.statement.clone();
+        let mode = match (&st, analyze) {
+            (Some(st), true) => st.borrow().mode.describe().to_string(),
+            // What the statement would read in: one that cannot run twice
+            // (row locks, side effects) never reads optimistically.
+            _ => crate::read::admit::planned_mode(rt.plan.restartable).to_string(),
+        };
+        prop_text(es, c"Mode", &mode);
+        let Some(key) = rt.latched.as_ref().map(|l| l.key.clone()) else {
+            prop_text(es, c"Table", &format!("{} (no longer latched)", rel_name(rt.plan.relid)));
+            return;
+        };
+        match rt.latched.as_ref().map(|l| l.root).filter(|&r| r != rt.plan.relid) {
+            // The latch identity, and the partition this scan reads.
+            Some(root) => prop_text(es, c"Table", &format!("{} (partition {})", rel_name(root), key.relname)),
+            None => prop_text(es, c"Table", &key.relname),
+        }
+        // Plain EXPLAIN runs nothing of the user's: bounds that call
+        // functions other than immutable ones, or read an init plan's
+        // result, are known only at run time.
+        let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+        let bounds_run_functions = || {
+            list_iter::<pg_sys::Node>((*cs).custom_exprs)
+                .any(|e| pg_sys::contain_mutable_functions(e) || !super::plan_walk::exec_param_ids(e).is_empty())
+        };
+        // Spans are keys, and keys are table data: only for a role that
+        // may read every row of the key (a view can hide the key column).
+        let attnums: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
+        let keys_visible = crate::pg::acl::may_see(rt.plan.relid, &attnums).keys;
+        // Read through its parent, a partition's privileges are the parent's.
+        let keys_visible = keys_visible
+            || rt.latched.as_ref().filter(|l| l.root != rt.plan.relid).is_some_and(|l| {
+                let root_attnums: Vec<i16> = crate::registry::lookup(l.root)
+                    .map(|r| r.key.cols.iter().map(|c| c.attnum).collect())
+                    .unwrap_or_default();
+                crate::pg::acl::may_see(l.root, &root_attnums).keys
+            });
+        const HIDDEN: &str = "(keys hidden: requires SELECT on every row of the key)";
+        if !keys_visible {
+            prop_text(es, c"Declared Span", HIDDEN);
+        } else if analyze || !bounds_run_functions() {
+            let declared = rt.declared(node);
+            prop_text(es, c"Declared Span", &spans_text(&key, &declared.spans));
+        } else {
+            prop_text(es, c"Declared Span", "computed when the statement runs");
+        }
+        let Some(st) = st.filter(|_| analyze) else { return };
+        let st = st.borrow();
+        if st.mode == ReadPath::Off {
+            return;
+        }
+        let touched = rt.touched(node);
+        prop_text(es, c"Touched Span", &if keys_visible { spans_text(&key, &touched) } else { HIDDEN.to_string() });
+        let r = &st.report;
+        let outcome = if r.conflicts == 0 { "clean" } else { "conflicts resolved" };
+        prop_text(es, c"Validation", outcome);
+        prop_int(es, c"Validations", i64::from(r.validations));
+        prop_int(es, c"Conflicts", i64::from(r.conflicts));
+        prop_int(es, c"Retries", i64::from(r.retries));
+        if r.cuts > 0 {
+            prop_int(es, c"Stopped Before Later Writers", i64::from(r.cuts));
+        }
+        if r.fresh_snapshots > 0 {
+            prop_int(es, c"Fresh Snapshots", i64::from(r.fresh_snapshots));
+        }
+        prop_int(es, c"Waits", i64::from(r.waits));
+        if (*es).timing {
+            pg_sys::ExplainPropertyFloat(c"Wait Time".as_ptr(), c"ms".as_ptr(), st.wait_us as f64 / 1000.0, 3, es);
+        }
+        let mine: Vec<_> = st.waited.iter().filter(|w| w.rel == rt.rel).collect();
+        if !mine.is_empty() {
+            let named: Vec<String> = mine.iter().map(|w| waited_for(&key, w, keys_visible)).collect();
+            prop_text(es, c"Waited For", &named.join("; "));
+        }
+    }
+}
+
+/// One writer a statement waited for, as EXPLAIN ANALYZE names it: its xid
+/// (as `pg_locks` and `pg_stat_activity.backend_xid` show it), its pid and
+/// its first latch in the span the read checked -- looked up now: the
+/// holder's released latch is kept while this statement's snapshot lives,
+/// unless it was coalesced under pressure (then the checked span is shown).
+/// Spans only when the caller may see keys (`keys_visible`).
+fn waited_for(key: &KeyDesc, w: &crate::read::run::Waited, keys_visible: bool) -> String {
+    let mut first: Option<(i32, Span)> = None;
+    crate::shmem::table().for_each_latch_of(w.rel, &w.checked, &mut |l| {
+        if l.xid == w.xid && first.is_none_or(|(_, s)| l.span.start < s.start) {
+            first = Some((l.pid, l.span));
+        }
+    });
+    let at = |span: &Span| if keys_visible { key.format_span(span) } else { "(keys hidden)".to_string() };
+    match first {
+        Some((pid, span)) => format!("pid {pid} xid {} at {}", w.xid.0, at(&span)),
+        None => format!("xid {} in {}", w.xid.0, at(&w.checked)),
+    }
+}

@@ -1,0 +1,374 @@
+//! A node's state in the executor, and the span bookkeeping it does as
+//! its scan runs: the declared span D, evaluated once per execution, and
+//! the span T each execution touched -- up to the row the scan examined
+//! last when it reads in key order, all of D otherwise, only up to the last
+//! key examined where it ran out of rows toward an end D leaves open.
+
+use super::plan_data::GuardPlan;
+use super::position::{is_empty, key_at_tid, row_key, ScanPosition};
+use super::report::StatementReport;
+use crate::keys::codec::KeyWriter;
+use crate::keys::KeyDesc;
+use crate::pg::raw;
+use crate::pg::{list_iter, node_tag};
+use crate::read::span::{self, Declared, KeyQual};
+use crate::registry::Latched;
+use pgkvx_latch::{RelId, Span};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// Touched spans kept per node before they are merged into one.
+const MAX_SPANS: usize = 32;
+
+/// The executor state: Postgres's part first, then ours, all in the
+/// executor's memory: no allocation of our own per statement.
+#[repr(C)]
+pub struct NodeState {
+    pub(super) css: pg_sys::CustomScanState,
+    /// Points at `runtime` once the node has begun.
+    pub(super) rt: *mut NodeRuntime,
+    pub(super) runtime: std::mem::MaybeUninit<NodeRuntime>,
+    /// Drops `runtime` when the executor's memory goes.
+    pub(super) drop_cb: pg_sys::MemoryContextCallback,
+}
+
+/// What an execution remembers of the rows it examined, for when it runs
+/// out of rows: its scan's slots are empty then, and where D is open in
+/// the direction it moves, T ends at the last key it examined (the
+/// greatest, for a scan in no key order).  Kept per row, so kept cheap.
+pub(super) enum Seen {
+    /// Nothing to remember: D is bounded there, or nothing can tell.
+    Off,
+    /// A heap scan in key order (its scan slot is `slot`): the TID of its
+    /// last row, read back from the heap when the key is wanted.
+    Tid { slot: *mut pg_sys::TupleTableSlot, tid: pg_sys::ItemPointerData },
+    /// The key of the last row (`greatest`: of the greatest key so far),
+    /// read from `slot` (NULL: the row handed up) at `attnos`.
+    Key { slot: *mut pg_sys::TupleTableSlot, attnos: Vec<i32>, greatest: bool, key: Option<KeyWriter> },
+}
+
+pub struct NodeRuntime {
+    pub(super) plan: Rc<GuardPlan>,
+    /// None when the table stopped being latched after planning.
+    pub(super) latched: Option<Rc<Latched>>,
+    pub(super) rel: RelId,
+    pub(super) child: *mut pg_sys::PlanState,
+    pub(super) position: ScanPosition,
+    /// The bounds' expression states, built when first evaluated: most
+    /// statements know their bounds at start and never ask the node.
+    pub(super) bounds: Option<Vec<*mut pg_sys::ExprState>>,
+    /// D from the quals known before the statement ran (cached).
+    pub(super) static_declared: Option<Declared>,
+    pub(super) seen: Seen,
+    /// The scan has run since it began or was last rescanned.
+    pub(super) started: bool,
+    /// The row the child handed up last (NULL: none, or it ran out).  It
+    /// stays in its slot until the child is run again, which only this
+    /// node does.
+    pub(super) last: *mut pg_sys::TupleTableSlot,
+    pub(super) touched: Vec<Span>,
+    /// The statement's protocol outcome, for EXPLAIN.
+    pub(super) statement: Option<Rc<RefCell<StatementReport>>>,
+    /// A fenced statement whose bounds are known only once it runs: the
+    /// scan fences when it first runs, with this `after` for the
+    /// statement's snapshot.
+    pub(super) fence_at_start: Option<pgkvx_latch::Xid>,
+    /// The read stops before this key (the protocol's cut): rows at or
+    /// past it are left out, and a scan moving up the key ends there.
+    pub(super) cut: Option<pgkvx_latch::KeyBuf>,
+    /// A scan moving up the key met the cut: it has ended.
+    pub(super) stopped: bool,
+    /// For a scan in no key order (`Anywhere`) of the latched table itself:
+    /// its scan state, whose scan slot holds the row it returned last, and
+    /// the key columns' positions there -- so that a cut can leave rows
+    /// out by key.
+    pub(super) key_source: Option<(*mut pg_sys::ScanState, Vec<i32>)>,
+}
+
+/// Drops the Rust runtime when the executor's memory goes, also after an
+/// ERROR (when EndCustomScan never runs).  The memory itself goes with the
+/// context, after its callbacks.
+#[pg_guard]
+pub(super) unsafe extern "C-unwind" fn drop_runtime(arg: *mut std::ffi::c_void) {
+    // SAFETY: `arg` is the runtime begin() wrote, dropped only here.
+    unsafe { std::ptr::drop_in_place(arg as *mut NodeRuntime) };
+}
+
+/// [`Seen::Key`]'s bookkeeping for the row `slot` handed up (none when
+/// NULL or empty).  A plain old frame like [`exec_node`].
+///
+/// # Safety
+/// `rt` is a begun node's runtime; `slot` is what it hands up now.
+#[inline(never)]
+pub(super) unsafe fn note_key(rt: &mut NodeRuntime, slot: *mut pg_sys::TupleTableSlot) {
+    let Some(latched) = rt.latched.as_deref() else { return };
+    let Seen::Key { slot: from, attnos, greatest, key } = &mut rt.seen else { return };
+    // SAFETY: per contract; the scan's slot holds the row it examined last.
+    unsafe {
+        if is_empty(slot) {
+            return;
+        }
+        let src = if from.is_null() { slot } else { *from };
+        let k = latched.key.encode_slot_at(src, attnos);
+        if !*greatest || key.as_ref().is_none_or(|g| k.bytes() > g.bytes()) {
+            *key = Some(k);
+        }
+    }
+}
+
+/// How a node over `position` remembers what it examined ([`Seen`]):
+/// only where D may be left open in the direction it reads.
+///
+/// # Safety
+/// `position` and `key_source` are of a begun node's child.
+pub(super) unsafe fn seen_for(
+    position: &ScanPosition,
+    key_source: Option<&(*mut pg_sys::ScanState, Vec<i32>)>,
+    plan: &GuardPlan,
+    key: &KeyDesc,
+) -> Seen {
+    let may_open = |up: bool| super::guards::may_be_open(plan, key, up);
+    // SAFETY: per contract; the scan states are live.
+    unsafe {
+        match position {
+            ScanPosition::Ordered { scan, attnos, forward, .. } if may_open(*forward) => {
+                let slot = (**scan).ss_ScanTupleSlot;
+                if node_tag(*scan as *mut pg_sys::PlanState) == pg_sys::NodeTag::T_IndexScanState {
+                    Seen::Tid { slot, tid: pg_sys::ItemPointerData::default() }
+                } else {
+                    Seen::Key { slot, attnos: attnos.clone(), greatest: false, key: None }
+                }
+            }
+            ScanPosition::Stream { attnos, forward } if may_open(*forward) => {
+                Seen::Key { slot: std::ptr::null_mut(), attnos: attnos.clone(), greatest: false, key: None }
+            }
+            ScanPosition::Anywhere if may_open(true) => match key_source {
+                Some((scan, attnos)) => {
+                    Seen::Key { slot: (**scan).ss_ScanTupleSlot, attnos: attnos.clone(), greatest: true, key: None }
+                }
+                None => Seen::Off,
+            },
+            _ => Seen::Off,
+        }
+    }
+}
+
+impl NodeRuntime {
+    /// Shows the statement's protocol outcome to this node's EXPLAIN.
+    pub fn attach_report(&mut self, report: Rc<RefCell<StatementReport>>) {
+        self.statement = Some(report);
+    }
+
+    /// Makes the scan fence when it first runs, for a statement whose
+    /// snapshot is `after` (see `node::fence_at_start`).
+    pub fn fence_at_first_run(&mut self, after: pgkvx_latch::Xid) {
+        self.fence_at_start = Some(after);
+    }
+
+    /// The latch identity the node's reads validate against.
+    pub fn rel(&self) -> RelId {
+        self.rel
+    }
+
+    /// The key of the latched table, if it is still latched.
+    pub fn key(&self) -> Option<&KeyDesc> {
+        self.latched.as_ref().map(|l| &l.key)
+    }
+
+    /// D from the quals known before the statement ran, evaluated in the
+    /// node's expression context.
+    unsafe fn static_declared(&mut self, node: *mut pg_sys::CustomScanState) -> Declared {
+        if let Some(d) = &self.static_declared {
+            return d.clone();
+        }
+        if self.latched.is_none() {
+            return Declared::all();
+        }
+        // SAFETY: per contract.
+        let states = unsafe { self.bound_states(node) };
+        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Declared::all() };
+        // SAFETY: expression states of this node, evaluated in its per-tuple
+        // context.
+        let quals: Vec<KeyQual> = unsafe {
+            let econtext = (*node).ss.ps.ps_ExprContext;
+            self.plan
+                .bounds
+                .iter()
+                .zip(states)
+                .map(|(b, e)| {
+                    let mut isnull = false;
+                    let value = crate::pg::boundary::pass(|| raw::eval_expr(e, econtext, &mut isnull));
+                    b.qual(value, isnull)
+                })
+                .collect()
+        };
+        let d = span::declared(key, quals);
+        self.static_declared = Some(d.clone());
+        d
+    }
+
+    /// The expression states of the bounds, built in the executor's memory
+    /// the first time they are asked for.
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    pub(super) unsafe fn bound_states(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<*mut pg_sys::ExprState> {
+        if let Some(b) = &self.bounds {
+            return b.clone();
+        }
+        // SAFETY: per contract: our plan node's expressions, initialised for
+        // our plan state in its executor's query context.
+        let b: Vec<_> = unsafe {
+            let ps = &raw mut (*node).ss.ps;
+            let cs = (*ps).plan as *mut pg_sys::CustomScan;
+            let old = pg_sys::MemoryContextSwitchTo((*(*ps).state).es_query_cxt);
+            let b = list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| pg_sys::ExecInitExpr(e, ps)).collect();
+            pg_sys::MemoryContextSwitchTo(old);
+            b
+        };
+        self.bounds = Some(b.clone());
+        b
+    }
+
+    /// Records the spans the current execution touched, if it ran, and
+    /// forgets what it examined.
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    pub(super) unsafe fn fold(&mut self, node: *mut pg_sys::CustomScanState) {
+        if !self.started {
+            return;
+        }
+        self.started = false;
+        // SAFETY: per contract.
+        let d = unsafe { self.static_declared(node) };
+        let Some(latched) = self.latched.clone() else { return };
+        let key = &latched.key;
+        // SAFETY: the child's scan keys (evaluated for this execution), its
+        // slots and the row it handed up last, all live for the scan.
+        let t: Vec<Span> = unsafe {
+            match &self.position {
+                ScanPosition::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
+                    let sks: &[pg_sys::ScanKeyData] =
+                        if *nkeys > 0 { std::slice::from_raw_parts(*keys, *nkeys) } else { &[] };
+                    let col = |c: usize| key_col.get(c).copied().flatten();
+                    let mut d = span::declared(key, span::scan_key_quals(sks, col)).intersect(&d);
+                    if span::scan_keys_cap(sks, col, key, *forward) {
+                        d.open_above &= !*forward;
+                        d.open_below &= *forward;
+                    }
+                    let slot = (**scan).ss_ScanTupleSlot;
+                    match row_key(key, slot, attnos) {
+                        Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
+                        None => self.ran_out(&d, *forward, *scan, attnos),
+                    }
+                }
+                ScanPosition::Stream { attnos, forward } => match row_key(key, self.last, attnos) {
+                    Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
+                    None => self.ran_out(&d, *forward, std::ptr::null_mut(), attnos),
+                },
+                // A scan in no key order that ran out looked at every row,
+                // up to the greatest key; one that stopped early, anywhere.
+                ScanPosition::Anywhere => {
+                    if is_empty(self.last) {
+                        self.ran_out(&d, true, std::ptr::null_mut(), &[])
+                    } else {
+                        d.spans.clone()
+                    }
+                }
+            }
+        };
+        if let Seen::Key { key, .. } = &mut self.seen {
+            *key = None;
+        }
+        if let Seen::Tid { tid, .. } = &mut self.seen {
+            *tid = pg_sys::ItemPointerData::default();
+        }
+        for t in t {
+            // Keys past the cut were left out: the read does not depend on them.
+            let t = match self.cut {
+                Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
+                None => t,
+            };
+            self.add_touched(t);
+        }
+    }
+
+    /// T of an execution that ran out of rows ([`Declared::ran_out`]): all
+    /// of D where D is bounded in the direction it read (a range read may
+    /// move its cursor to the bound); else D's open interval only up to
+    /// the last key it examined -- rows past the last visible key are rows
+    /// it could not have returned, whose writers commit after its
+    /// snapshot, and a consumer reading up the key reads them next time
+    /// from its cursor.
+    ///
+    /// # Safety
+    /// `scan` (or NULL) is this node's scan, run out of rows; `attnos` are
+    /// the key columns' positions in its slot.
+    unsafe fn ran_out(&self, d: &Declared, forward: bool, scan: *mut pg_sys::ScanState, attnos: &[i32]) -> Vec<Span> {
+        if !d.open_toward(forward) {
+            return d.spans.clone();
+        }
+        let Some(latched) = self.latched.as_deref() else { return d.spans.clone() };
+        let last = match &self.seen {
+            Seen::Off => return d.spans.clone(),
+            Seen::Tid { tid, .. } if tid.ip_posid == 0 => None,
+            // SAFETY: per contract.
+            Seen::Tid { tid, .. } => match unsafe { key_at_tid(scan, *tid, &latched.key, attnos) } {
+                Some(k) => Some(k),
+                None => return d.spans.clone(),
+            },
+            Seen::Key { key, .. } => *key,
+        };
+        d.ran_out(last.as_ref(), forward)
+    }
+
+    fn add_touched(&mut self, t: Span) {
+        if t.is_empty() {
+            return;
+        }
+        if let Some(last) = self.touched.last_mut() {
+            if last.overlaps(&t) || last.end == t.start || t.end == last.start {
+                *last = last.hull(&t);
+                return;
+            }
+        }
+        self.touched.push(t);
+        if self.touched.len() > MAX_SPANS {
+            // Many scattered executions (an inner loop): one span over
+            // them all is wider, never narrower.
+            let all = self.touched.iter().fold(Span::EMPTY, |a, s| a.hull(s));
+            self.touched = vec![all];
+        }
+    }
+
+    /// Every span this node's executions touched, including the current one.
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    pub unsafe fn touched(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<Span> {
+        // SAFETY: per contract.
+        unsafe { self.fold(node) };
+        self.touched.clone()
+    }
+
+    /// D as known before the statement runs (for fenced reads).
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Declared {
+        // SAFETY: per contract.
+        unsafe { self.static_declared(node) }
+    }
+}
+
+/// The runtime of a node of ours.
+///
+/// # Safety
+/// `node` is a `PgkvxLimitScan` state that has begun.
+pub unsafe fn runtime<'a>(node: *mut pg_sys::CustomScanState) -> &'a mut NodeRuntime {
+    // SAFETY: per contract.
+    unsafe { &mut *(*(node as *mut NodeState)).rt }
+}
