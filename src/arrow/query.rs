@@ -130,11 +130,8 @@ impl QueryExecutor {
                 pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
                 pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
             );
-            let cb = pg_sys::MemoryContextAllocZero(cx, std::mem::size_of::<pg_sys::MemoryContextCallback>())
-                as *mut pg_sys::MemoryContextCallback;
-            (*cb).func = Some(executor_cx_deleted);
-            (*cb).arg = &*alive as *const std::cell::Cell<bool> as *mut std::ffi::c_void;
-            pg_sys::MemoryContextRegisterResetCallback(cx, cb);
+            let alive_at = &*alive as *const std::cell::Cell<bool> as *mut std::ffi::c_void;
+            crate::pg::memcx::on_reset(cx, executor_cx_deleted, alive_at);
             cx
         };
         QueryExecutor { cx, alive, qd: std::ptr::null_mut(), owner: None }

@@ -18,3 +18,43 @@ pub unsafe fn reset_if_used(cxt: pg_sys::MemoryContext) {
         }
     }
 }
+
+/// A function PostgreSQL calls with its argument when a memory context is
+/// reset or deleted (also after an ERROR, when no end callback of ours
+/// runs).
+pub type OnReset = unsafe extern "C-unwind" fn(*mut std::ffi::c_void);
+
+/// Calls `func(arg)` when `cx` is reset or deleted, with `cb` as the
+/// callback's record.
+///
+/// # Safety
+/// `cx` is a live memory context; `cb` lives as long as `cx` (it is
+/// allocated in it, or in a parent); `func` may run with `arg` at any
+/// reset of `cx`, and must not raise.
+pub unsafe fn on_reset_with(
+    cx: pg_sys::MemoryContext,
+    cb: *mut pg_sys::MemoryContextCallback,
+    func: OnReset,
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: per contract; registering cannot raise.
+    unsafe {
+        (*cb).func = Some(func);
+        (*cb).arg = arg;
+        (*cb).next = std::ptr::null_mut();
+        super::raw::MemoryContextRegisterResetCallback(cx, cb);
+    }
+}
+
+/// [`on_reset_with`], its record allocated in `cx` itself.
+///
+/// # Safety
+/// As [`on_reset_with`].
+pub unsafe fn on_reset(cx: pg_sys::MemoryContext, func: OnReset, arg: *mut std::ffi::c_void) {
+    // SAFETY: per contract; the record lives exactly as long as `cx`.
+    unsafe {
+        let cb = pg_sys::MemoryContextAllocZero(cx, std::mem::size_of::<pg_sys::MemoryContextCallback>())
+            as *mut pg_sys::MemoryContextCallback;
+        on_reset_with(cx, cb, func, arg);
+    }
+}

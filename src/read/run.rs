@@ -262,6 +262,80 @@ pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
     )
 }
 
+/// Whether no writer in flight at `base` holds a latch in `fp`: an
+/// optimistic read whose declared spans are clean streams at once.
+/// Counted as one validation.
+pub fn declared_clean(fp: &Footprint, base: &BaseSnapshot) -> bool {
+    let view = base.view();
+    let clean = table().check_footprint(fp, &view, &snapshot::committed, &mut |_| {}).clean();
+    backend::count(Stat::Validations, 1);
+    clean
+}
+
+/// What fencing a scan when it started found ([`fence_at_scan`]).
+pub struct ScanFence {
+    pub report: ReadReport,
+    pub wait_us: i64,
+    pub waited: Vec<Waited>,
+    /// Keys the scan must stop before: writers in flight at the snapshot
+    /// that it leaves out instead of waiting for them.
+    pub cut: Option<Footprint>,
+}
+
+/// Fences a scan when it starts, at the statement's snapshot `base`, which
+/// cannot move any more (other scans of the statement may have read at
+/// it): checks the scan's declared footprint `fp`; writers in flight there
+/// are either left out (`may_cut()`: the scan stops before the first key
+/// of theirs -- their rows stay invisible even after a wait) or waited
+/// for and checked again, and one that committed fails the statement
+/// with 40001.  The caller applies the cut and records the report.
+pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() -> bool) -> ScanFence {
+    let t = table();
+    let check = |out: &mut Vec<Conflict>| {
+        let view = base.view();
+        backend::count(Stat::Validations, 1);
+        t.check_footprint(&fp, &view, &snapshot::committed, &mut |c| out.push(c));
+    };
+    let mut met = Vec::new();
+    check(&mut met);
+    let mut fence = ScanFence {
+        report: ReadReport { validations: 1, ..Default::default() },
+        wait_us: 0,
+        waited: Vec::new(),
+        cut: None,
+    };
+    if met.is_empty() {
+        return fence;
+    }
+    let mut xids: Vec<_> = met.iter().map(|c| c.xid).collect();
+    xids.sort_unstable_by_key(|x| x.0);
+    xids.dedup();
+    fence.report.conflicts = xids.len() as u32;
+    if may_cut() {
+        fence.report.cuts = 1;
+        fence.cut = Some(cut_upward(&met));
+    } else {
+        // A writer that aborts leaves nothing to hide.
+        let mut live: Vec<_> = met.iter().filter(|c| c.live).copied().collect();
+        live.sort_unstable_by_key(|c| c.xid.0);
+        live.dedup_by_key(|c| c.xid);
+        for c in &live {
+            fence.wait_us += wait_for_holder(c, &mut fence.waited);
+            fence.report.waits += 1;
+        }
+        met.clear();
+        check(&mut met);
+        fence.report.validations += 1;
+        if let Some(c) = met.first() {
+            count(&fence.report);
+            fenced_at_scan_failure(c.xid, c.rel);
+        }
+    }
+    fence.report.checked = Some(fp);
+    count(&fence.report);
+    fence
+}
+
 /// Raises 40001 for a scan fenced when it started whose statement had read
 /// at its snapshot already (its bound came from a CTE or a subquery): a
 /// writer in flight at that snapshot committed inside the span, and the

@@ -142,11 +142,9 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             stopped: false,
         });
         let rt: *mut NodeRuntime = rt;
-        let cb = &raw mut (*ns).drop_cb;
-        (*cb).func = Some(drop_runtime);
-        (*cb).arg = rt as *mut std::ffi::c_void;
         // The context create_state allocated the node in.
-        raw::MemoryContextRegisterResetCallback(pg_sys::CurrentMemoryContext, cb);
+        let (cx, cb) = (pg_sys::CurrentMemoryContext, &raw mut (*ns).drop_cb);
+        crate::pg::memcx::on_reset_with(cx, cb, drop_runtime, rt as *mut std::ffi::c_void);
         (*ns).rt = rt;
         // A bound with a subquery of its own joins the node's subplans as
         // its state is built: built now, as every other node's, so that
@@ -335,67 +333,23 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
             use crate::read::{run, snapshot};
-            let rt = &mut *(*(node as *mut NodeState)).rt;
+            let rt = runtime(node);
             let Some(after) = rt.fence_at_start.take() else { return };
-            let d = rt.declared(node);
-            let fp: pgkvx_latch::Footprint = d.spans.iter().map(|s| (rt.rel, *s)).collect();
+            let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
-            let t = crate::shmem::table();
-            let check = |out: &mut Vec<pgkvx_latch::Conflict>| {
-                let view = base.view();
-                crate::shmem::backend::count(pgkvx_latch::Stat::Validations, 1);
-                t.check_footprint(&fp, &view, &snapshot::committed, &mut |c| out.push(c));
-            };
-            let mut met = Vec::new();
-            check(&mut met);
-            let mut report = pgkvx_latch::ReadReport { validations: 1, ..Default::default() };
-            if met.is_empty() {
-                if let Some(st) = &rt.statement {
-                    st.borrow_mut().report.add(&report);
-                }
-                return;
-            }
-            let mut waited = Vec::new();
-            let mut wait_us = 0;
-            let mut xids: Vec<_> = met.iter().map(|c| c.xid).collect();
-            xids.sort_unstable_by_key(|x| x.0);
-            xids.dedup();
-            report.conflicts = xids.len() as u32;
             // Under REPEATABLE READ later statements would show what a cut
             // left out.
-            if !snapshot::fixed_snapshot()
-                && can_stop_early(node)
-                && super::guards::reads_only_guarded((*estate).es_plannedstmt)
-            {
-                // Their rows would stay invisible even after a wait.
-                report.cuts = 1;
-                apply_cut(&[node], &run::cut_upward(&met));
-            } else {
-                // A writer that aborts leaves nothing to hide.
-                let mut live: Vec<_> = met.iter().filter(|c| c.live).copied().collect();
-                live.sort_unstable_by_key(|c| c.xid.0);
-                live.dedup_by_key(|c| c.xid);
-                for c in &live {
-                    wait_us += run::wait_for_holder(c, &mut waited);
-                    report.waits += 1;
-                }
-                met.clear();
-                check(&mut met);
-                report.validations += 1;
-                if let Some(c) = met.first() {
-                    run::count(&report);
-                    run::fenced_at_scan_failure(c.xid, c.rel);
-                }
+            let fence = run::fence_at_scan(fp, &base, || {
+                !snapshot::fixed_snapshot()
+                    && can_stop_early(node)
+                    && super::guards::reads_only_guarded((*estate).es_plannedstmt)
+            });
+            if let Some(cut) = &fence.cut {
+                apply_cut(&[node], cut);
             }
-            report.checked = Some(fp.clone());
-            run::count(&report);
             if let Some(st) = &rt.statement {
-                let mut st = st.borrow_mut();
-                st.report.add(&report);
-                st.wait_us += wait_us;
-                let room = run::MAX_WAITED.saturating_sub(st.waited.len());
-                st.waited.extend(waited.into_iter().take(room));
+                st.borrow_mut().record(fence.report, fence.wait_us, fence.waited);
             }
         })
     }

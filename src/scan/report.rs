@@ -48,3 +48,13 @@ pub struct StatementReport {
     /// The writers the statement waited for, named by EXPLAIN ANALYZE.
     pub waited: Vec<crate::read::run::Waited>,
 }
+
+impl StatementReport {
+    /// Adds what one run of the protocol did for the statement.
+    pub fn record(&mut self, report: ReadReport, wait_us: i64, waited: Vec<crate::read::run::Waited>) {
+        self.report.add(&report);
+        self.wait_us += wait_us;
+        let room = crate::read::run::MAX_WAITED.saturating_sub(self.waited.len());
+        self.waited.extend(waited.into_iter().take(room));
+    }
+}

@@ -47,7 +47,6 @@ use crate::pg::raw;
 
 use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
-use crate::shmem::{backend, table};
 use pgkvx_latch::protocol::ReadMode;
 use pgkvx_latch::{Footprint, Xid};
 use pgrx::pg_sys::{self, QueryDesc};
@@ -178,11 +177,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             return;
         }
         let params = (*qd).params;
-        let restartable = (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
-            && !(*stmt).hasModifyingCTE
-            && (*stmt).rowMarks.is_null()
-            && eflags & pg_sys::EXEC_FLAG_BACKWARD as i32 == 0
-            && guards.restartable();
+        let restartable = may_run_twice(stmt, eflags, &guards);
         let want = if restartable { guards::rows_wanted(stmt, params) } else { None };
         let Some(mut strategy) = run::choose_mode(want) else {
             // off: plain Postgres.
@@ -198,103 +193,138 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             strategy = ReadStrategy { mode: ReadMode::Fenced, declared_first: false, first_fixed_read: false };
         }
         strategy.first_fixed_read = first_fixed_read;
-        let declared = || -> Footprint { guards.declared_at_start(params) };
         let base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
         match strategy.mode {
-            ReadMode::Fenced if !guards.bounds_known_at_start() => {
-                // Each guarded scan fences when it starts, on its bounds as
-                // they are then, at the statement's snapshot, which other
-                // scans may already have read at (node::fence_at_start).
-                let after = snapshot::after_for_statement();
-                let nodes = start_executor(qd, eflags, &guards);
-                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
-                for &n in &(*st).nodes {
-                    runtime::runtime(n).fence_at_first_run(after);
-                }
-            }
-            ReadMode::Fenced => {
-                // Its scans may stop early where that leaves a state some
-                // serial order produces (the nodes check their order when
-                // they start: apply_cut).
-                let mut fenced = run::Fenced {
-                    may_cut: || {
-                        guards.0.iter().all(|g| {
-                            g.latched.as_ref().is_some_and(|l| {
-                                guards::may_cut(
-                                    stmt,
-                                    g.cs,
-                                    &l.key,
-                                    guards::order_by_plan(g),
-                                    guards::open_above(&g.plan, &l.key),
-                                )
-                            })
-                        }) && guards::reads_only_guarded(stmt)
-                    },
-                };
-                let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
-                let ReadDecision::Stream { cut } = ran.decision else { unreachable!("fenced reads never buffer") };
-                let mut b = ran.base;
-                let swapped = b.snap != (*qd).snapshot;
-                if swapped {
-                    if first_fixed_read {
-                        adopt_for_transaction(&b, guards.first_rel());
-                    }
-                    let new = pg_sys::RegisterSnapshot(b.snap);
-                    pg_sys::UnregisterSnapshot((*qd).snapshot);
-                    (*qd).snapshot = new;
-                }
-                b.release();
-                if cut.is_empty() && start_unguarded(qd, eflags, &guards) {
-                    // Only a snapshot of ours needs the statement: it must
-                    // be the active one while the statement runs.
-                    if swapped {
-                        attach(qd, eflags, guards, Vec::new(), Reads::plan(ReadPath::Fenced, true));
-                    }
-                    return;
-                }
-                let nodes = start_executor(qd, eflags, &guards);
-                node::apply_cut(&nodes, &cut);
-                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
-                let mut r = (*st).report.borrow_mut();
-                r.report = ran.report;
-                r.wait_us = ran.wait_us;
-                r.waited = ran.waited;
-            }
+            ReadMode::Fenced if !guards.bounds_known_at_start() => start_fenced_at_scan(qd, eflags, guards),
+            ReadMode::Fenced => start_fenced(qd, eflags, guards, base, strategy),
             ReadMode::Optimistic
-                if strategy.declared_first && {
-                    let fp = declared();
-                    let view = base.view();
-                    let clean = table().check_footprint(&fp, &view, &snapshot::committed, &mut |_| {}).clean();
-                    backend::count(pgkvx_latch::Stat::Validations, 1);
-                    clean
-                } =>
+                if strategy.declared_first && run::declared_clean(&guards.declared_at_start(params), &base) =>
             {
-                if start_unguarded(qd, eflags, &guards) {
-                    return;
-                }
-                let nodes = start_executor(qd, eflags, &guards);
-                let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Streamed, false));
-                let mut r = (*st).report.borrow_mut();
-                r.report.validations = 1;
-                r.report.streamed = true;
+                start_streamed(qd, eflags, guards)
             }
             ReadMode::Optimistic => {
                 let nodes = start_executor(qd, eflags, &guards);
-                attach(
-                    qd,
-                    eflags,
-                    guards,
-                    nodes,
-                    Reads {
-                        source: RowSource::Pending,
-                        mode: ReadPath::Optimistic,
-                        base: Some(base),
-                        swapped: false,
-                        first_fixed_read,
-                    },
-                );
+                let reads = Reads {
+                    source: RowSource::Pending,
+                    mode: ReadPath::Optimistic,
+                    base: Some(base),
+                    swapped: false,
+                    first_fixed_read,
+                };
+                attach(qd, eflags, guards, nodes, reads);
             }
         }
+    }
+}
+
+/// Whether the statement may run twice: a plain SELECT without row locks
+/// or side effects, not read backward, whose guarded scans allow it.
+///
+/// # Safety
+/// `stmt` is the statement's plan.
+unsafe fn may_run_twice(stmt: *mut pg_sys::PlannedStmt, eflags: i32, guards: &Guards) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
+            && !(*stmt).hasModifyingCTE
+            && (*stmt).rowMarks.is_null()
+            && eflags & pg_sys::EXEC_FLAG_BACKWARD as i32 == 0
+            && guards.restartable()
+    }
+}
+
+/// A fenced statement whose bounds are known only once it runs: each
+/// guarded scan fences when it starts, on its bounds as they are then, at
+/// the statement's snapshot, which other scans may already have read at
+/// (node::fence_at_start).
+///
+/// # Safety
+/// The arguments of ExecutorStart; `guards` are the statement's.
+unsafe fn start_fenced_at_scan(qd: *mut QueryDesc, eflags: i32, guards: Guards) {
+    let after = snapshot::after_for_statement();
+    // SAFETY: per contract.
+    unsafe {
+        let nodes = start_executor(qd, eflags, &guards);
+        let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
+        for &n in &(*st).nodes {
+            runtime::runtime(n).fence_at_first_run(after);
+        }
+    }
+}
+
+/// A fenced statement: waits for the writers in flight in its declared
+/// spans, then starts at a fresh snapshot, or at `base` stopping before
+/// later writers' keys where that leaves a state some serial order
+/// produces (the nodes check their order as they begin: apply_cut).
+///
+/// # Safety
+/// The arguments of ExecutorStart; `guards` are the statement's, `base`
+/// its snapshot.
+unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: BaseSnapshot, strategy: ReadStrategy) {
+    // SAFETY: per contract.
+    unsafe {
+        let stmt = (*qd).plannedstmt;
+        let params = (*qd).params;
+        let mut fenced = run::Fenced {
+            may_cut: || {
+                guards.0.iter().all(|g| {
+                    g.latched.as_ref().is_some_and(|l| {
+                        guards::may_cut(
+                            stmt,
+                            g.cs,
+                            &l.key,
+                            guards::order_by_plan(g),
+                            guards::open_above(&g.plan, &l.key),
+                        )
+                    })
+                }) && guards::reads_only_guarded(stmt)
+            },
+        };
+        let declared = || -> Footprint { guards.declared_at_start(params) };
+        let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
+        let ReadDecision::Stream { cut } = ran.decision else { unreachable!("fenced reads never buffer") };
+        let mut b = ran.base;
+        let swapped = b.snap != (*qd).snapshot;
+        if swapped {
+            if strategy.first_fixed_read {
+                adopt_for_transaction(&b, guards.first_rel());
+            }
+            let new = pg_sys::RegisterSnapshot(b.snap);
+            pg_sys::UnregisterSnapshot((*qd).snapshot);
+            (*qd).snapshot = new;
+        }
+        b.release();
+        if cut.is_empty() && start_unguarded(qd, eflags, &guards) {
+            // Only a snapshot of ours needs the statement: it must be the
+            // active one while the statement runs.
+            if swapped {
+                attach(qd, eflags, guards, Vec::new(), Reads::plan(ReadPath::Fenced, true));
+            }
+            return;
+        }
+        let nodes = start_executor(qd, eflags, &guards);
+        node::apply_cut(&nodes, &cut);
+        let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
+        (*st).report.borrow_mut().record(ran.report, ran.wait_us, ran.waited);
+    }
+}
+
+/// An optimistic statement whose declared spans were clean at its
+/// snapshot: it streams at once, like a fenced one that met nobody.
+///
+/// # Safety
+/// The arguments of ExecutorStart; `guards` are the statement's.
+unsafe fn start_streamed(qd: *mut QueryDesc, eflags: i32, guards: Guards) {
+    // SAFETY: per contract.
+    unsafe {
+        if start_unguarded(qd, eflags, &guards) {
+            return;
+        }
+        let nodes = start_executor(qd, eflags, &guards);
+        let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Streamed, false));
+        let mut r = (*st).report.borrow_mut();
+        r.report.validations = 1;
+        r.report.streamed = true;
     }
 }
 
@@ -368,14 +398,7 @@ unsafe fn attach(
         for &n in &nodes {
             runtime::runtime(n).attach_report(report.clone());
         }
-        let cb = pg_sys::MemoryContextAlloc(
-            (*(*qd).estate).es_query_cxt,
-            std::mem::size_of::<pg_sys::MemoryContextCallback>(),
-        ) as *mut pg_sys::MemoryContextCallback;
-        (*cb).func = Some(forget_statement);
-        (*cb).arg = qd as *mut std::ffi::c_void;
-        (*cb).next = std::ptr::null_mut();
-        raw::MemoryContextRegisterResetCallback((*(*qd).estate).es_query_cxt, cb);
+        crate::pg::memcx::on_reset((*(*qd).estate).es_query_cxt, forget_statement, qd as *mut std::ffi::c_void);
     }
     add_statement(GuardedStatement {
         qd,
@@ -573,11 +596,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         };
         base.release();
         (*st).source = source;
-        let mut r = (*st).report.borrow_mut();
-        r.mode = mode;
-        r.report = report;
-        r.wait_us = wait_us;
-        r.waited = waited;
+        *(*st).report.borrow_mut() = StatementReport { mode, report, wait_us, waited };
     }
 }
 

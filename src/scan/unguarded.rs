@@ -30,7 +30,6 @@
 //! node, which behaves the same, only dearer.
 
 use super::guards::Guards;
-use crate::pg::raw;
 use crate::pg::{list_nth, node_tag};
 use pgrx::pg_sys::{self, Node, Plan, PlannedStmt};
 use std::cell::RefCell;
@@ -135,9 +134,7 @@ unsafe fn remember(stmt: *mut PlannedStmt, guards: &Guards, guard: *mut pg_sys::
         (*e).top = (*stmt).planTree;
         (*e).guard = guard;
         (*e).unguarded = unguarded;
-        (*e).cb.func = Some(forget);
-        (*e).cb.arg = e as *mut c_void;
-        raw::MemoryContextRegisterResetCallback(cxt, &raw mut (*e).cb);
+        crate::pg::memcx::on_reset_with(cxt, &raw mut (*e).cb, forget, e as *mut c_void);
         SPLICED.with(|s| s.borrow_mut().insert(stmt as usize, e));
         e
     }
