@@ -300,3 +300,12 @@ def git_head():
 def percentile(values, q):
     """The q-th percentile (0-100) of a non-empty sequence, else None."""
     return float(numpy.percentile(values, q)) if len(values) else None
+
+
+def fatal_messages(out):
+    """The fatal errors worker processes reported on queue `out` (items
+    `(kind, id, result)`), for a run whose workers did not start."""
+    msgs = []
+    while not out.empty():
+        msgs.append(str(out.get_nowait()[2].get("fatal")))
+    return "; ".join(msgs) or "timeout"

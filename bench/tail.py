@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from common import connect, percentile, recreate_database, scan_node, stats_delta, stats_snapshot
+from common import connect, fatal_messages, percentile, recreate_database, scan_node, stats_delta, stats_snapshot
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ def run_tail(mode, scenario, cfg):
         try:
             ready.wait(timeout=60)
         except threading.BrokenBarrierError:
-            raise RuntimeError("tail workers did not start: " + _fatal_messages(out)) from None
+            raise RuntimeError("tail workers did not start: " + fatal_messages(out)) from None
         t0.value = time.monotonic() + 0.2
         go.set()
         _collect(out, results, "producer", cfg.producers, cfg.duration + 60)
@@ -280,13 +280,6 @@ def _collect(out, results, role, count, timeout):
             raise RuntimeError(f"{count - len(results[role])} {role}(s) did not report "
                                f"within {timeout:g}s") from None
         results[r][idx] = payload
-
-
-def _fatal_messages(out):
-    msgs = []
-    while not out.empty():
-        msgs.append(str(out.get_nowait()[2].get("fatal")))
-    return "; ".join(msgs) or "timeout"
 
 
 def summarize(cfg, results, committed, stats, start):

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 
 import psycopg
 
-from common import (DBNAME, ROOT, connect, log, percentile, pg_bindir, recreate_database,
+from common import (DBNAME, ROOT, connect, fatal_messages, log, percentile, pg_bindir, recreate_database,
                     stats_delta, stats_snapshot)
 
 
@@ -540,7 +540,7 @@ def run_cell(kind, scenario, producers, rows, cfg, workdir, *, max_delay_ms, lim
             try:
                 ready.wait(timeout=60)
             except threading.BrokenBarrierError:
-                raise RuntimeError("consumer did not start: " + _fatal_messages(out)) from None
+                raise RuntimeError("consumer did not start: " + fatal_messages(out)) from None
             go.set()
             with Pgbench(producer_script(kobj.producer, TABLE), producers, cfg.duration, workdir,
                          "producer", (f"rows={rows}", f"maxdelay={int(max_delay_ms * 1000)}")) as pb:
@@ -576,13 +576,6 @@ def _collect(out, timeout):
         return out.get(timeout=timeout)[2]
     except queue.Empty:
         raise RuntimeError(f"the consumer did not report within {timeout:g}s") from None
-
-
-def _fatal_messages(out):
-    msgs = []
-    while not out.empty():
-        msgs.append(str(out.get_nowait()[2].get("fatal")))
-    return "; ".join(msgs) or "timeout"
 
 
 # ------------------------------------------------- producers vs. waiters
