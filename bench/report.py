@@ -393,7 +393,7 @@ def _cfg(c):
 
 
 def wake_goals(wake):
-    """Issue 23's goals for (d), read off this run: (goal, measured, met)."""
+    """The wake-up goals for (d), read off this run: (goal, measured, met)."""
     cells = wake_cells(wake)
     by = {(c["scenario"], c["producers"], c["rows"], c["delay"], c["kind"]): c for c in cells}
     wf = [c for c in cells if c["kind"] == "wait_for" and c["scenario"] == "steady"]
@@ -569,7 +569,7 @@ def wake_markdown(wake):
         out.append("")
     goals = wake_goals(wake) if cells or pairs or keep else []
     if goals:
-        out += ["### Goals of issue 23 for (d), in this run", "",
+        out += ["### Wake-up goals for (d), in this run", "",
                 "Read off the tables above; the harness reports, it asserts nothing.", "",
                 "| goal | measured | |", "| --- | --- | --- |"]
         out += [f"| {g} | {m} | {'met' if ok else '**missed**'} |" for g, m, ok in goals]

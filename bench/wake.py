@@ -1,4 +1,4 @@
-"""The wake-up workload (issue 23): how fast does a consumer at the head of a
+"""The wake-up workload: how fast does a consumer at the head of a
 tail learn that a row was committed, and what does that cost the producers?
 
 Producers are pgbench clients (C, so 64 of them still leave the CPUs to the

@@ -98,7 +98,7 @@ def test_wake_runs_every_kind_and_reports_it(tmp_path):
         assert "error" not in p and p["tps_a"] > 0 and p["tps_b"] > 0, p
     assert pairs["100-same"]["waiting_at_start"] == 5 and pairs["1-same"]["waiting_at_start"] == 1
     assert len([k for k in w["keepup"] if "error" not in k]) == 4, w["keepup"]
-    assert "## wake-ups: consumers side by side" in md and "### Goals of issue 23" in md
+    assert "## wake-ups: consumers side by side" in md and "### Wake-up goals for (d)" in md
     assert "| steady | 4 × 1-row, 0–5 ms | (d) pgkvx.wait_for |" in md, md
     if w["pgq_missing"]:
         assert "**PgQ left out**" in md

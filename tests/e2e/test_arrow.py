@@ -445,9 +445,9 @@ def test_arrow_query_refuses_anything_but_a_read_only_select(conn, kv, q):
     "SELECT * FROM kv_locked_view",
 ])
 def test_arrow_query_refuses_row_locks_in_subqueries(db, conn, kv, q):
-    """Issue 16 item 11: a row lock below the top level (subquery, CTE,
-    sublink, a view's FOR UPDATE) once surfaced as PostgreSQL's misleading
-    'SELECT FOR UPDATE is not allowed in a non-volatile function'.  It gets
+    """A row lock below the top level (subquery, CTE, sublink, a view's FOR
+    UPDATE) must not surface as PostgreSQL's misleading 'SELECT FOR UPDATE
+    is not allowed in a non-volatile function'.  It gets
     pgkvx's own 0A000, before anything runs: no row stays locked."""
     conn.execute("CREATE OR REPLACE VIEW kv_locked_view AS SELECT k FROM kv FOR UPDATE")
     conn.execute("BEGIN")

@@ -117,9 +117,9 @@ def wide(db):
 
 
 def test_arrow_query_wide_rows_bounded_by_byte_cap(wide):
-    """Issue 16 item 9: arrow_query's first fetch asked for up to 1,024 rows
-    before it looked at the byte cap; with 1 MB rows that is the whole 500 MB
-    table in one batch.  Memory must stay near one capped batch."""
+    """arrow_query's first fetch must look at the byte cap, not only at a
+    row count: with 1 MB rows, 1,024 rows are the whole 500 MB table in one
+    batch.  Memory must stay near one capped batch."""
     growth_kb, rows = streamed_growth_kb(wide, "SELECT pgkvx.arrow_query('SELECT k, v FROM wide ORDER BY k')")
     print(f"\narrow_query wide: peak growth {growth_kb} kB for {WIDE_ROWS * WIDE_BYTES // 1024} kB of data")
     assert rows == WIDE_ROWS
@@ -128,9 +128,9 @@ def test_arrow_query_wide_rows_bounded_by_byte_cap(wide):
 
 
 def test_optimistic_arrow_scan_max_rows_wide_rows_does_not_buffer_result(wide):
-    """Issue 16 item 9: an optimistic arrow_scan holds its result back until
-    it validates; with max_rows over wide rows it held the whole result (743
-    MB for 600 MB).  Past one batch's bytes it must stream fenced instead."""
+    """An optimistic arrow_scan holds its result back until it validates;
+    with max_rows over wide rows that would be the whole result (600 MB).
+    Past one batch's bytes it must stream fenced instead."""
     want = WIDE_ROWS - 50
     with connect(wide) as c:
         before = dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())

@@ -48,7 +48,7 @@ def test_dropped_key_index_is_reported_and_refused_clearly(conn, coded):
 
 
 def test_dropped_primary_key_is_reported_and_refused_clearly(conn, table_name):
-    """Issue 16 item 7, primary-key version: a table latched by its primary
+    """A lost key index, primary-key version: a table latched by its primary
     key whose PRIMARY KEY constraint is dropped.  check() says so; inserts,
     key-order reads and arrow_scan fail with a clear SQLSTATE, never XX000
     "could not open relation"."""

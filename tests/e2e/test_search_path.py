@@ -1,4 +1,4 @@
-"""Issue 16 item 1, every entry point: no SQL pgkvx runs resolves a name
+"""Every entry point: no SQL pgkvx runs resolves a name
 through the caller's search_path.  A role with CREATE on a schema searched
 before pg_catalog plants exact-match operators and functions named like
 pg_catalog's; then superuser and a non-superuser table owner call every

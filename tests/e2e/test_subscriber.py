@@ -1,4 +1,4 @@
-"""Issue 15 item 5: a latched table written by a logical-replication
+"""A latched table written by a logical-replication
 subscription is exposed (rows arrive in the publisher's commit order, its
 writers in flight are invisible here).  pgkvx.check() reports it and a
 key-order LIMIT read of it warns (pgkvx.unprotected_reads = warning), or

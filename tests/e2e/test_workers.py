@@ -92,7 +92,7 @@ def ranges(c, t):
 
 
 def test_crowded_writer_does_not_wait_for_stopped_or_terminated_workers(db, conn, table_name):
-    """Issue 16 item 8, with the crowding back-pressure reacts to: OTHER open
+    """Back-pressure, with the crowding it reacts to: OTHER open
     transactions hold far more than 4 x range_max_latches latches in the
     range a writer latches into.  Back-pressure then waits up to 50 ms per
     latch for a split; with the workers stopped (SIGSTOP: present but not
