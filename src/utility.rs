@@ -1,7 +1,7 @@
 //! The ProcessUtility hook.  Utility statements bypass the planner and
 //! the executor, so what pgkvx checks or notes around them is done here,
 //! in one hook: identity-key DDL and COPY are checked before the statement
-//! runs (api/identity.rs), the transaction's snapshot is noted after it
+//! runs (gapless/ddl.rs), the transaction's snapshot is noted after it
 //! (read/snapshot.rs).
 
 use pgrx::pg_sys;

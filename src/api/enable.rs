@@ -85,7 +85,7 @@ fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapl
         check_sequence_cache(seq);
     }
     // An identity key keeps its identity default: the planner draws it
-    // through next_key (identity.rs).
+    // through next_key (gapless/rewrite.rs).
     let identity = gapless && r.attrs()[key.cols[0].attnum as usize - 1].identity != 0;
     let columns: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
     let present = [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some());

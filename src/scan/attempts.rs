@@ -19,7 +19,7 @@ use crate::read::snapshot::BaseSnapshot;
 use pgkvx_latch::{Conflict, Footprint};
 use pgrx::pg_sys::{self, QueryDesc};
 
-/// Runs `f` (which calls Postgres only through [`errors::pass`]) with
+/// Runs `f` (which calls Postgres only through [`crate::pg::boundary::pass`]) with
 /// `snap` as the active snapshot.
 pub(super) unsafe fn with_active<R>(snap: pg_sys::Snapshot, f: impl FnOnce() -> R) -> R {
     // SAFETY: pushing a registered snapshot and popping it again; an ERROR

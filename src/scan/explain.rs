@@ -42,7 +42,7 @@ pub(super) unsafe extern "C-unwind" fn explain(
     _ancestors: *mut List,
     es: *mut pg_sys::ExplainState,
 ) {
-    // SAFETY: see errors.rs for the boundary.
+    // SAFETY: see pg/boundary.rs.
     unsafe { crate::pg::boundary::rethrow_pending(|| explain_node(node, es)) }
 }
 

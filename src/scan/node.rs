@@ -68,7 +68,7 @@ unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut
 /// No `#[pg_guard]`: [`crate::pg::boundary::rethrow_pending`] catches every
 /// unwind.
 unsafe extern "C-unwind" fn begin(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
-    // SAFETY: see errors.rs for the boundary.
+    // SAFETY: see pg/boundary.rs.
     unsafe { crate::pg::boundary::rethrow_pending(|| begin_node(node, estate, eflags)) }
 }
 
@@ -329,7 +329,7 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
 #[pg_guard]
 #[inline(never)]
 unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
-    // SAFETY: our node, begun; see errors.rs for the boundary.
+    // SAFETY: our node, begun; see pg/boundary.rs.
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
             use crate::read::{run, snapshot};

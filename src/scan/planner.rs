@@ -87,7 +87,7 @@ unsafe extern "C-unwind" fn planner_hook(
     // SAFETY: chaining the previous hook (or the standard planner) with the
     // same arguments, as plain C calls: an ERROR in planning (constant
     // folding runs user functions) passes on as raised, once the planning
-    // frame is popped (errors.rs).
+    // frame is popped (pg/boundary.rs).
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
             RESTARTABLE.with(|r| r.borrow_mut().push(restartable));

@@ -7,7 +7,7 @@
 //! Row locks in a CTE or a subquery count as side effects too (the
 //! statement's own `FOR UPDATE` is in its row marks).
 //! PostgreSQL's `contain_volatile_functions` trusts each node's own
-//! function, so it misses two places a volatile function runs:
+//! function, so it misses three places a volatile function runs:
 //! - a coercion to a domain runs the domain's CHECK constraints, which may
 //!   call anything (any domain with constraints counts here);
 //! - an aggregate is looked at through its own pg_proc row, which says

@@ -133,7 +133,7 @@ pub fn init() {
 /// when ExecutorEnd never runs).  Its snapshot went with the resource
 /// owner; only our memory is left to free.
 unsafe extern "C-unwind" fn forget_statement(arg: *mut std::ffi::c_void) {
-    // SAFETY: no Postgres call inside; see errors.rs for the boundary.
+    // SAFETY: no Postgres call inside; see pg/boundary.rs.
     unsafe { boundary::rethrow_pending(|| drop(take_statement(arg as *mut QueryDesc))) }
 }
 
@@ -153,7 +153,7 @@ fn refuse_on_standby() {
 /// ExecutorStart.  Statements with no guarded scan pass straight on.  No
 /// `#[pg_guard]`: [`boundary::rethrow_pending`] catches every unwind.
 unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
-    // SAFETY: the executor's QueryDesc; see errors.rs for the boundary.
+    // SAFETY: the executor's QueryDesc; see pg/boundary.rs.
     unsafe { boundary::rethrow_pending(|| start_statement(qd, eflags)) }
 }
 
@@ -466,7 +466,7 @@ unsafe fn executor_run_with(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type
 /// unwind, and one guard frame less per level of recursion counts.
 #[inline(never)]
 unsafe fn guarded_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
-    // SAFETY: a started statement of ours; see errors.rs for the boundary.
+    // SAFETY: a started statement of ours; see pg/boundary.rs.
     unsafe { boundary::rethrow_pending(|| run_statement(qd, dir, count, once)) }
 }
 
