@@ -11,7 +11,7 @@
 //!   no state, so an error longjmps straight past it (`raw`);
 //! - where we do hold state, [`pass`] catches the longjmp with a jump buffer
 //!   of its own, leaves the error where Postgres put it (on its error stack,
-//!   every field intact), and unwinds our Rust frames with a [`Pending`]
+//!   every field intact), and unwinds our Rust frames with a `Pending`
 //!   marker so that their destructors run -- borrows, guards, buffers;
 //! - the hook's body runs in [`rethrow_pending`], which turns the marker back
 //!   into the very same error (`PG_RE_THROW`).

@@ -390,8 +390,8 @@ pub fn open_above(plan: &GuardPlan, key: &crate::keys::KeyDesc) -> bool {
 /// function in FROM).
 ///
 /// # Safety
-/// `stmt` is a valid PlannedStmt.
-pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt) -> bool {
+/// `stmt` is a valid PlannedStmt; `guards` are its guards.
+pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, guards: &Guards) -> bool {
     // SAFETY: per contract; range table entries, row marks and plan nodes
     // are read only.
     unsafe {
@@ -404,8 +404,7 @@ pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt) -> bool {
             })
             .map(|m| (*m).rti)
             .collect();
-        let mut roots: Vec<pg_sys::Oid> =
-            Guards::of(stmt).0.iter().filter_map(|g| g.latched.as_ref().map(|l| l.root)).collect();
+        let mut roots: Vec<pg_sys::Oid> = guards.0.iter().filter_map(|g| g.latched.as_ref().map(|l| l.root)).collect();
         roots.sort_unstable_by_key(|o| o.to_u32());
         roots.dedup();
         if roots.len() != 1 {

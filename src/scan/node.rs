@@ -15,7 +15,7 @@
 use super::explain::explain;
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use super::position::{key_source_of, position_of, ScanPosition};
-use super::runtime::{drop_runtime, note_key, runtime, seen_for, NodeRuntime, NodeState, Seen};
+use super::runtime::{drop_runtime, note_key, runtime, seen_for, FenceAtStart, NodeRuntime, NodeState, Seen};
 use crate::pg::raw;
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
 use crate::registry;
@@ -334,17 +334,14 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
         crate::pg::boundary::rethrow_pending(|| {
             use crate::read::{run, snapshot};
             let rt = runtime(node);
-            let Some(after) = rt.fence_at_start.take() else { return };
+            let Some(FenceAtStart { after, only_guarded }) = rt.fence_at_start.take() else { return };
             let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             // Under REPEATABLE READ later statements would show what a cut
             // left out.
-            let fence = run::fence_at_scan(fp, &base, || {
-                !snapshot::fixed_snapshot()
-                    && can_stop_early(node)
-                    && super::guards::reads_only_guarded((*estate).es_plannedstmt)
-            });
+            let fence =
+                run::fence_at_scan(fp, &base, || !snapshot::fixed_snapshot() && can_stop_early(node) && only_guarded);
             if let Some(cut) = &fence.cut {
                 apply_cut(&[node], cut);
             }

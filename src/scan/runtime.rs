@@ -49,6 +49,15 @@ pub(super) enum Seen {
     Key { slot: *mut pg_sys::TupleTableSlot, attnos: Vec<i32>, greatest: bool, key: Option<KeyWriter> },
 }
 
+/// A scan that fences when it first runs (`node::fence_at_start`).
+#[derive(Clone, Copy)]
+pub struct FenceAtStart {
+    /// The statement's snapshot.
+    pub after: pgkvx_latch::Xid,
+    /// The statement reads nothing but its guarded table.
+    pub only_guarded: bool,
+}
+
 pub struct NodeRuntime {
     pub(super) plan: Rc<GuardPlan>,
     /// None when the table stopped being latched after planning.
@@ -74,7 +83,7 @@ pub struct NodeRuntime {
     /// A fenced statement whose bounds are known only once it runs: the
     /// scan fences when it first runs, with this `after` for the
     /// statement's snapshot.
-    pub(super) fence_at_start: Option<pgkvx_latch::Xid>,
+    pub(super) fence_at_start: Option<FenceAtStart>,
     /// The read stops before this key (the protocol's cut): rows at or
     /// past it are left out, and a scan moving up the key ends there.
     pub(super) cut: Option<pgkvx_latch::KeyBuf>,
@@ -162,9 +171,11 @@ impl NodeRuntime {
     }
 
     /// Makes the scan fence when it first runs, for a statement whose
-    /// snapshot is `after` (see `node::fence_at_start`).
-    pub fn fence_at_first_run(&mut self, after: pgkvx_latch::Xid) {
-        self.fence_at_start = Some(after);
+    /// snapshot is `after` (see `node::fence_at_start`); `only_guarded`:
+    /// the statement reads nothing but its guarded table
+    /// (`guards::reads_only_guarded`).
+    pub fn fence_at_first_run(&mut self, after: pgkvx_latch::Xid, only_guarded: bool) {
+        self.fence_at_start = Some(FenceAtStart { after, only_guarded });
     }
 
     /// The latch identity the node's reads validate against.

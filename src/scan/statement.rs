@@ -244,10 +244,11 @@ unsafe fn start_fenced_at_scan(qd: *mut QueryDesc, eflags: i32, guards: Guards) 
     let after = snapshot::after_for_statement();
     // SAFETY: per contract.
     unsafe {
+        let only_guarded = guards::reads_only_guarded((*qd).plannedstmt, &guards);
         let nodes = start_executor(qd, eflags, &guards);
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
         for &n in &(*st).nodes {
-            runtime::runtime(n).fence_at_first_run(after);
+            runtime::runtime(n).fence_at_first_run(after, only_guarded);
         }
     }
 }
@@ -277,7 +278,7 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
                             guards::open_above(&g.plan, &l.key),
                         )
                     })
-                }) && guards::reads_only_guarded(stmt)
+                }) && guards::reads_only_guarded(stmt, &guards)
             },
         };
         let declared = || -> Footprint { guards.declared_at_start(params) };
@@ -553,8 +554,14 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         };
         let eflags = (*st).eflags;
         let estate = (*qd).estate;
-        let mut reader =
-            OptimisticAttempts { qd, eflags, attempts: 0, buffer: first.buffer, first: Some(first.footprint) };
+        let mut reader = OptimisticAttempts {
+            qd,
+            guards: &(*st).guards,
+            eflags,
+            attempts: 0,
+            buffer: first.buffer,
+            first: Some(first.footprint),
+        };
         // Only a read that falls back to fenced needs its declared spans.
         let guards = &(*st).guards;
         let mut declared = || -> Footprint { guards.declared_at_start((*qd).params) };
