@@ -2,8 +2,8 @@
 //! `pgkvx.stats()`.  Each copies what it reports under the locks and calls
 //! back with plain values, so callers never touch shared memory.
 
-use super::guard::{Directory, RangeAccess};
 use super::locks::LockSet;
+use super::region::guard::{Directory, RangeAccess};
 use super::region::{EntryData, RelId, State};
 use super::span::{KeyBuf, Span};
 use super::table::LatchTable;
@@ -65,7 +65,7 @@ pub struct Usage {
 impl<L: LockSet> LatchTable<'_, L> {
     /// Every latch and tombstone, table by table in key order.
     pub fn for_each_latch(&self, f: &mut dyn FnMut(&LatchInfo)) {
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         for (t, rel) in tables_in_use(&d) {
             for &r in d.ranges_of(t).as_slice() {
                 let g = d.range_read(r);
@@ -87,7 +87,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         if span.is_empty() {
             return;
         }
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         let Some(t) = d.find_table(rel) else { return };
         for i in d.ranges_over(t, span) {
             let r = d.range_at(t, i);
@@ -104,12 +104,12 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Every range, table by table in key order.
     pub fn for_each_range(&self, f: &mut dyn FnMut(&RangeInfo)) {
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         for (t, rel) in tables_in_use(&d) {
             for &r in d.ranges_of(t).as_slice() {
                 let meta = *d.meta(r);
                 let body = *d.range_read(r).body();
-                let slot = &self.region.ranges[r as usize];
+                let slot = &self.mem.region.ranges[r as usize];
                 f(&RangeInfo {
                     id: r,
                     rel,
@@ -128,7 +128,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     pub fn usage(&self) -> Usage {
         let cfg = self.config();
-        let d = self.dir_read();
+        let d = self.mem.dir_read();
         let counts = d.counts();
         Usage {
             entries_used: cfg.max_entries - self.free_entries(),

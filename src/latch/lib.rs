@@ -7,7 +7,6 @@
 //! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
 //! (views), `stats` (counters), `rng` (the tests' and benchmarks' generator).
 
-pub mod guard;
 pub mod holdings;
 pub mod inspect;
 pub mod locks;

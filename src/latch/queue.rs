@@ -18,8 +18,8 @@
 //! workers, each processing one range at a time, so at most that many ranges
 //! are processed at once.
 
-use super::guard::{Directory, RangeAccess};
 use super::locks::LockSet;
+use super::region::guard::{Directory, RangeAccess};
 use super::table::LatchTable;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -93,11 +93,11 @@ const MERGE_DIVISOR: u32 = 8;
 
 impl<L: LockSet> LatchTable<'_, L> {
     pub(crate) fn queue_state(&self, r: u32) -> &AtomicU32 {
-        &self.region.ranges[r as usize].queue
+        &self.mem.region.ranges[r as usize].queue
     }
 
     fn contended_since(&self, r: u32) -> (u64, &AtomicU64) {
-        let s = &self.region.ranges[r as usize];
+        let s = &self.mem.region.ranges[r as usize];
         (s.contended.load(Relaxed).saturating_sub(s.contended_seen.load(Relaxed)), &s.contended_seen)
     }
 
@@ -105,20 +105,20 @@ impl<L: LockSet> LatchTable<'_, L> {
     pub fn enqueue(&self, r: u32) -> bool {
         let queued = enqueue(self.queue_state(r));
         if queued {
-            self.region.hdr.queued.fetch_add(1, Relaxed);
+            self.mem.region.hdr.queued.fetch_add(1, Relaxed);
         }
         queued
     }
 
     /// Ranges waiting for a worker.
     pub fn queued(&self) -> u32 {
-        self.region.hdr.queued.load(Relaxed)
+        self.mem.region.hdr.queued.load(Relaxed)
     }
 
     fn claim_counted(&self, r: u32) -> bool {
         let ok = claim(self.queue_state(r));
         if ok {
-            self.region.hdr.queued.fetch_sub(1, Relaxed);
+            self.mem.region.hdr.queued.fetch_sub(1, Relaxed);
         }
         ok
     }
@@ -131,7 +131,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     fn finish_counted(&self, r: u32) -> bool {
         let again = finish(self.queue_state(r));
         if again {
-            self.region.hdr.queued.fetch_add(1, Relaxed);
+            self.mem.region.hdr.queued.fetch_add(1, Relaxed);
         }
         again
     }
@@ -139,13 +139,13 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Forgets the queue state of a range being freed.
     pub(crate) fn dequeue_freed(&self, r: u32) {
         if self.queue_state(r).swap(IDLE, AcqRel) == QUEUED {
-            self.region.hdr.queued.fetch_sub(1, Relaxed);
+            self.mem.region.hdr.queued.fetch_sub(1, Relaxed);
         }
     }
 
     /// Latches plus tombstones in range `r`.
     pub fn load(&self, r: u32) -> u32 {
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         let g = d.range_read(r);
         g.body().live + g.body().tombstones
     }
@@ -159,7 +159,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             let limit = self.range_max_latches();
             let mut best: Option<(u64, u32)> = None;
             {
-                let mut d = self.dir_read();
+                let mut d = self.mem.dir_read();
                 for r in 0..self.config().max_ranges {
                     if !d.meta(r).in_use || self.queue_state(r).load(Relaxed) != QUEUED {
                         continue;
@@ -187,7 +187,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         self.drain_released(u32::MAX);
         let limit = self.range_max_latches();
         let mut queued = 0;
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         for r in 0..self.config().max_ranges {
             let meta = *d.meta(r);
             if !meta.in_use {
@@ -217,7 +217,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     pub fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
         let limit = self.range_max_latches();
         {
-            let mut d = self.dir_read();
+            let mut d = self.mem.dir_read();
             self.reclaim(&mut d.range_write(r), slot, u32::MAX);
         }
         let (contended, seen) = self.contended_since(r);
@@ -260,7 +260,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// The range right of `r` in the same table, if any.
     fn right_neighbour(&self, r: u32) -> Option<u32> {
-        let d = self.dir_read();
+        let d = self.mem.dir_read();
         let meta = *d.meta(r);
         if !meta.in_use || meta.hi.is_infinite() {
             return None;
@@ -368,7 +368,7 @@ mod tests {
     /// Lock waits on every range of REL, as acquirers would count them.
     fn wait_on_every_range(t: &LatchTable<'_, impl LockSet>, waits: u64) {
         for r in t.ranges_of(REL) {
-            t.region.ranges[r as usize].contended.fetch_add(waits, Relaxed);
+            t.mem.region.ranges[r as usize].contended.fetch_add(waits, Relaxed);
         }
     }
 

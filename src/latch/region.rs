@@ -4,7 +4,8 @@
 //! Nothing is allocated after `init`, so the region can be Postgres shared
 //! memory mapped at different addresses in different processes.
 //!
-//! What protects what (guard.rs hands each out under its lock):
+//! What protects what (the child module `guard` alone turns the cells into
+//! references, and hands each out under its lock):
 //! - `TableData`, `RangeMeta`, `DirCounts`: the Directory lock.
 //! - `RangeBody`, the tree nodes its root reaches, and the `EntryData` of
 //!   every entry in its tree: the range's lock.
@@ -18,6 +19,8 @@ use super::xid::Xid;
 use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+pub(crate) mod guard;
 
 pub const MAGIC: u64 = 0x706b_7678_6c74_0007; // "pkvxlt" v7
 
@@ -94,7 +97,7 @@ pub(crate) struct Header {
     /// range's tombstone list or freed: a lock-free stack (see table.rs).
     pub released: AtomicU32,
     pub released_count: AtomicU32,
-    pub dir: UnsafeCell<DirCounts>,
+    dir: UnsafeCell<DirCounts>,
 }
 
 pub(crate) struct DirCounts {
@@ -105,7 +108,7 @@ pub(crate) struct DirCounts {
 
 #[repr(C)]
 pub(crate) struct TableSlot {
-    pub inner: UnsafeCell<TableData>,
+    inner: UnsafeCell<TableData>,
 }
 
 #[derive(Clone)]
@@ -153,8 +156,8 @@ impl TableData {
 
 #[repr(C)]
 pub(crate) struct RangeSlot {
-    pub meta: UnsafeCell<RangeMeta>,
-    pub body: UnsafeCell<RangeBody>,
+    meta: UnsafeCell<RangeMeta>,
+    body: UnsafeCell<RangeBody>,
     /// Latches acquired in this range (for the split heuristics and views).
     pub acquires: AtomicU64,
     /// Acquisitions that found the range lock busy.
@@ -273,7 +276,7 @@ impl State {
 
 #[repr(C)]
 pub(crate) struct Entry {
-    pub data: UnsafeCell<EntryData>,
+    data: UnsafeCell<EntryData>,
     pub range: AtomicU32,
     pub holder_next: AtomicU32,
     /// Free-list link while free; released-list link once released.
@@ -294,7 +297,7 @@ pub(crate) struct Entry {
 pub const OPEN: u64 = u64::MAX;
 
 #[repr(C)]
-pub(crate) struct TreeNode(pub UnsafeCell<tree::Node>);
+pub(crate) struct TreeNode(UnsafeCell<tree::Node>);
 
 #[derive(Clone, Copy)]
 pub(crate) struct EntryData {

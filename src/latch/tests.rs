@@ -189,7 +189,7 @@ fn release_settles_at_once_unless_the_range_lock_is_busy() {
         t.acquire(0, REL, &pt(2), &holder(51)).unwrap();
         let r = t.ranges_of(REL)[0];
         {
-            let _reader = crate::locks::Held::new(&t.locks, LockId::Range(r), Mode::Shared);
+            let _reader = crate::locks::Held::new(&t.mem.locks, LockId::Range(r), Mode::Shared);
             t.release_all(0, outcome);
         }
         assert_eq!(t.released_pending(), 1, "{outcome:?}");
@@ -222,8 +222,8 @@ fn a_release_that_read_its_range_before_a_split_does_not_settle_there() {
     assert_eq!(t.entry(e).range.load(Ordering::Relaxed), moved_to, "key 100 lies right of the split");
     // The settler's view from before the split: the lock is free, but the
     // entry is no longer in that range's tree.
-    assert!(t.try_lock_range_if_in(stale, e).is_none(), "stale range handed out");
-    assert!(t.try_lock_range_if_in(moved_to, e).is_some(), "current range refused");
+    assert!(t.mem.try_lock_range_if_in(stale, e).is_none(), "stale range handed out");
+    assert!(t.mem.try_lock_range_if_in(moved_to, e).is_some(), "current range refused");
     t.release_all(0, TxEnd::Committed);
     assert_eq!(t.released_pending(), 0, "settled in its current range");
     assert_eq!(conflicts_of(t, REL, &pt(100), &[50], 70), set(&[50]));
@@ -235,7 +235,7 @@ fn a_split_waits_for_a_release_settling_in_the_range() {
     use std::sync::atomic::AtomicBool;
     let (t, e) = twenty_and_one_to_the_right();
     let r = t.entry(e).range.load(Ordering::Relaxed);
-    let settling = t.try_lock_range_of(e).expect("range lock free");
+    let settling = t.mem.try_lock_range_of(e).expect("range lock free");
     static DONE: AtomicBool = AtomicBool::new(false);
     let splitter = std::thread::spawn(move || {
         let r2 = t.split(2, r);

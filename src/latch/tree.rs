@@ -13,7 +13,7 @@
 //! Nodes come from a fixed pool ([`NodesMut::alloc_node`]); the tree needs
 //! no allocation and lives in shared memory as is.  The tree code is safe
 //! Rust over the [`Nodes`] and [`Keys`] it is handed: modifying takes
-//! `&mut` nodes, which only a range's exclusive guard gives out (guard.rs).
+//! `&mut` nodes, which only a range's exclusive guard gives out (region/guard.rs).
 //! Every node but the root is at least half full, which bounds the pool a
 //! table of `n` entries in `r` ranges can need ([`pool_size`]).
 

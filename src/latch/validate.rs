@@ -16,8 +16,8 @@
 //! 10".  `check` reports such writers as conflicts with `after: true`; the
 //! reader waits for them and pulls them in like the others.
 
-use super::guard::{Directory, RangeAccess};
 use super::locks::LockSet;
+use super::region::guard::{Directory, RangeAccess};
 use super::region::{RelId, State};
 use super::snapshot::ReadSnapshot;
 use super::span::Span;
@@ -131,7 +131,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         let mut after: Vec<(Xid, u64, bool, Span, Span)> = Vec::new();
         let mut after_ranges: Vec<(Xid, Xid, u64, Span)> = Vec::new();
         {
-            let mut d = self.dir_read();
+            let mut d = self.mem.dir_read();
             let Some(t) = d.find_table(rel) else {
                 return out; // never latched
             };
