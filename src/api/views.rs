@@ -87,7 +87,7 @@ fn latch_list(
     ),
 > {
     let mut raw: Vec<LatchInfo> = Vec::new();
-    table().for_each_latch(&mut |l| {
+    table().inspector().for_each_latch(&mut |l| {
         if include_tombstones || l.state == State::Live {
             raw.push(*l);
         }
@@ -145,7 +145,7 @@ fn range_list() -> TableIterator<
     ),
 > {
     let mut raw: Vec<RangeInfo> = Vec::new();
-    table().for_each_range(&mut |r| raw.push(*r));
+    table().inspector().for_each_range(&mut |r| raw.push(*r));
     let mut fmt = SpanFormatter::new();
     let mut seen = HashMap::new();
     let rows: Vec<_> = raw
@@ -173,7 +173,7 @@ fn range_list() -> TableIterator<
 /// full the latch table is.
 #[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
 fn stats() -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
-    let t = table();
+    let t = table().inspector();
     let counts = t.stats();
     let u = t.usage();
     let mut rows: Vec<(String, i64)> =

@@ -64,7 +64,7 @@ pub struct Usage {
 
 impl<L: LockSet> LatchTable<'_, L> {
     /// Every latch and tombstone, table by table in key order.
-    pub fn for_each_latch(&self, f: &mut dyn FnMut(&LatchInfo)) {
+    pub(crate) fn for_each_latch(&self, f: &mut dyn FnMut(&LatchInfo)) {
         let mut d = self.mem.dir_read();
         for (t, rel) in tables_in_use(&d) {
             for &r in d.ranges_of(t).as_slice() {
@@ -83,7 +83,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// The latches and tombstones of `rel` that overlap `span`, in key
     /// order (of their ranges): what the head-blocker view and EXPLAIN's
     /// "Waited For" look up, without walking every table's latches.
-    pub fn for_each_latch_of(&self, rel: RelId, span: &Span, f: &mut dyn FnMut(&LatchInfo)) {
+    pub(crate) fn for_each_latch_of(&self, rel: RelId, span: &Span, f: &mut dyn FnMut(&LatchInfo)) {
         if span.is_empty() {
             return;
         }
@@ -103,7 +103,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     }
 
     /// Every range, table by table in key order.
-    pub fn for_each_range(&self, f: &mut dyn FnMut(&RangeInfo)) {
+    pub(crate) fn for_each_range(&self, f: &mut dyn FnMut(&RangeInfo)) {
         let mut d = self.mem.dir_read();
         for (t, rel) in tables_in_use(&d) {
             for &r in d.ranges_of(t).as_slice() {
@@ -126,7 +126,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         }
     }
 
-    pub fn usage(&self) -> Usage {
+    pub(crate) fn usage(&self) -> Usage {
         let cfg = self.config();
         let d = self.mem.dir_read();
         let counts = d.counts();

@@ -7,6 +7,7 @@
 //! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
 //! (views), `stats` (counters), `rng` (the tests' and benchmarks' generator).
 
+pub mod face;
 pub mod holdings;
 pub mod inspect;
 pub mod locks;
@@ -28,6 +29,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
+pub use face::{Inspector, Maintainer, Reader, Writer};
 pub use holdings::{Holdings, Latched, Limits};
 pub use inspect::{LatchInfo, RangeInfo, Usage};
 pub use locks::{LockId, LockSet, Mode};
@@ -36,6 +38,6 @@ pub use region::{Config, RelId, State};
 pub use snapshot::ReadSnapshot;
 pub use span::{KeyBuf, Span, KEY_MAX};
 pub use stats::{Stat, NSTATS};
-pub use table::{AcquireError, Holder, LatchTable, TxEnd};
+pub use table::{AcquireError, DrawLock, Holder, LatchTable, TxEnd};
 pub use validate::{Check, Conflict, Footprint};
 pub use xid::Xid;

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 impl<L: LockSet> LatchTable<'_, L> {
     /// Reclaims every expired tombstone in every range.  Returns how many.
-    pub fn reclaim_all(&self, slot: u32) -> u32 {
+    pub(crate) fn reclaim_all(&self, slot: u32) -> u32 {
         self.drain_released(slot);
         let mut d = self.mem.dir_read();
         let mut n = 0;
@@ -33,7 +33,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Folds all tombstones of range `r` into its summary, freeing their
     /// entries.  Readers then see more conflicts, never fewer.
-    pub fn coalesce(&self, slot: u32, r: u32) -> u32 {
+    pub(crate) fn coalesce(&self, slot: u32, r: u32) -> u32 {
         self.drain_released(slot);
         let mut d = self.mem.dir_read();
         if !d.meta(r).in_use {
@@ -61,7 +61,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// What a writer does when the table is full: reclaim what the horizon
     /// allows, then coalesce tombstones.  Returns the free entries after.
-    pub fn relieve_pressure(&self, slot: u32) -> u32 {
+    pub(crate) fn relieve_pressure(&self, slot: u32) -> u32 {
         self.reclaim_all(slot);
         if self.free_entries() > 0 {
             return self.free_entries();
@@ -78,7 +78,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Splits range `r` near its median key at a point no latch crosses.
     /// Returns the new right-hand range, or None when it cannot split.
-    pub fn split(&self, slot: u32, r: u32) -> Option<u32> {
+    pub(crate) fn split(&self, slot: u32, r: u32) -> Option<u32> {
         let mut d = self.mem.dir_write();
         let meta = *d.meta(r);
         if !meta.in_use || d.table_data(meta.table).nranges as usize >= MAX_RANGES_PER_TABLE {
@@ -127,7 +127,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Merges range `right` into its left neighbour `left` (same table,
     /// adjacent).  Returns false when they are not neighbours.
-    pub fn merge(&self, slot: u32, left: u32, right: u32) -> bool {
+    pub(crate) fn merge(&self, slot: u32, left: u32, right: u32) -> bool {
         let mut d = self.mem.dir_write();
         let (ml, mr) = (*d.meta(left), *d.meta(right));
         if !ml.in_use || !mr.in_use || ml.table != mr.table || ml.hi != mr.lo {
@@ -171,7 +171,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// stay (a reader of a table disabled and enabled again must still find
     /// them); the idle-table sweep frees the slot once the horizon has
     /// passed them.  Refuses (false) while any latch on it is still live.
-    pub fn purge_table(&self, slot: u32, rel: RelId) -> bool {
+    pub(crate) fn purge_table(&self, slot: u32, rel: RelId) -> bool {
         // Latches released but not drained still count as live.
         self.drain_released(slot);
         let mut d = self.mem.dir_write();
@@ -206,7 +206,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// and took no latch since the previous call: tables no longer written,
     /// or of a dropped database (DROP DATABASE fires no event trigger).  A
     /// table written again simply gets a fresh slot.  Returns how many.
-    pub fn gc_idle_tables(&self) -> u32 {
+    pub(crate) fn gc_idle_tables(&self) -> u32 {
         let mut d = self.mem.dir_write();
         let mut freed = 0;
         for t in 0..self.config().max_tables {
@@ -241,7 +241,8 @@ impl<L: LockSet> LatchTable<'_, L> {
     }
 
     /// The ranges of `rel` in key order (empty when it was never latched).
-    pub fn ranges_of(&self, rel: RelId) -> Vec<u32> {
+    #[cfg(any(test, feature = "std-locks"))]
+    pub(crate) fn ranges_of(&self, rel: RelId) -> Vec<u32> {
         let d = self.mem.dir_read();
         d.find_table(rel).map_or_else(Vec::new, |t| d.ranges_of(t).as_slice().to_vec())
     }

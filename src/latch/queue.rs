@@ -30,7 +30,7 @@ pub const PROCESSING: u32 = 2;
 pub const REQUEUED: u32 = 4;
 
 /// Asks for a worker; true when this call queued an idle range.
-pub fn enqueue(state: &AtomicU32) -> bool {
+pub(crate) fn enqueue(state: &AtomicU32) -> bool {
     let mut s = state.load(Acquire);
     loop {
         let next = match s {
@@ -46,13 +46,13 @@ pub fn enqueue(state: &AtomicU32) -> bool {
 }
 
 /// Takes a queued range for processing; false when someone else did.
-pub fn claim(state: &AtomicU32) -> bool {
+pub(crate) fn claim(state: &AtomicU32) -> bool {
     state.compare_exchange(QUEUED, PROCESSING, AcqRel, Acquire).is_ok()
 }
 
 /// Ends processing; true when the range was enqueued meanwhile and is
 /// queued again.
-pub fn finish(state: &AtomicU32) -> bool {
+pub(crate) fn finish(state: &AtomicU32) -> bool {
     let mut s = state.load(Acquire);
     loop {
         debug_assert!(s & PROCESSING != 0, "finish without claim");
@@ -102,7 +102,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     }
 
     /// Queues range `r` for a worker.
-    pub fn enqueue(&self, r: u32) -> bool {
+    pub(crate) fn enqueue(&self, r: u32) -> bool {
         let queued = enqueue(self.queue_state(r));
         if queued {
             self.mem.region.hdr.queued.fetch_add(1, Relaxed);
@@ -111,7 +111,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     }
 
     /// Ranges waiting for a worker.
-    pub fn queued(&self) -> u32 {
+    pub(crate) fn queued(&self) -> u32 {
         self.mem.region.hdr.queued.load(Relaxed)
     }
 
@@ -144,14 +144,14 @@ impl<L: LockSet> LatchTable<'_, L> {
     }
 
     /// Latches plus tombstones in range `r`.
-    pub fn load(&self, r: u32) -> u32 {
+    pub(crate) fn load(&self, r: u32) -> u32 {
         let mut d = self.mem.dir_read();
         let g = d.range_read(r);
         g.body().live + g.body().tombstones
     }
 
     /// The queued range a worker should take next, claimed for it.
-    pub fn claim_next(&self) -> Option<u32> {
+    pub(crate) fn claim_next(&self) -> Option<u32> {
         loop {
             if self.queued() == 0 {
                 return None;
@@ -183,7 +183,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Queues every range that needs attention: crowded, contended, holding
     /// tombstones the horizon has passed, or small enough to merge.
-    pub fn sweep(&self) -> u32 {
+    pub(crate) fn sweep(&self) -> u32 {
         self.drain_released(u32::MAX);
         let limit = self.range_max_latches();
         let mut queued = 0;
@@ -214,7 +214,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Processes one claimed range: reclaim, then split, merge or coalesce
     /// as its state asks.  Finishes the claim; returns what it did and
     /// whether the range must be looked at again.
-    pub fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
+    pub(crate) fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
         let limit = self.range_max_latches();
         {
             let mut d = self.mem.dir_read();

@@ -77,6 +77,13 @@ pub enum TxEnd {
     Aborted,
 }
 
+/// Table `rel`'s draw lock, held until dropped: one backend at a time
+/// draws the table's keys and latches them ([`LatchTable::lock_draws`]).
+#[must_use = "the draw lock is released when dropped"]
+pub struct DrawLock<'t, L: LockSet> {
+    _held: Held<'t, L>,
+}
+
 pub struct LatchTable<'r, L: LockSet> {
     pub(crate) mem: Locked<'r, L>,
 }
@@ -118,45 +125,45 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         self.mem.region.hdr.range_max_latches.store(n.max(16), Relaxed);
     }
 
-    pub fn range_max_latches(&self) -> u32 {
+    pub(crate) fn range_max_latches(&self) -> u32 {
         self.mem.region.hdr.range_max_latches.load(Relaxed)
     }
 
     /// Publishes the xid horizon: tombstones of holders that precede it can
     /// no longer conflict with any snapshot and are reclaimed.
-    pub fn set_horizon(&self, horizon: Xid) {
+    pub(crate) fn set_horizon(&self, horizon: Xid) {
         self.mem.region.hdr.horizon.store(horizon.0, Release);
     }
 
-    pub fn horizon(&self) -> Xid {
+    pub(crate) fn horizon(&self) -> Xid {
         Xid(self.mem.region.hdr.horizon.load(Acquire))
     }
 
     /// A maintenance worker is alive at `now_us`.
-    pub fn beat(&self, now_us: i64) {
+    pub(crate) fn beat(&self, now_us: i64) {
         self.mem.region.hdr.worker_beat.store(now_us, Relaxed);
     }
 
     /// When a maintenance worker last said it was alive.
-    pub fn last_beat(&self) -> i64 {
+    pub(crate) fn last_beat(&self) -> i64 {
         self.mem.region.hdr.worker_beat.load(Relaxed)
     }
 
     /// Free entries left.
-    pub fn free_entries(&self) -> u32 {
+    pub(crate) fn free_entries(&self) -> u32 {
         self.mem.region.hdr.free_count.load(Relaxed)
     }
 
     // ---- stats ----------------------------------------------------------
 
-    pub fn count(&self, slot: u32, stat: Stat, n: u64) {
+    pub(crate) fn count(&self, slot: u32, stat: Stat, n: u64) {
         if let Some(b) = self.mem.region.backends.get(slot as usize) {
             bump(&b.stats[stat as usize], n);
         }
     }
 
     /// Every counter summed over all backends.
-    pub fn stats(&self) -> [u64; NSTATS] {
+    pub(crate) fn stats(&self) -> [u64; NSTATS] {
         let mut out = [0u64; NSTATS];
         for b in self.mem.region.backends {
             for (o, c) in out.iter_mut().zip(b.stats.iter()) {
@@ -249,7 +256,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// Takes table `rel`'s key-drawing lock (creating its slot if needed):
     /// draws and latch publications inside it are totally ordered.
-    pub fn lock_draws(&self, rel: RelId, owner: u32) -> Result<Held<'_, L>, AcquireError> {
+    pub(crate) fn lock_draws(&self, rel: RelId, owner: u32) -> Result<DrawLock<'_, L>, AcquireError> {
         loop {
             let t = self.mem.dir_read().find_table(rel);
             let t = match t {
@@ -260,7 +267,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             // An idle table's slot may have been freed (and reused) between
             // the lookup and the lock: the lock must be this table's.
             if self.mem.dir_read().find_table(rel) == Some(t) {
-                return Ok(held);
+                return Ok(DrawLock { _held: held });
             }
         }
     }
@@ -268,7 +275,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     // ---- acquire / release ------------------------------------------------
 
     /// Whether the backend in `slot` holds any latch now.
-    pub fn holds_any(&self, slot: u32) -> bool {
+    pub(crate) fn holds_any(&self, slot: u32) -> bool {
         self.backend(slot).chain.load(Relaxed) != NIL
     }
 
@@ -282,7 +289,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Returns the load (latches and tombstones) of the most crowded range
     /// the latch went into; ranges over `range_max_latches` are queued for
     /// the maintenance workers.
-    pub fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
+    #[cfg(any(test, feature = "std-locks"))]
+    pub(crate) fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
         self.publish(slot, rel, span, h, None, &mut |_| {}).map(|p| p.max_load)
     }
 
@@ -374,7 +382,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Escalation publishes the covering span before it withdraws what it
     /// covers, so a reader always finds one of them; the span keeps the
     /// earliest publication number of what it replaces.
-    pub fn latch(
+    pub(crate) fn latch(
         &self,
         slot: u32,
         held: &mut Holdings,
@@ -417,7 +425,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Escalates `rel`'s latches when there are too many, and every table's
     /// when the transaction, or its role, is over its budget; fails when
     /// even that leaves it over.
-    pub fn enforce_limits(
+    pub(crate) fn enforce_limits(
         &self,
         slot: u32,
         held: &mut Holdings,
@@ -472,7 +480,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     }
 
     /// Latch entries the transactions of `role` hold now.
-    pub fn role_live(&self, role: u32) -> u32 {
+    pub(crate) fn role_live(&self, role: u32) -> u32 {
         self.mem.region.backends.iter().filter(|b| b.role.load(Relaxed) == role).map(|b| b.live.load(Relaxed)).sum()
     }
 
@@ -541,7 +549,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// waiting for the holder wait on its top-level xid, which is still
     /// running: they wait on until it ends, as before.  Returns how many
     /// entries went.
-    pub fn release_subxact(&self, slot: u32, held: &mut Holdings, sub: u32) -> u32 {
+    pub(crate) fn release_subxact(&self, slot: u32, held: &mut Holdings, sub: u32) -> u32 {
         if !held.may_hold_from(sub) {
             return 0;
         }
@@ -618,7 +626,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// The load of the most crowded range overlapping `span` (for writers
     /// backing off from a range far over its limit).
-    pub fn max_load(&self, rel: RelId, span: &Span) -> u32 {
+    pub(crate) fn max_load(&self, rel: RelId, span: &Span) -> u32 {
         let mut d = self.mem.dir_read();
         let Some(t) = d.find_table(rel) else { return 0 };
         let mut max = 0;
@@ -632,7 +640,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// Releases every latch of the transaction in `slot`: tombstones at
     /// commit (called after the commit is visible), gone at abort.
-    pub fn release_all(&self, slot: u32, end: TxEnd) -> u32 {
+    pub(crate) fn release_all(&self, slot: u32, end: TxEnd) -> u32 {
         let b = self.backend(slot);
         let mut e = b.chain.swap(NIL, Relaxed);
         let mut n = 0;
@@ -699,14 +707,14 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     }
 
     /// Released latches not yet drained.
-    pub fn released_pending(&self) -> u32 {
+    pub(crate) fn released_pending(&self) -> u32 {
         self.mem.region.hdr.released_count.load(Relaxed)
     }
 
     /// Moves released latches to their ranges: tombstones onto the range's
     /// tombstone list (to wait for the horizon), dead ones out of the tree
     /// and back to the free list.  Returns how many.
-    pub fn drain_released(&self, slot: u32) -> u32 {
+    pub(crate) fn drain_released(&self, slot: u32) -> u32 {
         let hdr = self.mem.region.hdr;
         let mut e = hdr.released.swap(NIL, AcqRel);
         if e == NIL {

@@ -70,7 +70,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// `committed(x)` answers whether `x` has committed; it is asked only
     /// for xids folded into tombstone summaries, which remember xid intervals
     /// rather than xids.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         rel: RelId,
         span: &Span,
@@ -85,7 +85,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// rule applies per table across all of its spans: a writer that started
     /// after the snapshot and published anywhere in the table's spans before
     /// a pulled-in holder must be shown too, whichever span it is in.
-    pub fn check_footprint(
+    pub(crate) fn check_footprint(
         &self,
         fp: &[(RelId, Span)],
         snap: &ReadSnapshot<'_>,

@@ -41,6 +41,7 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
     let index = arg.value() as i32;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let t = table();
+    let m = t.maintainer();
     let slot = backend::my_slot();
     let mut last_sweep = Instant::now() - SWEEP;
     let mut last_gc = Instant::now();
@@ -52,24 +53,24 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
         t.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
         t.set_max_tables_per_owner(guc::MAX_TABLES_PER_OWNER.get() as u32);
         // SAFETY: reading the clock.
-        t.beat(unsafe { pg_sys::GetCurrentTimestamp() });
+        m.beat(unsafe { pg_sys::GetCurrentTimestamp() });
         // Committed and aborted latches were released without locks; move
         // them to their ranges (tombstones) or free them (aborted).
-        t.drain_released(slot);
+        m.drain_released(slot);
         if index == 0 {
             // One horizon for everyone: tombstones of holders before it go.
             backend::refresh_horizon(true);
         }
         if index == 0 && last_sweep.elapsed() >= SWEEP {
-            t.sweep();
+            m.sweep();
             last_sweep = Instant::now();
         }
         if index == 0 && last_gc.elapsed() >= IDLE_TABLE {
-            t.gc_idle_tables();
+            m.gc_idle_tables();
             last_gc = Instant::now();
         }
-        while let Some(r) = t.claim_next() {
-            let (_, again) = t.maintain(slot, r);
+        while let Some(r) = m.claim_next() {
+            let (_, again) = m.maintain(slot, r);
             let _ = again; // re-queued ranges are claimed again by this loop
             pg_sys::check_for_interrupts!();
             if BackgroundWorker::sigterm_received() {

@@ -143,7 +143,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
         let view = self.base.view();
         let before = out.len();
-        let c = table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
+        let c = table().reader().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
         if out.len() > before {
             self.met.clear();
             self.met.extend_from_slice(&out[before..]);

@@ -721,7 +721,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let fp: pgkvx_latch::Footprint = d.spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
-            let t = crate::shmem::table();
+            let t = crate::shmem::table().reader();
             let check = |out: &mut Vec<pgkvx_latch::Conflict>| {
                 let view = base.view();
                 crate::shmem::backend::count(pgkvx_latch::Stat::Validations, 1);
@@ -1243,7 +1243,7 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
 /// Spans only when the caller may see keys (`keys_visible`).
 fn waited_for(key: &KeyDesc, w: &crate::read::run::Waited, keys_visible: bool) -> String {
     let mut first: Option<(i32, Span)> = None;
-    crate::shmem::table().for_each_latch_of(w.rel, &w.checked, &mut |l| {
+    crate::shmem::table().reader().for_each_latch_of(w.rel, &w.checked, &mut |l| {
         if l.xid == w.xid && first.is_none_or(|(_, s)| l.span.start < s.start) {
             first = Some((l.pid, l.span));
         }

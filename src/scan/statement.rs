@@ -322,7 +322,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                 if strategy.declared_first && {
                     let fp = declared();
                     let view = base.view();
-                    let clean = table().check_footprint(&fp, &view, &snapshot::committed, &mut |_| {}).clean();
+                    let clean = table().reader().check_footprint(&fp, &view, &snapshot::committed, &mut |_| {}).clean();
                     backend::count(pgkvx_latch::Stat::Validations, 1);
                     clean
                 } =>
