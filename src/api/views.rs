@@ -8,8 +8,7 @@
 
 use crate::registry;
 use crate::shmem::{backend, table};
-use pgkvx_latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
-use pgkvx_latch::{LatchInfo, RangeInfo, RelId, Span, Stat, State};
+use pgkvx_latch::{LatchInfo, QueueState, RangeInfo, RelId, Span, Stat, State};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::collections::HashMap;
@@ -117,13 +116,12 @@ fn latch_list(
 }
 
 /// A range's maintenance-queue state (the latch core's), for people.
-fn queue_state_name(state: u32) -> &'static str {
+fn queue_state_name(state: QueueState) -> &'static str {
     match state {
-        IDLE => "idle",
-        QUEUED => "queued",
-        PROCESSING => "processing",
-        s if s == PROCESSING | REQUEUED => "processing, requeued",
-        _ => "unknown",
+        QueueState::Idle => "idle",
+        QueueState::Queued => "queued",
+        QueueState::Processing => "processing",
+        QueueState::Requeued => "processing, requeued",
     }
 }
 

@@ -3,6 +3,7 @@
 //! back with plain values, so callers never touch shared memory.
 
 use super::locks::LockSet;
+use super::queue::QueueState;
 use super::region::guard::{Directory, RangeAccess};
 use super::region::{EntryData, RelId, State};
 use super::span::{KeyBuf, Span};
@@ -49,7 +50,7 @@ pub struct RangeInfo {
     pub coalesced: u32,
     pub acquires: u64,
     pub lock_waits: u64,
-    pub queue: u32,
+    pub queue: QueueState,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +121,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                     coalesced: body.summary.count,
                     acquires: slot.acquires.load(Relaxed),
                     lock_waits: slot.contended.load(Relaxed),
-                    queue: slot.queue.load(Relaxed),
+                    queue: QueueState::load(&slot.queue, Relaxed),
                 });
             }
         }

@@ -34,6 +34,7 @@ pub use holdings::{Holdings, Latched, Limits};
 pub use inspect::{LatchInfo, RangeInfo, Usage};
 pub use locks::{LockId, LockSet, Mode};
 pub use protocol::{ReadMode, ReadOutcome, ReadParams, ReadReport};
+pub use queue::{Action, QueueState};
 pub use region::{Config, RelId, State};
 pub use snapshot::ReadSnapshot;
 pub use span::{KeyBuf, Span, KEY_MAX};

@@ -1,14 +1,14 @@
 //! The maintenance queue: which latch ranges need a worker, and the rule
 //! that no range is processed twice at once.
 //!
-//! Each range carries a small state word:
+//! Each range carries a [`QueueState`], kept in an atomic word:
 //!
 //! ```text
-//! IDLE ──enqueue──► QUEUED ──claim──► PROCESSING ──finish──► IDLE
+//! Idle ──enqueue──► Queued ──claim──► Processing ──finish──► Idle
 //!                                        │  ▲
 //!                                enqueue │  │ finish: re-evaluate
-//!                                        ▼  │ (back to QUEUED)
-//!                                     PROCESSING|REQUEUED
+//!                                        ▼  │ (back to Queued)
+//!                                     Requeued
 //! ```
 //!
 //! A range enqueued while a worker processes it is marked and, when that
@@ -21,25 +21,60 @@
 use super::locks::LockSet;
 use super::region::guard::{Directory, RangeAccess};
 use super::table::LatchTable;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-pub const IDLE: u32 = 0;
-pub const QUEUED: u32 = 1;
-pub const PROCESSING: u32 = 2;
-pub const REQUEUED: u32 = 4;
+/// Where a range stands in the maintenance queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum QueueState {
+    /// Needs no worker.
+    Idle = 0,
+    /// Waits for a worker.
+    Queued = 1,
+    /// A worker has it.
+    Processing = 2,
+    /// A worker has it, and it was enqueued meanwhile: it is queued again
+    /// when the worker finishes.
+    Requeued = 6,
+}
+
+impl QueueState {
+    /// The state a range's atomic word holds.
+    pub(crate) fn load(word: &AtomicU32, order: Ordering) -> QueueState {
+        Self::from_word(word.load(order))
+    }
+
+    fn from_word(w: u32) -> QueueState {
+        match w {
+            1 => QueueState::Queued,
+            2 => QueueState::Processing,
+            6 => QueueState::Requeued,
+            _ => QueueState::Idle,
+        }
+    }
+
+    /// Moves `word` from `self` to `to`; the state it held on failure.
+    fn swap_from(self, word: &AtomicU32, to: QueueState) -> Result<(), QueueState> {
+        word.compare_exchange_weak(self as u32, to as u32, AcqRel, Acquire).map(|_| ()).map_err(Self::from_word)
+    }
+}
+
+// region.rs starts every range's word at 0.
+const _: () = assert!(QueueState::Idle as u32 == 0);
 
 /// Asks for a worker; true when this call queued an idle range.
 pub(crate) fn enqueue(state: &AtomicU32) -> bool {
-    let mut s = state.load(Acquire);
+    let mut s = QueueState::load(state, Acquire);
     loop {
         let next = match s {
-            IDLE => QUEUED,
-            PROCESSING => PROCESSING | REQUEUED,
-            _ => return false, // already queued or already marked
+            QueueState::Idle => QueueState::Queued,
+            QueueState::Processing => QueueState::Requeued,
+            // Already queued or already marked.
+            QueueState::Queued | QueueState::Requeued => return false,
         };
-        match state.compare_exchange_weak(s, next, AcqRel, Acquire) {
-            Ok(_) => return next == QUEUED,
+        match s.swap_from(state, next) {
+            Ok(()) => return next == QueueState::Queued,
             Err(now) => s = now,
         }
     }
@@ -47,18 +82,19 @@ pub(crate) fn enqueue(state: &AtomicU32) -> bool {
 
 /// Takes a queued range for processing; false when someone else did.
 pub(crate) fn claim(state: &AtomicU32) -> bool {
-    state.compare_exchange(QUEUED, PROCESSING, AcqRel, Acquire).is_ok()
+    let (from, to) = (QueueState::Queued as u32, QueueState::Processing as u32);
+    state.compare_exchange(from, to, AcqRel, Acquire).is_ok()
 }
 
 /// Ends processing; true when the range was enqueued meanwhile and is
 /// queued again.
 pub(crate) fn finish(state: &AtomicU32) -> bool {
-    let mut s = state.load(Acquire);
+    let mut s = QueueState::load(state, Acquire);
     loop {
-        debug_assert!(s & PROCESSING != 0, "finish without claim");
-        let next = if s & REQUEUED != 0 { QUEUED } else { IDLE };
-        match state.compare_exchange_weak(s, next, AcqRel, Acquire) {
-            Ok(_) => return next == QUEUED,
+        debug_assert!(matches!(s, QueueState::Processing | QueueState::Requeued), "finish without claim");
+        let next = if s == QueueState::Requeued { QueueState::Queued } else { QueueState::Idle };
+        match s.swap_from(state, next) {
+            Ok(()) => return next == QueueState::Queued,
             Err(now) => s = now,
         }
     }
@@ -125,7 +161,8 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     fn take_counted(&self, r: u32) -> bool {
         let state = self.queue_state(r);
-        state.compare_exchange(IDLE, PROCESSING, AcqRel, Acquire).is_ok() || self.claim_counted(r)
+        let (from, to) = (QueueState::Idle as u32, QueueState::Processing as u32);
+        state.compare_exchange(from, to, AcqRel, Acquire).is_ok() || self.claim_counted(r)
     }
 
     fn finish_counted(&self, r: u32) -> bool {
@@ -136,9 +173,14 @@ impl<L: LockSet> LatchTable<'_, L> {
         again
     }
 
+    /// Starts a fresh range out of the queue.
+    pub(crate) fn queue_reset(&self, r: u32) {
+        self.queue_state(r).store(QueueState::Idle as u32, Relaxed);
+    }
+
     /// Forgets the queue state of a range being freed.
     pub(crate) fn dequeue_freed(&self, r: u32) {
-        if self.queue_state(r).swap(IDLE, AcqRel) == QUEUED {
+        if self.queue_state(r).swap(QueueState::Idle as u32, AcqRel) == QueueState::Queued as u32 {
             self.mem.region.hdr.queued.fetch_sub(1, Relaxed);
         }
     }
@@ -161,7 +203,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             {
                 let mut d = self.mem.dir_read();
                 for r in 0..self.config().max_ranges {
-                    if !d.meta(r).in_use || self.queue_state(r).load(Relaxed) != QUEUED {
+                    if !d.meta(r).in_use || QueueState::load(self.queue_state(r), Relaxed) != QueueState::Queued {
                         continue;
                     }
                     let load = {
@@ -282,23 +324,23 @@ mod tests {
 
     #[test]
     fn state_machine_transitions() {
-        let s = AtomicU32::new(IDLE);
+        let s = AtomicU32::new(QueueState::Idle as u32);
         assert!(enqueue(&s), "idle -> queued");
         assert!(!enqueue(&s), "queued twice is one entry");
         assert!(claim(&s));
         assert!(!claim(&s), "nobody claims a range being processed");
         assert!(!enqueue(&s), "re-enqueued while processing: marked");
-        assert_eq!(s.load(Relaxed), PROCESSING | REQUEUED);
+        assert_eq!(QueueState::load(&s, Relaxed), QueueState::Requeued);
         assert!(finish(&s), "marked: queued again for re-evaluation");
-        assert_eq!(s.load(Relaxed), QUEUED);
+        assert_eq!(QueueState::load(&s, Relaxed), QueueState::Queued);
         assert!(claim(&s));
         assert!(!finish(&s), "unmarked: idle");
-        assert_eq!(s.load(Relaxed), IDLE);
+        assert_eq!(QueueState::load(&s, Relaxed), QueueState::Idle);
     }
 
     #[test]
     fn concurrent_workers_never_share_a_range() {
-        let states: Arc<Vec<AtomicU32>> = Arc::new((0..8).map(|_| AtomicU32::new(IDLE)).collect());
+        let states: Arc<Vec<AtomicU32>> = Arc::new((0..8).map(|_| AtomicU32::new(QueueState::Idle as u32)).collect());
         let busy: Arc<Vec<AtomicBool>> = Arc::new((0..8).map(|_| AtomicBool::new(false)).collect());
         let mut handles = Vec::new();
         for w in 0..4u64 {

@@ -88,7 +88,7 @@ pub(crate) struct Header {
     pub max_tables_per_owner: AtomicU32,
     /// Bumped on every directory change (split, merge, new or purged table).
     pub dir_version: AtomicU64,
-    /// Ranges in state QUEUED: idle workers look here before scanning.
+    /// Ranges in state `Queued`: idle workers look here before scanning.
     pub queued: AtomicU32,
     /// Wall clock (µs) of a maintenance worker's latest tick: writers wait
     /// for splits only while workers run.
@@ -162,7 +162,7 @@ pub(crate) struct RangeSlot {
     pub acquires: AtomicU64,
     /// Acquisitions that found the range lock busy.
     pub contended: AtomicU64,
-    /// Maintenance-queue state bits (see queue.rs).
+    /// The range's `QueueState` (queue.rs), as a word; 0 is `Idle`.
     pub queue: AtomicU32,
     /// `contended` when a worker last looked: contention since then is what
     /// counts.

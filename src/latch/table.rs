@@ -201,7 +201,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let slot = &self.mem.region.ranges[r as usize];
         slot.acquires.store(0, Relaxed);
         slot.contended.store(0, Relaxed);
-        slot.queue.store(0, Relaxed);
+        self.queue_reset(r);
         slot.contended_seen.store(0, Relaxed);
         Some(r)
     }

@@ -31,6 +31,16 @@ pub fn register() {
     }
 }
 
+/// How long worker `index` waits before its next round: not at all when
+/// a range it processed came back queued.
+fn pause(index: i32, more: bool) -> Duration {
+    match (more, index) {
+        (true, _) => Duration::ZERO,
+        (false, 0) => TICK,
+        (false, _) => TICK_OTHERS,
+    }
+}
+
 /// Entry point of each worker.
 ///
 /// # Safety
@@ -45,7 +55,10 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
     let slot = backend::my_slot();
     let mut last_sweep = Instant::now() - SWEEP;
     let mut last_gc = Instant::now();
-    while BackgroundWorker::wait_latch(Some(if index == 0 { TICK } else { TICK_OTHERS })) {
+    // Set when a range came back queued: the next round starts at once.
+    let mut more = false;
+    while BackgroundWorker::wait_latch(Some(pause(index, more))) {
+        more = false;
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration file in our own process.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -71,9 +84,17 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
         }
         while let Some(r) = m.claim_next() {
             let (_, again) = m.maintain(slot, r);
-            let _ = again; // re-queued ranges are claimed again by this loop
             pg_sys::check_for_interrupts!();
             if BackgroundWorker::sigterm_received() {
+                break;
+            }
+            if again {
+                // Writers enqueued the range while it was processed: it is
+                // queued again.  Go round at once -- beat, drain released
+                // latches, refresh the horizon -- and claim from a fresh
+                // start, through the latch wait (zero timeout), which
+                // honours postmaster death.
+                more = true;
                 break;
             }
         }
