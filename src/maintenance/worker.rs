@@ -58,7 +58,7 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
     // Set when a range came back queued: the next round starts at once.
     let mut more = false;
     while BackgroundWorker::wait_latch(Some(pause(index, more))) {
-        more = false;
+        let hurried = std::mem::take(&mut more);
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration file in our own process.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -72,7 +72,9 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
         m.drain_released(slot);
         if index == 0 {
             // One horizon for everyone: tombstones of holders before it go.
-            backend::refresh_horizon(true);
+            // A round that did not wait refreshes it at most as often as
+            // the ticks do (it reads the whole proc array).
+            backend::refresh_horizon(!hurried);
         }
         if index == 0 && last_sweep.elapsed() >= SWEEP {
             m.sweep();
