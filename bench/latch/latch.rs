@@ -98,7 +98,7 @@ fn acquire_release(t: &LatchTable<'_, StdLocks>, slot: u32, r: &mut Rng, xid: u3
 }
 
 fn validate(t: &LatchTable<'_, StdLocks>, r: &mut Rng, xip: &[Xid]) -> bool {
-    let snap = ReadSnapshot { xmin: Xid(900), xmax: Xid(2000), xip, after: Xid(2000), pulled: &[], own: Xid::INVALID };
+    let snap = ReadSnapshot { xmin: Xid(900), xmax: Xid(2000), xip, after: Xid(2000), own: Xid::INVALID };
     let k = r.next();
     let span = Span { start: Span::point(&key(k)).start, end: Span::point(&key(k.wrapping_add(1 << 40))).end };
     t.reader()

@@ -318,8 +318,8 @@ mod tests {
             if self.checks > self.conflicted || !fp.iter().any(|(_, s)| s.overlaps(&at)) {
                 return Check::default();
             }
-            out.push(Conflict { xid: self.holder, rel: fp[0].0, span: fp[0].1, at, live: true, after: false });
-            Check { conflicted: true, must_refresh: false }
+            out.push(Conflict { xid: self.holder, rel: fp[0].0, span: fp[0].1, at, live: true });
+            Check { conflicted: true }
         }
         fn wait(&mut self, x: Xid) {
             self.waited.push(x);
