@@ -406,101 +406,131 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Region<'r> {
     assert_eq!(mem as usize % 8, 0, "latch region misaligned");
     let lay = Layout::of(cfg);
     let mem = aligned(mem);
-    // SAFETY (whole block): offsets come from Layout::of, so every write is
-    // inside the region and aligned for its type; the region is ours alone.
+    // SAFETY: offsets come from Layout::of, so each array handed to a step
+    // is inside the region, aligned for its type and as long as `cfg` says;
+    // the region is ours alone (the contract).
     unsafe {
-        std::ptr::write(
-            mem as *mut Header,
-            Header {
-                magic: MAGIC,
-                cfg: *cfg,
-                seq: AtomicU64::new(1),
-                free_head: AtomicU64::new(0),
-                free_count: AtomicU32::new(cfg.max_entries),
-                node_free_head: AtomicU64::new(0),
-                horizon: AtomicU32::new(0),
-                range_max_latches: AtomicU32::new(1024),
-                max_tables_per_owner: AtomicU32::new(0),
-                dir_version: AtomicU64::new(1),
-                queued: AtomicU32::new(0),
-                worker_beat: AtomicI64::new(0),
-                released: AtomicU32::new(NIL),
-                released_count: AtomicU32::new(0),
-                dir: UnsafeCell::new(DirCounts { free_range: 0, ranges_used: 0, tables_used: 0 }),
-            },
-        );
-        let tables = mem.add(lay.tables) as *mut TableSlot;
-        for i in 0..cfg.max_tables as usize {
-            std::ptr::write(
-                tables.add(i),
-                TableSlot {
-                    inner: UnsafeCell::new(TableData {
-                        rel: RelId::EMPTY,
-                        owner: 0,
-                        nranges: 0,
-                        ranges: [NIL; MAX_RANGES_PER_TABLE],
-                        lo_heads: [0; MAX_RANGES_PER_TABLE],
-                        seen_acquires: 0,
-                    }),
-                },
-            );
-        }
-        let ranges = mem.add(lay.ranges) as *mut RangeSlot;
-        for i in 0..cfg.max_ranges {
-            let next_free = if i + 1 < cfg.max_ranges { i + 1 } else { NIL };
-            std::ptr::write(
-                ranges.add(i as usize),
-                RangeSlot {
-                    meta: UnsafeCell::new(RangeMeta {
-                        in_use: false,
-                        table: NIL,
-                        lo: KeyBuf::EMPTY,
-                        hi: KeyBuf::INFINITE,
-                        next_free,
-                    }),
-                    body: UnsafeCell::new(RangeBody::EMPTY),
-                    acquires: AtomicU64::new(0),
-                    contended: AtomicU64::new(0),
-                    queue: AtomicU32::new(0),
-                    contended_seen: AtomicU64::new(0),
-                },
-            );
-        }
-        let entries = mem.add(lay.entries) as *mut Entry;
-        for i in 0..cfg.max_entries {
-            let next = if i + 1 < cfg.max_entries { i + 1 } else { NIL };
-            std::ptr::write(
-                entries.add(i as usize),
-                Entry {
-                    data: UnsafeCell::new(EntryData::FREE),
-                    range: AtomicU32::new(NIL),
-                    holder_next: AtomicU32::new(NIL),
-                    free_next: AtomicU32::new(next),
-                    state: AtomicU8::new(State::Free as u8),
-                    seq_hi: AtomicU64::new(0),
-                },
-            );
-        }
-        let nodes = mem.add(lay.nodes) as *mut TreeNode;
-        let node_next = mem.add(lay.node_next) as *mut AtomicU32;
-        let pool = cfg.tree_nodes();
-        for i in 0..pool {
-            std::ptr::write(nodes.add(i as usize), TreeNode(UnsafeCell::new(tree::Node::EMPTY)));
-            std::ptr::write(node_next.add(i as usize), AtomicU32::new(if i + 1 < pool { i + 1 } else { NIL }));
-        }
-        let backends = mem.add(lay.backends) as *mut BackendSlot;
-        for i in 0..cfg.max_backends as usize {
-            std::ptr::write(
-                backends.add(i),
-                BackendSlot {
-                    chain: AtomicU32::new(NIL),
-                    role: AtomicU32::new(0),
-                    live: AtomicU32::new(0),
-                    stats: std::array::from_fn(|_| AtomicU64::new(0)),
-                },
-            );
-        }
+        write_header(mem as *mut Header, cfg);
+        write_tables(mem.add(lay.tables) as *mut TableSlot, cfg);
+        write_ranges(mem.add(lay.ranges) as *mut RangeSlot, cfg);
+        write_entries(mem.add(lay.entries) as *mut Entry, cfg);
+        write_tree_pool(mem.add(lay.nodes) as *mut TreeNode, mem.add(lay.node_next) as *mut AtomicU32, cfg);
+        write_backends(mem.add(lay.backends) as *mut BackendSlot, cfg);
         attach(mem)
+    }
+}
+
+// The steps of `init`.  Each writes one part of a fresh region.
+//
+// # Safety (every step)
+// Its pointers are aligned for their types, valid for writes of the number
+// of items `cfg` gives that part, and nobody else uses them meanwhile.
+
+/// An empty header: everything free, nothing queued.
+unsafe fn write_header(at: *mut Header, cfg: &Config) {
+    let hdr = Header {
+        magic: MAGIC,
+        cfg: *cfg,
+        seq: AtomicU64::new(1),
+        free_head: AtomicU64::new(0),
+        free_count: AtomicU32::new(cfg.max_entries),
+        node_free_head: AtomicU64::new(0),
+        horizon: AtomicU32::new(0),
+        range_max_latches: AtomicU32::new(1024),
+        max_tables_per_owner: AtomicU32::new(0),
+        dir_version: AtomicU64::new(1),
+        queued: AtomicU32::new(0),
+        worker_beat: AtomicI64::new(0),
+        released: AtomicU32::new(NIL),
+        released_count: AtomicU32::new(0),
+        dir: UnsafeCell::new(DirCounts { free_range: 0, ranges_used: 0, tables_used: 0 }),
+    };
+    // SAFETY: per the steps' contract.
+    unsafe { std::ptr::write(at, hdr) };
+}
+
+/// Every table slot empty.
+unsafe fn write_tables(at: *mut TableSlot, cfg: &Config) {
+    for i in 0..cfg.max_tables as usize {
+        let slot = TableSlot {
+            inner: UnsafeCell::new(TableData {
+                rel: RelId::EMPTY,
+                owner: 0,
+                nranges: 0,
+                ranges: [NIL; MAX_RANGES_PER_TABLE],
+                lo_heads: [0; MAX_RANGES_PER_TABLE],
+                seen_acquires: 0,
+            }),
+        };
+        // SAFETY: per the steps' contract; i < max_tables.
+        unsafe { std::ptr::write(at.add(i), slot) };
+    }
+}
+
+/// Every range free, linked into the free-range list in index order.
+unsafe fn write_ranges(at: *mut RangeSlot, cfg: &Config) {
+    for i in 0..cfg.max_ranges {
+        let next_free = if i + 1 < cfg.max_ranges { i + 1 } else { NIL };
+        let slot = RangeSlot {
+            meta: UnsafeCell::new(RangeMeta {
+                in_use: false,
+                table: NIL,
+                lo: KeyBuf::EMPTY,
+                hi: KeyBuf::INFINITE,
+                next_free,
+            }),
+            body: UnsafeCell::new(RangeBody::EMPTY),
+            acquires: AtomicU64::new(0),
+            contended: AtomicU64::new(0),
+            queue: AtomicU32::new(0),
+            contended_seen: AtomicU64::new(0),
+        };
+        // SAFETY: per the steps' contract; i < max_ranges.
+        unsafe { std::ptr::write(at.add(i as usize), slot) };
+    }
+}
+
+/// Every entry free, linked into the free stack in index order.
+unsafe fn write_entries(at: *mut Entry, cfg: &Config) {
+    for i in 0..cfg.max_entries {
+        let next = if i + 1 < cfg.max_entries { i + 1 } else { NIL };
+        let entry = Entry {
+            data: UnsafeCell::new(EntryData::FREE),
+            range: AtomicU32::new(NIL),
+            holder_next: AtomicU32::new(NIL),
+            free_next: AtomicU32::new(next),
+            state: AtomicU8::new(State::Free as u8),
+            seq_hi: AtomicU64::new(0),
+        };
+        // SAFETY: per the steps' contract; i < max_entries.
+        unsafe { std::ptr::write(at.add(i as usize), entry) };
+    }
+}
+
+/// Every tree node empty, linked into the node free stack in index order.
+unsafe fn write_tree_pool(nodes: *mut TreeNode, node_next: *mut AtomicU32, cfg: &Config) {
+    let pool = cfg.tree_nodes();
+    for i in 0..pool {
+        let next = if i + 1 < pool { i + 1 } else { NIL };
+        // SAFETY: per the steps' contract; i < tree_nodes().
+        unsafe {
+            std::ptr::write(nodes.add(i as usize), TreeNode(UnsafeCell::new(tree::Node::EMPTY)));
+            std::ptr::write(node_next.add(i as usize), AtomicU32::new(next));
+        }
+    }
+}
+
+/// Every backend slot holding nothing, its counters at zero.
+unsafe fn write_backends(at: *mut BackendSlot, cfg: &Config) {
+    for i in 0..cfg.max_backends as usize {
+        let slot = BackendSlot {
+            chain: AtomicU32::new(NIL),
+            role: AtomicU32::new(0),
+            live: AtomicU32::new(0),
+            stats: std::array::from_fn(|_| AtomicU64::new(0)),
+        };
+        // SAFETY: per the steps' contract; i < max_backends.
+        unsafe { std::ptr::write(at.add(i), slot) };
     }
 }
 
