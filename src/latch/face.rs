@@ -1,8 +1,7 @@
 //! The four faces of the latch table: each caller takes the one that holds
 //! the verbs it needs, and sees nothing else of the table (README.md,
 //! "Faces").  A face is a copyable borrow of the table; its methods forward
-//! to the table's crate-private ones, where the work and its documentation
-//! live.
+//! to the table's crate-private ones, where the work is done.
 
 use super::holdings::{Holdings, Latched, Limits};
 use super::inspect::{LatchInfo, RangeInfo, Usage};
@@ -80,7 +79,9 @@ impl<L: LockSet> LatchTable<'_, L> {
 }
 
 impl<'t, L: LockSet> Writer<'t, L> {
-    /// See [`LatchTable::latch`].
+    /// Publishes a write latch on `span` of `rel` for the transaction whose
+    /// latches `held` records, unless a span latch it holds covers `span`;
+    /// then keeps the transaction within `limits` (escalation).
     pub fn latch(
         self,
         slot: u32,
@@ -93,7 +94,9 @@ impl<'t, L: LockSet> Writer<'t, L> {
         self.0.latch(slot, held, rel, span, h, limits)
     }
 
-    /// See [`LatchTable::enforce_limits`].
+    /// Escalates `rel`'s latches when there are too many, and every table's
+    /// when the transaction or its role is over its budget; fails when even
+    /// that leaves it over.
     pub fn enforce_limits(
         self,
         slot: u32,
@@ -105,63 +108,67 @@ impl<'t, L: LockSet> Writer<'t, L> {
         self.0.enforce_limits(slot, held, rel, h, limits)
     }
 
-    /// See [`LatchTable::release_all`].
+    /// Releases every latch of the transaction in `slot`: tombstones at
+    /// commit (called once the commit is visible), gone at abort.
     pub fn release_all(self, slot: u32, end: TxEnd) -> u32 {
         self.0.release_all(slot, end)
     }
 
-    /// See [`LatchTable::release_subxact`].
+    /// Releases the latches published in subtransaction `sub` or a later one,
+    /// which rolled back.
     pub fn release_subxact(self, slot: u32, held: &mut Holdings, sub: u32) -> u32 {
         self.0.release_subxact(slot, held, sub)
     }
 
-    /// See [`LatchTable::holds_any`].
+    /// Whether the backend in `slot` holds any latch now.
     pub fn holds_any(self, slot: u32) -> bool {
         self.0.holds_any(slot)
     }
 
-    /// See [`LatchTable::lock_draws`].
+    /// Takes table `rel`'s key-drawing lock (creating its slot if needed):
+    /// draws and latch publications inside it are totally ordered.
     pub fn lock_draws(self, rel: RelId, owner: u32) -> Result<DrawLock<'t, L>, AcquireError> {
         self.0.lock_draws(rel, owner)
     }
 
-    /// See [`LatchTable::purge_table`].
+    /// Forgets a table that was disabled or dropped: frees what no snapshot
+    /// can need any more, and its slot once nothing is left.
     pub fn purge_table(self, slot: u32, rel: RelId) -> bool {
         self.0.purge_table(slot, rel)
     }
 
-    /// See [`LatchTable::max_load`].
+    /// The load of the most crowded range overlapping `span`, for backing off.
     pub fn max_load(self, rel: RelId, span: &Span) -> u32 {
         self.0.max_load(rel, span)
     }
 
-    /// See [`LatchTable::relieve_pressure`].
+    /// What a writer does when the table is full: reclaims what the horizon
+    /// allows, then coalesces tombstones.  Returns the free entries after.
     pub fn relieve_pressure(self, slot: u32) -> u32 {
         self.0.relieve_pressure(slot)
     }
 
-    /// See [`LatchTable::free_entries`].
+    /// Free entries left.
     pub fn free_entries(self) -> u32 {
         self.0.free_entries()
     }
 
-    /// See [`LatchTable::range_max_latches`].
+    /// The split threshold (`pgkvx.range_max_latches`).
     pub fn range_max_latches(self) -> u32 {
         self.0.range_max_latches()
     }
 
-    /// See [`LatchTable::last_beat`].
+    /// When a maintenance worker last said it was alive (µs).
     pub fn last_beat(self) -> i64 {
         self.0.last_beat()
     }
 
-    /// See [`LatchTable::count`].
+    /// Adds `n` to counter `stat` of backend `slot`.
     pub fn count(self, slot: u32, stat: Stat, n: u64) {
         self.0.count(slot, stat, n)
     }
 
-    /// One latch without holdings or limits, for the benchmarks: see
-    /// [`LatchTable::acquire`].
+    /// Publishes one latch without holdings or limits (for the benchmarks).
     #[cfg(feature = "std-locks")]
     pub fn acquire(self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
         self.0.acquire(slot, rel, span, h)
@@ -169,7 +176,10 @@ impl<'t, L: LockSet> Writer<'t, L> {
 }
 
 impl<L: LockSet> Reader<'_, L> {
-    /// See [`LatchTable::check_footprint`].
+    /// Reports (through `on_conflict`, possibly more than once per xid)
+    /// every holder of a latch overlapping the footprint `fp` that `snap`
+    /// saw in flight.  `committed(x)` says whether `x` committed; it is asked
+    /// only about xids folded into tombstone summaries.
     pub fn check_footprint(
         self,
         fp: &[(RelId, Span)],
@@ -180,7 +190,7 @@ impl<L: LockSet> Reader<'_, L> {
         self.0.check_footprint(fp, snap, committed, on_conflict)
     }
 
-    /// See [`LatchTable::check`].
+    /// [`Self::check_footprint`] over one span.
     pub fn check(
         self,
         rel: RelId,
@@ -192,61 +202,68 @@ impl<L: LockSet> Reader<'_, L> {
         self.0.check(rel, span, snap, committed, on_conflict)
     }
 
-    /// See [`LatchTable::for_each_latch_of`].
+    /// The latches and tombstones of `rel` that overlap `span`, in key order
+    /// of their ranges.
     pub fn for_each_latch_of(self, rel: RelId, span: &Span, f: &mut dyn FnMut(&LatchInfo)) {
         self.0.for_each_latch_of(rel, span, f)
     }
 }
 
 impl<L: LockSet> Maintainer<'_, L> {
-    /// See [`LatchTable::beat`].
+    /// A maintenance worker is alive at `now_us`.
     pub fn beat(self, now_us: i64) {
         self.0.beat(now_us)
     }
 
-    /// See [`LatchTable::set_horizon`].
+    /// Publishes the xid horizon: tombstones of holders that precede it can
+    /// no longer conflict with any snapshot and are reclaimed.
     pub fn set_horizon(self, horizon: Xid) {
         self.0.set_horizon(horizon)
     }
 
-    /// See [`LatchTable::drain_released`].
+    /// Moves latches released without a lock to their ranges (tombstones)
+    /// or frees them (aborted).  Returns how many.
     pub fn drain_released(self, slot: u32) -> u32 {
         self.0.drain_released(slot)
     }
 
-    /// See [`LatchTable::sweep`].
+    /// Queues every range that needs attention: crowded, contended, holding
+    /// tombstones the horizon has passed, or small enough to merge.
     pub fn sweep(self) -> u32 {
         self.0.sweep()
     }
 
-    /// See [`LatchTable::gc_idle_tables`].
+    /// Frees the slots of tables that hold nothing and took no latch since
+    /// the previous call.  Returns how many.
     pub fn gc_idle_tables(self) -> u32 {
         self.0.gc_idle_tables()
     }
 
-    /// See [`LatchTable::claim_next`].
+    /// The queued range a worker should take next, claimed for it.
     pub fn claim_next(self) -> Option<u32> {
         self.0.claim_next()
     }
 
-    /// See [`LatchTable::maintain`].
+    /// Processes range `r`, claimed by [`Self::claim_next`]: reclaims, then
+    /// splits, merges or coalesces as its state asks.  Returns what it did,
+    /// and whether the range was enqueued meanwhile and is queued again.
     pub fn maintain(self, slot: u32, r: u32) -> (Action, bool) {
         self.0.maintain(slot, r)
     }
 
-    /// Splits range `r`, for the benchmarks: see [`LatchTable::split`].
+    /// Splits range `r` near its median key (for the benchmarks).
     #[cfg(feature = "std-locks")]
     pub fn split(self, slot: u32, r: u32) -> Option<u32> {
         self.0.split(slot, r)
     }
 
-    /// Table `rel`'s ranges, for the benchmarks: see [`LatchTable::ranges_of`].
+    /// The ranges of `rel` in key order (for the benchmarks).
     #[cfg(feature = "std-locks")]
     pub fn ranges_of(self, rel: RelId) -> Vec<u32> {
         self.0.ranges_of(rel)
     }
 
-    /// Range `r`'s load, for the benchmarks: see [`LatchTable::load`].
+    /// Latches plus tombstones in range `r` (for the benchmarks).
     #[cfg(feature = "std-locks")]
     pub fn load(self, r: u32) -> u32 {
         self.0.load(r)
@@ -254,27 +271,28 @@ impl<L: LockSet> Maintainer<'_, L> {
 }
 
 impl<L: LockSet> Inspector<'_, L> {
-    /// See [`LatchTable::for_each_latch`].
+    /// Every latch and tombstone, table by table in key order.
     pub fn for_each_latch(self, f: &mut dyn FnMut(&LatchInfo)) {
         self.0.for_each_latch(f)
     }
 
-    /// See [`LatchTable::for_each_latch_of`].
+    /// The latches and tombstones of `rel` that overlap `span`, in key order
+    /// of their ranges.
     pub fn for_each_latch_of(self, rel: RelId, span: &Span, f: &mut dyn FnMut(&LatchInfo)) {
         self.0.for_each_latch_of(rel, span, f)
     }
 
-    /// See [`LatchTable::for_each_range`].
+    /// Every range, table by table in key order.
     pub fn for_each_range(self, f: &mut dyn FnMut(&RangeInfo)) {
         self.0.for_each_range(f)
     }
 
-    /// See [`LatchTable::usage`].
+    /// Entries, ranges and table slots in use, against their maximum.
     pub fn usage(self) -> Usage {
         self.0.usage()
     }
 
-    /// See [`LatchTable::stats`].
+    /// Every counter, summed over all backends.
     pub fn stats(self) -> [u64; NSTATS] {
         self.0.stats()
     }

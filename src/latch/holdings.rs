@@ -9,7 +9,7 @@
 //! (PostgreSQL's SubTransactionId; 0 and 1 mean the top level): when a
 //! subtransaction rolls back, the latches published inside it — or inside
 //! its children — stand for writes that never happened and go
-//! ([`crate::LatchTable::release_subxact`]).  An escalated span is tagged with the
+//! ([`crate::Writer::release_subxact`]).  An escalated span is tagged with the
 //! outermost subtransaction among what it replaced, so a span that also
 //! stands for its parent's writes stays.
 
@@ -48,12 +48,12 @@ pub const ROLE_CHECK_EVERY: u32 = 64;
 /// transaction releases (PostgreSQL's TopSubTransactionId).
 pub const TOP_SUBXACT: u32 = 1;
 
-/// What [`crate::LatchTable::latch`] did.
+/// What [`crate::Writer::latch`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Latched {
     /// A span latch the transaction holds already covers the write.
     Covered,
-    /// A new latch; `max_load` as [`crate::LatchTable::acquire`] returns it.
+    /// A new latch; `max_load`, the load of the most crowded range it went into.
     Published { max_load: u32 },
 }
 

@@ -1,11 +1,19 @@
 #![doc = include_str!("README.md")]
 //!
 //! Files, one concept each: `xid` (modular xid order), `span` (bounded keys
-//! and half-open spans), `snapshot` (the conflict rule), `tree` (per-range
-//! interval B+tree), `region` (the fixed shared-memory layout), `locks` (the
-//! lock abstraction), `table` (acquire and release), `validate` (the read
-//! side), `protocol` (the reader's fenced/optimistic protocol), `maint` (reclaim, coalesce, split, merge, purge), `inspect`
-//! (views), `stats` (counters), `rng` (the tests' and benchmarks' generator).
+//! and half-open spans), `snapshot` (what a snapshot says about a holder),
+//! `tree` (the per-range interval B+tree), `region` (the fixed shared-memory
+//! layout) and its child `region/guard` (the only code that turns the
+//! region's cells into references, under the lock that protects them),
+//! `locks` (the lock abstraction), `table` (the table handle: acquire and
+//! release), `holdings` (one transaction's latches, escalation and limits),
+//! `face` (the four faces callers take), `validate` (conflict checks),
+//! `protocol` (the reader's fenced/optimistic protocol), `queue` (the
+//! maintenance queue and what a worker does with a range), `maint` (reclaim,
+//! coalesce, split, merge, purge), `inspect` (views), `stats` (counters),
+//! `rng` (the tests' and benchmarks' generator); `tests` (unit and property
+//! tests) and `sim` (a simulated database running the read protocol under a
+//! seeded scheduler) are test-only.
 
 pub mod face;
 pub mod holdings;

@@ -78,7 +78,7 @@ pub enum TxEnd {
 }
 
 /// Table `rel`'s draw lock, held until dropped: one backend at a time
-/// draws the table's keys and latches them ([`LatchTable::lock_draws`]).
+/// draws the table's keys and latches them ([`crate::Writer::lock_draws`]).
 #[must_use = "the draw lock is released when dropped"]
 pub struct DrawLock<'t, L: LockSet> {
     _held: Held<'t, L>,
