@@ -15,22 +15,22 @@
 //! tests) and `sim` (a simulated database running the read protocol under a
 //! seeded scheduler) are test-only.
 
-pub mod face;
+mod face;
 pub mod holdings;
-pub mod inspect;
+mod inspect;
 pub mod locks;
-pub mod maint;
+mod maint;
 pub mod protocol;
-pub mod queue;
-pub mod region;
+mod queue;
+mod region;
 pub mod rng;
-pub mod snapshot;
-pub mod span;
-pub mod stats;
-pub mod table;
-pub mod tree;
-pub mod validate;
-pub mod xid;
+mod snapshot;
+mod span;
+mod stats;
+mod table;
+mod tree;
+mod validate;
+mod xid;
 
 #[cfg(test)]
 mod sim;
