@@ -40,23 +40,16 @@ pub enum QueueState {
 }
 
 impl QueueState {
-    /// The state a range's atomic word holds.
+    /// The state a range's atomic word holds (only this file writes it, so
+    /// it always holds one).
     pub(crate) fn load(word: &AtomicU32, order: Ordering) -> QueueState {
-        Self::from_word(word.load(order))
+        Self::from_word(word.load(order)).unwrap_or(QueueState::Idle)
     }
 
-    fn from_word(w: u32) -> QueueState {
-        match w {
-            1 => QueueState::Queued,
-            2 => QueueState::Processing,
-            6 => QueueState::Requeued,
-            _ => QueueState::Idle,
-        }
-    }
-
-    /// Moves `word` from `self` to `to`; the state it held on failure.
-    fn swap_from(self, word: &AtomicU32, to: QueueState) -> Result<(), QueueState> {
-        word.compare_exchange_weak(self as u32, to as u32, AcqRel, Acquire).map(|_| ()).map_err(Self::from_word)
+    fn from_word(w: u32) -> Option<QueueState> {
+        [QueueState::Idle, QueueState::Queued, QueueState::Processing, QueueState::Requeued]
+            .into_iter()
+            .find(|&s| s as u32 == w)
     }
 }
 
@@ -65,16 +58,15 @@ const _: () = assert!(QueueState::Idle as u32 == 0);
 
 /// Asks for a worker; true when this call queued an idle range.
 pub(crate) fn enqueue(state: &AtomicU32) -> bool {
-    let mut s = QueueState::load(state, Acquire);
+    let mut s = state.load(Acquire);
     loop {
-        let next = match s {
-            QueueState::Idle => QueueState::Queued,
-            QueueState::Processing => QueueState::Requeued,
-            // Already queued or already marked.
-            QueueState::Queued | QueueState::Requeued => return false,
+        let next = match QueueState::from_word(s) {
+            Some(QueueState::Idle) => QueueState::Queued,
+            Some(QueueState::Processing) => QueueState::Requeued,
+            _ => return false, // already queued or already marked
         };
-        match s.swap_from(state, next) {
-            Ok(()) => return next == QueueState::Queued,
+        match state.compare_exchange_weak(s, next as u32, AcqRel, Acquire) {
+            Ok(_) => return next == QueueState::Queued,
             Err(now) => s = now,
         }
     }
@@ -89,12 +81,13 @@ pub(crate) fn claim(state: &AtomicU32) -> bool {
 /// Ends processing; true when the range was enqueued meanwhile and is
 /// queued again.
 pub(crate) fn finish(state: &AtomicU32) -> bool {
-    let mut s = QueueState::load(state, Acquire);
+    let mut s = state.load(Acquire);
     loop {
-        debug_assert!(matches!(s, QueueState::Processing | QueueState::Requeued), "finish without claim");
-        let next = if s == QueueState::Requeued { QueueState::Queued } else { QueueState::Idle };
-        match s.swap_from(state, next) {
-            Ok(()) => return next == QueueState::Queued,
+        let now = QueueState::from_word(s);
+        debug_assert!(matches!(now, Some(QueueState::Processing | QueueState::Requeued)), "finish without claim");
+        let next = if now == Some(QueueState::Requeued) { QueueState::Queued } else { QueueState::Idle };
+        match state.compare_exchange_weak(s, next as u32, AcqRel, Acquire) {
+            Ok(_) => return next == QueueState::Queued,
             Err(now) => s = now,
         }
     }
