@@ -49,7 +49,7 @@ fn filled(live: u32, mut split: impl FnMut(Table, u32)) -> Table {
     for i in 0..live {
         let slot = i % 64;
         let h = Holder { xid: Xid(1000 + slot), pid: slot as i32, now_us: 0, owner: 0, role: 0 };
-        t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
+        t.writer().acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
         split(t, i);
     }
     t
@@ -61,17 +61,17 @@ fn filled(live: u32, mut split: impl FnMut(Table, u32)) -> Table {
 fn populated(live: u32) -> Table {
     let t = filled(live, |t, i| {
         if i % 512 == 511 {
-            for range in t.ranges_of(REL) {
-                while t.split(70, range).is_some() && t.ranges_of(REL).len() < 1000 {}
+            for range in t.maintainer().ranges_of(REL) {
+                while t.maintainer().split(70, range).is_some() && t.maintainer().ranges_of(REL).len() < 1000 {}
             }
         }
     });
     loop {
-        let before = t.ranges_of(REL).len();
-        for range in t.ranges_of(REL) {
-            t.split(70, range);
+        let before = t.maintainer().ranges_of(REL).len();
+        for range in t.maintainer().ranges_of(REL) {
+            t.maintainer().split(70, range);
         }
-        if t.ranges_of(REL).len() == before || before * 1024 > live as usize * 2 {
+        if t.maintainer().ranges_of(REL).len() == before || before * 1024 > live as usize * 2 {
             break;
         }
     }
@@ -83,9 +83,9 @@ fn populated(live: u32) -> Table {
 /// ranges of 512–1024, so each tree is a few levels deeper.
 fn populated_default_ranges(live: u32) -> Table {
     filled(live, |t, _| {
-        for range in t.ranges_of(REL) {
-            if t.load(range) > 1024 {
-                t.split(70, range);
+        for range in t.maintainer().ranges_of(REL) {
+            if t.maintainer().load(range) > 1024 {
+                t.maintainer().split(70, range);
             }
         }
     })
@@ -93,18 +93,19 @@ fn populated_default_ranges(live: u32) -> Table {
 
 fn acquire_release(t: &LatchTable<'_, StdLocks>, slot: u32, r: &mut Rng, xid: u32, commit: bool) {
     let h = Holder { xid: Xid(xid), pid: 1, now_us: 0, owner: 0, role: 0 };
-    t.acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
-    t.release_all(slot, if commit { TxEnd::Committed } else { TxEnd::Aborted });
+    t.writer().acquire(slot, REL, &Span::point(&key(r.next())), &h).unwrap();
+    t.writer().release_all(slot, if commit { TxEnd::Committed } else { TxEnd::Aborted });
 }
 
 fn validate(t: &LatchTable<'_, StdLocks>, r: &mut Rng, xip: &[Xid]) -> bool {
-    let snap = ReadSnapshot { xmin: Xid(900), xmax: Xid(2000), xip, after: Xid(2000), pulled: &[], own: Xid::INVALID };
+    let snap = ReadSnapshot { xmin: Xid(900), xmax: Xid(2000), xip, after: Xid(2000), own: Xid::INVALID };
     let k = r.next();
     let span = Span { start: Span::point(&key(k)).start, end: Span::point(&key(k.wrapping_add(1 << 40))).end };
-    t.check(REL, &span, &snap, &|_| true, &mut |c| {
-        black_box(c);
-    })
-    .clean()
+    t.reader()
+        .check(REL, &span, &snap, &|_| true, &mut |c| {
+            black_box(c);
+        })
+        .clean()
 }
 
 fn per_op(label: &str, ops: u64, f: impl FnOnce()) {
@@ -126,7 +127,7 @@ fn bench(c: &mut Criterion) {
         });
         // Commit leaves a tombstone; with the horizon past it, writers
         // reclaim tombstones as they go, so the table stays at `live`.
-        t.set_horizon(Xid(1600));
+        t.maintainer().set_horizon(Xid(1600));
         g.bench_function(BenchmarkId::new("acquire_release", "commit"), |b| {
             b.iter(|| acquire_release(t, 65, &mut r, 1500, true))
         });
@@ -156,7 +157,7 @@ fn bench(c: &mut Criterion) {
         }
         if live == 10_000 {
             let d = populated_default_ranges(live);
-            println!("default-sized ranges at 10k: {}", d.ranges_of(REL).len());
+            println!("default-sized ranges at 10k: {}", d.maintainer().ranges_of(REL).len());
             g.bench_function(BenchmarkId::new("acquire_release", "abort, ranges <= 1024"), |b| {
                 b.iter(|| acquire_release(d, 65, &mut r, 1500, false))
             });

@@ -276,7 +276,7 @@ fn head_blocker_list(
             let after = latched.as_ref().and_then(|l| after.map(|t| parse_after(&l.key, t)));
             let region = past(after.as_ref());
             let mut latches = Vec::new();
-            table().for_each_latch_of(latch_id, &region, &mut |l| {
+            table().inspector().for_each_latch_of(latch_id, &region, &mut |l| {
                 if l.state == State::Live {
                     latches.push(*l);
                 }
@@ -292,7 +292,7 @@ fn head_blocker_list(
             }
             let db = backend::my_db();
             let mut by_rel: BTreeMap<u64, Vec<LatchInfo>> = BTreeMap::new();
-            table().for_each_latch(&mut |l| {
+            table().inspector().for_each_latch(&mut |l| {
                 if l.state == State::Live && l.rel.db() == db {
                     by_rel.entry(l.rel.0).or_default().push(*l);
                 }

@@ -104,7 +104,7 @@ fn next_key(rel: Regclass) -> i64 {
     // heavyweight lock) happens under the draw lock.
     // SAFETY: processes pending shared invalidation messages.
     unsafe { pg_sys::AcceptInvalidationMessages() };
-    let t = table();
+    let t = table().writer();
     let rel_id = backend::rel_id(relid);
     let (value, key, published) = {
         let _draws = t.lock_draws(rel_id, latched.owner.to_u32()).unwrap_or_else(|e| backend::raise_acquire_error(e));

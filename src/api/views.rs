@@ -13,8 +13,7 @@ use crate::pg::rel_name;
 use crate::registry;
 use crate::shmem::wakeups;
 use crate::shmem::{backend, table};
-use pgkvx_latch::queue::{IDLE, PROCESSING, QUEUED, REQUEUED};
-use pgkvx_latch::{LatchInfo, RangeInfo, RelId, Span, Stat, State};
+use pgkvx_latch::{LatchInfo, QueueState, RangeInfo, RelId, Span, Stat, State};
 use pgrx::pg_sys::Oid;
 use pgrx::prelude::*;
 use std::collections::HashMap;
@@ -76,7 +75,7 @@ fn latch_list(
     ),
 > {
     let mut raw: Vec<LatchInfo> = Vec::new();
-    table().for_each_latch(&mut |l| {
+    table().inspector().for_each_latch(&mut |l| {
         if include_tombstones || l.state == State::Live {
             raw.push(*l);
         }
@@ -104,13 +103,12 @@ fn latch_list(
 }
 
 /// A range's maintenance-queue state (the latch core's), for people.
-fn queue_state_name(state: u32) -> &'static str {
+fn queue_state_name(state: QueueState) -> &'static str {
     match state {
-        IDLE => "idle",
-        QUEUED => "queued",
-        PROCESSING => "processing",
-        s if s == PROCESSING | REQUEUED => "processing, requeued",
-        _ => "unknown",
+        QueueState::Idle => "idle",
+        QueueState::Queued => "queued",
+        QueueState::Processing => "processing",
+        QueueState::Requeued => "processing, requeued",
     }
 }
 
@@ -132,7 +130,7 @@ fn range_list() -> TableIterator<
     ),
 > {
     let mut raw: Vec<RangeInfo> = Vec::new();
-    table().for_each_range(&mut |r| raw.push(*r));
+    table().inspector().for_each_range(&mut |r| raw.push(*r));
     let mut fmt = SpanFormatter::new();
     let mut seen = HashMap::new();
     let rows: Vec<_> = raw
@@ -160,7 +158,7 @@ fn range_list() -> TableIterator<
 /// full the latch table is.
 #[pg_extern(volatile, parallel_safe, schema = "pgkvx")]
 fn stats() -> TableIterator<'static, (name!(stat, String), name!(value, i64))> {
-    let t = table();
+    let t = table().inspector();
     let counts = t.stats();
     let u = t.usage();
     let mut rows: Vec<(String, i64)> =

@@ -100,7 +100,7 @@ fn wait_for(
             "Its snapshot would never show what the wait waited for; call it in READ COMMITTED or outside the transaction.",
         );
     }
-    if backend::my_xid_if_any().is_valid() && crate::shmem::table().holds_any(backend::my_slot()) {
+    if backend::my_xid_if_any().is_valid() && crate::shmem::table().writer().holds_any(backend::my_slot()) {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "pgkvx.wait_for() cannot wait while this transaction holds pgkvx latches",

@@ -9,14 +9,12 @@
 //! (PostgreSQL's SubTransactionId; 0 and 1 mean the top level): when a
 //! subtransaction rolls back, the latches published inside it — or inside
 //! its children — stand for writes that never happened and go
-//! ([`LatchTable::release_subxact`]).  An escalated span is tagged with the
+//! ([`crate::Writer::release_subxact`]).  An escalated span is tagged with the
 //! outermost subtransaction among what it replaced, so a span that also
 //! stands for its parent's writes stays.
 
-use super::locks::LockSet;
 use super::region::RelId;
 use super::span::Span;
-use super::table::LatchTable;
 
 /// When a transaction's latches get replaced by span latches.
 #[derive(Clone, Copy, Debug)]
@@ -50,12 +48,12 @@ pub const ROLE_CHECK_EVERY: u32 = 64;
 /// transaction releases (PostgreSQL's TopSubTransactionId).
 pub const TOP_SUBXACT: u32 = 1;
 
-/// What [`LatchTable::latch`] did.
+/// What [`crate::Writer::latch`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Latched {
     /// A span latch the transaction holds already covers the write.
     Covered,
-    /// A new latch; `max_load` as [`LatchTable::acquire`] returns it.
+    /// A new latch; `max_load`, the load of the most crowded range it went into.
     Published { max_load: u32 },
 }
 
@@ -102,8 +100,8 @@ impl TableHold {
     }
 
     /// Records a point latch just published as `entries` in subtransaction
-    /// `sub`.
-    pub(crate) fn add_point<L: LockSet>(&mut self, span: &Span, entries: &[u32], sub: u32, t: &LatchTable<'_, L>) {
+    /// `sub`; `first_seq` is the publication number of `entries[0]`.
+    pub(crate) fn add_point(&mut self, span: &Span, entries: &[u32], sub: u32, first_seq: u64) {
         if entries.is_empty() {
             return;
         }
@@ -112,7 +110,7 @@ impl TableHold {
         self.points_hull = self.points_hull.hull(span);
         // Publication numbers only grow: the first point is the earliest.
         if self.points_seq_lo == u64::MAX {
-            self.points_seq_lo = t.seq_hi(entries[0]);
+            self.points_seq_lo = first_seq;
         }
     }
 }

@@ -2,8 +2,9 @@
 //! `pgkvx.stats()`.  Each copies what it reports under the locks and calls
 //! back with plain values, so callers never touch shared memory.
 
-use super::guard::{Directory, RangeAccess};
 use super::locks::LockSet;
+use super::queue::QueueState;
+use super::region::guard::{Directory, RangeAccess};
 use super::region::{EntryData, RelId, State};
 use super::span::{KeyBuf, Span};
 use super::table::LatchTable;
@@ -49,7 +50,7 @@ pub struct RangeInfo {
     pub coalesced: u32,
     pub acquires: u64,
     pub lock_waits: u64,
-    pub queue: u32,
+    pub queue: QueueState,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,8 +65,8 @@ pub struct Usage {
 
 impl<L: LockSet> LatchTable<'_, L> {
     /// Every latch and tombstone, table by table in key order.
-    pub fn for_each_latch(&self, f: &mut dyn FnMut(&LatchInfo)) {
-        let mut d = self.dir_read();
+    pub(crate) fn for_each_latch(&self, f: &mut dyn FnMut(&LatchInfo)) {
+        let mut d = self.mem.dir_read();
         for (t, rel) in tables_in_use(&d) {
             for &r in d.ranges_of(t).as_slice() {
                 let g = d.range_read(r);
@@ -83,11 +84,11 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// The latches and tombstones of `rel` that overlap `span`, in key
     /// order (of their ranges): what the head-blocker view and EXPLAIN's
     /// "Waited For" look up, without walking every table's latches.
-    pub fn for_each_latch_of(&self, rel: RelId, span: &Span, f: &mut dyn FnMut(&LatchInfo)) {
+    pub(crate) fn for_each_latch_of(&self, rel: RelId, span: &Span, f: &mut dyn FnMut(&LatchInfo)) {
         if span.is_empty() {
             return;
         }
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         let Some(t) = d.find_table(rel) else { return };
         for i in d.ranges_over(t, span) {
             let r = d.range_at(t, i);
@@ -103,13 +104,13 @@ impl<L: LockSet> LatchTable<'_, L> {
     }
 
     /// Every range, table by table in key order.
-    pub fn for_each_range(&self, f: &mut dyn FnMut(&RangeInfo)) {
-        let mut d = self.dir_read();
+    pub(crate) fn for_each_range(&self, f: &mut dyn FnMut(&RangeInfo)) {
+        let mut d = self.mem.dir_read();
         for (t, rel) in tables_in_use(&d) {
             for &r in d.ranges_of(t).as_slice() {
                 let meta = *d.meta(r);
                 let body = *d.range_read(r).body();
-                let slot = &self.region.ranges[r as usize];
+                let slot = &self.mem.region.ranges[r as usize];
                 f(&RangeInfo {
                     id: r,
                     rel,
@@ -120,15 +121,15 @@ impl<L: LockSet> LatchTable<'_, L> {
                     coalesced: body.summary.count,
                     acquires: slot.acquires.load(Relaxed),
                     lock_waits: slot.contended.load(Relaxed),
-                    queue: slot.queue.load(Relaxed),
+                    queue: QueueState::load(&slot.queue, Relaxed),
                 });
             }
         }
     }
 
-    pub fn usage(&self) -> Usage {
+    pub(crate) fn usage(&self) -> Usage {
         let cfg = self.config();
-        let d = self.dir_read();
+        let d = self.mem.dir_read();
         let counts = d.counts();
         Usage {
             entries_used: cfg.max_entries - self.free_entries(),

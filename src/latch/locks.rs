@@ -31,24 +31,24 @@ pub trait LockSet {
 }
 
 /// Releases a lock when dropped, including during unwinding.
-pub struct Held<'a, L: LockSet + ?Sized> {
+pub(crate) struct Held<'a, L: LockSet + ?Sized> {
     locks: &'a L,
     id: LockId,
 }
 
 impl<'a, L: LockSet + ?Sized> Held<'a, L> {
-    pub fn new(locks: &'a L, id: LockId, mode: Mode) -> Self {
+    pub(crate) fn new(locks: &'a L, id: LockId, mode: Mode) -> Self {
         locks.acquire(id, mode);
         Held { locks, id }
     }
 
     /// Takes the lock if it is free right now.
-    pub fn try_new(locks: &'a L, id: LockId, mode: Mode) -> Option<Self> {
+    pub(crate) fn try_new(locks: &'a L, id: LockId, mode: Mode) -> Option<Self> {
         locks.try_acquire(id, mode).then(|| Held { locks, id })
     }
 
     /// Takes the lock, telling the caller whether it had to wait.
-    pub fn new_counting(locks: &'a L, id: LockId, mode: Mode) -> (Self, bool) {
+    pub(crate) fn new_counting(locks: &'a L, id: LockId, mode: Mode) -> (Self, bool) {
         match Held::try_new(locks, id, mode) {
             Some(held) => (held, false),
             None => (Held::new(locks, id, mode), true),

@@ -7,8 +7,8 @@
 //! they change, so a commit settling its latches sees an entry either before
 //! or after the move.
 
-use super::guard::{Directory, RangeAccess, RangeMut, RangeRef};
 use super::locks::{LockId, LockSet, Mode};
+use super::region::guard::{Directory, RangeAccess, RangeMut, RangeRef};
 use super::region::{RangeBody, RelId, MAX_RANGES_PER_TABLE};
 use super::span::{KeyBuf, Span};
 use super::stats::Stat;
@@ -18,9 +18,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 impl<L: LockSet> LatchTable<'_, L> {
     /// Reclaims every expired tombstone in every range.  Returns how many.
-    pub fn reclaim_all(&self, slot: u32) -> u32 {
+    pub(crate) fn reclaim_all(&self, slot: u32) -> u32 {
         self.drain_released(slot);
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         let mut n = 0;
         for r in 0..self.config().max_ranges {
             if !d.meta(r).in_use {
@@ -33,9 +33,9 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Folds all tombstones of range `r` into its summary, freeing their
     /// entries.  Readers then see more conflicts, never fewer.
-    pub fn coalesce(&self, slot: u32, r: u32) -> u32 {
+    pub(crate) fn coalesce(&self, slot: u32, r: u32) -> u32 {
         self.drain_released(slot);
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         if !d.meta(r).in_use {
             return 0;
         }
@@ -47,7 +47,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             let seq_hi = self.seq_hi(e);
             g.body_mut().summary.absorb(&data.span, data.xid, data.seq, seq_hi);
             let gone = g.remove(e);
-            self.free(gone);
+            self.mem.free(gone);
             n += 1;
             e = data.fifo_next;
         }
@@ -61,13 +61,13 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// What a writer does when the table is full: reclaim what the horizon
     /// allows, then coalesce tombstones.  Returns the free entries after.
-    pub fn relieve_pressure(&self, slot: u32) -> u32 {
+    pub(crate) fn relieve_pressure(&self, slot: u32) -> u32 {
         self.reclaim_all(slot);
         if self.free_entries() > 0 {
             return self.free_entries();
         }
         let ranges: Vec<u32> = {
-            let d = self.dir_read();
+            let d = self.mem.dir_read();
             (0..self.config().max_ranges).filter(|&r| d.meta(r).in_use).collect()
         };
         for r in ranges {
@@ -78,8 +78,8 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Splits range `r` near its median key at a point no latch crosses.
     /// Returns the new right-hand range, or None when it cannot split.
-    pub fn split(&self, slot: u32, r: u32) -> Option<u32> {
-        let mut d = self.dir_write();
+    pub(crate) fn split(&self, slot: u32, r: u32) -> Option<u32> {
+        let mut d = self.mem.dir_write();
         let meta = *d.meta(r);
         if !meta.in_use || d.table_data(meta.table).nranges as usize >= MAX_RANGES_PER_TABLE {
             return None;
@@ -120,15 +120,15 @@ impl<L: LockSet> LatchTable<'_, L> {
         let td = d.table_data_mut(meta.table);
         let pos = td.position(r);
         td.insert_range(pos + 1, r2, at.head());
-        self.region.hdr.dir_version.fetch_add(1, Relaxed);
+        self.mem.region.hdr.dir_version.fetch_add(1, Relaxed);
         self.count(slot, Stat::RangeSplits, 1);
         Some(r2)
     }
 
     /// Merges range `right` into its left neighbour `left` (same table,
     /// adjacent).  Returns false when they are not neighbours.
-    pub fn merge(&self, slot: u32, left: u32, right: u32) -> bool {
-        let mut d = self.dir_write();
+    pub(crate) fn merge(&self, slot: u32, left: u32, right: u32) -> bool {
+        let mut d = self.mem.dir_write();
         let (ml, mr) = (*d.meta(left), *d.meta(right));
         if !ml.in_use || !mr.in_use || ml.table != mr.table || ml.hi != mr.lo {
             return false;
@@ -171,10 +171,10 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// stay (a reader of a table disabled and enabled again must still find
     /// them); the idle-table sweep frees the slot once the horizon has
     /// passed them.  Refuses (false) while any latch on it is still live.
-    pub fn purge_table(&self, slot: u32, rel: RelId) -> bool {
+    pub(crate) fn purge_table(&self, slot: u32, rel: RelId) -> bool {
         // Latches released but not drained still count as live.
         self.drain_released(slot);
-        let mut d = self.dir_write();
+        let mut d = self.mem.dir_write();
         let Some(t) = d.find_table(rel) else {
             return true;
         };
@@ -206,8 +206,8 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// and took no latch since the previous call: tables no longer written,
     /// or of a dropped database (DROP DATABASE fires no event trigger).  A
     /// table written again simply gets a fresh slot.  Returns how many.
-    pub fn gc_idle_tables(&self) -> u32 {
-        let mut d = self.dir_write();
+    pub(crate) fn gc_idle_tables(&self) -> u32 {
+        let mut d = self.mem.dir_write();
         let mut freed = 0;
         for t in 0..self.config().max_tables {
             if matches!(d.table_data(t).rel, RelId::EMPTY | RelId::DELETED) {
@@ -215,7 +215,7 @@ impl<L: LockSet> LatchTable<'_, L> {
             }
             let ranges = d.ranges_of(t);
             let ranges = ranges.as_slice();
-            let acquires: u64 = ranges.iter().map(|&r| self.region.ranges[r as usize].acquires.load(Relaxed)).sum();
+            let acquires: u64 = ranges.iter().map(|&r| self.mem.region.ranges[r as usize].acquires.load(Relaxed)).sum();
             let td = d.table_data_mut(t);
             let idle = acquires == td.seen_acquires;
             td.seen_acquires = acquires;
@@ -224,7 +224,7 @@ impl<L: LockSet> LatchTable<'_, L> {
                 b.live == 0 && b.tombstones == 0 && b.summary.is_empty()
             });
             // A key draw in progress holds the table lock: leave it alone.
-            if !idle || !empty || !self.locks.try_acquire(LockId::Table(t), Mode::Exclusive) {
+            if !idle || !empty || !self.mem.locks.try_acquire(LockId::Table(t), Mode::Exclusive) {
                 continue;
             }
             for &r in ranges {
@@ -234,15 +234,16 @@ impl<L: LockSet> LatchTable<'_, L> {
             td.rel = RelId::DELETED;
             td.nranges = 0;
             d.counts_mut().tables_used -= 1;
-            self.locks.release(LockId::Table(t));
+            self.mem.locks.release(LockId::Table(t));
             freed += 1;
         }
         freed
     }
 
     /// The ranges of `rel` in key order (empty when it was never latched).
-    pub fn ranges_of(&self, rel: RelId) -> Vec<u32> {
-        let d = self.dir_read();
+    #[cfg(any(test, feature = "std-locks"))]
+    pub(crate) fn ranges_of(&self, rel: RelId) -> Vec<u32> {
+        let d = self.mem.dir_read();
         d.find_table(rel).map_or_else(Vec::new, |t| d.ranges_of(t).as_slice().to_vec())
     }
 
@@ -250,10 +251,10 @@ impl<L: LockSet> LatchTable<'_, L> {
     #[cfg(test)]
     pub(crate) fn free_tree_nodes(&self) -> u32 {
         use std::sync::atomic::Ordering::Acquire;
-        let (mut n, mut count) = (self.region.hdr.node_free_head.load(Acquire) as u32, 0);
+        let (mut n, mut count) = (self.mem.region.hdr.node_free_head.load(Acquire) as u32, 0);
         while n != NIL {
             count += 1;
-            n = self.region.node_next[n as usize].load(Acquire);
+            n = self.mem.region.node_next[n as usize].load(Acquire);
         }
         count
     }
@@ -263,7 +264,7 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Returns how many entries the trees hold.
     #[cfg(test)]
     pub(crate) fn check_structure(&self, rel: RelId) -> usize {
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         let Some(t) = d.find_table(rel) else {
             return 0;
         };

@@ -179,17 +179,8 @@ pub fn run<E: Env>(
     let mut failures = 0u32;
     let mut later_rounds = 0u32;
     let first_after = env.first_after();
-    if mode == ReadMode::Optimistic && p.declared_first {
-        // What a fenced read's first check is; only a clean answer is used
-        // (a conflict in D says nothing about T).
-        let d = declared();
-        let c = env.check(&d, &mut conflicts);
-        report.validations += 1;
-        if c.clean() {
-            report.checked = Some(d);
-            report.streamed = true;
-            return ReadOutcome::Stream { cut };
-        }
+    if mode == ReadMode::Optimistic && p.declared_first && declared_is_clean(env, declared(), &mut conflicts, report) {
+        return ReadOutcome::Stream { cut };
     }
     loop {
         let fp = match mode {
@@ -209,32 +200,14 @@ pub fn run<E: Env>(
         report.validations += 1;
         if c.clean() {
             report.checked = Some(fp);
-            return match mode {
-                ReadMode::Optimistic => ReadOutcome::Emit,
-                ReadMode::Fenced => ReadOutcome::Stream { cut },
-            };
+            return clean_outcome(mode, cut);
         }
         // Every latch met, for the cut; then one entry per holder.
         let met = conflicts.clone();
         dedup(&mut conflicts);
         report.conflicts += conflicts.len() as u32;
         if p.fixed_snapshot {
-            for x in conflicts.iter().filter(|c| c.live) {
-                env.wait(x.xid);
-                report.waits += 1;
-            }
-            // Aborted holders are gone now; committed ones stay conflicts.
-            conflicts.clear();
-            let again = env.check(&fp, &mut conflicts);
-            report.validations += 1;
-            report.checked = Some(fp.clone());
-            if again.clean() {
-                return match mode {
-                    ReadMode::Optimistic => ReadOutcome::Emit,
-                    ReadMode::Fenced => ReadOutcome::Stream { cut },
-                };
-            }
-            return serialization_failure(&conflicts);
+            return settle_fixed(env, fp, mode, cut, &mut conflicts, report);
         }
         let earlier = conflicts.iter().any(|c| c.xid.precedes(first_after));
         if !earlier {
@@ -251,13 +224,8 @@ pub fn run<E: Env>(
                 return serialization_failure(&conflicts);
             }
         }
-        for x in conflicts.iter().filter(|c| c.live && (!earlier || c.xid.precedes(first_after))) {
-            env.wait(x.xid);
-            report.waits += 1;
-        }
-        env.refresh_snapshot();
+        wait_and_refresh(env, &conflicts, earlier, first_after, report);
         cut.clear();
-        report.fresh_snapshots += 1;
         if mode == ReadMode::Optimistic {
             failures += 1;
             report.retries += 1;
@@ -267,6 +235,78 @@ pub fn run<E: Env>(
             }
         }
     }
+}
+
+/// Optimistic with `declared_first`: checks the declared footprint `d`
+/// before reading, as a fenced read's first check would.  Only a clean
+/// answer is used (a conflict in D says nothing about T): then the scan
+/// streams.
+fn declared_is_clean<E: Env>(
+    env: &mut E,
+    d: Footprint,
+    conflicts: &mut Vec<Conflict>,
+    report: &mut ReadReport,
+) -> bool {
+    let c = env.check(&d, conflicts);
+    report.validations += 1;
+    if c.clean() {
+        report.checked = Some(d);
+        report.streamed = true;
+    }
+    c.clean()
+}
+
+/// What a clean check of the current footprint means in `mode`.
+fn clean_outcome(mode: ReadMode, cut: Footprint) -> ReadOutcome {
+    match mode {
+        ReadMode::Optimistic => ReadOutcome::Emit,
+        ReadMode::Fenced => ReadOutcome::Stream { cut },
+    }
+}
+
+/// A fixed snapshot met `conflicts` in `fp`: waiting helps only when a
+/// holder aborts.  Waits for the live holders and checks once more; a
+/// holder that committed stays a conflict, which is a serialization
+/// failure.
+fn settle_fixed<E: Env>(
+    env: &mut E,
+    fp: Footprint,
+    mode: ReadMode,
+    cut: Footprint,
+    conflicts: &mut Vec<Conflict>,
+    report: &mut ReadReport,
+) -> ReadOutcome {
+    for x in conflicts.iter().filter(|c| c.live) {
+        env.wait(x.xid);
+        report.waits += 1;
+    }
+    // Aborted holders are gone now; committed ones stay conflicts.
+    conflicts.clear();
+    let again = env.check(&fp, conflicts);
+    report.validations += 1;
+    report.checked = Some(fp);
+    if again.clean() {
+        return clean_outcome(mode, cut);
+    }
+    serialization_failure(conflicts)
+}
+
+/// Waits for the live holders among `conflicts` -- only the earlier
+/// writers (xid before `first_after`) when there are any -- then takes a
+/// fresh snapshot.
+fn wait_and_refresh<E: Env>(
+    env: &mut E,
+    conflicts: &[Conflict],
+    earlier: bool,
+    first_after: Xid,
+    report: &mut ReadReport,
+) {
+    for x in conflicts.iter().filter(|c| c.live && (!earlier || c.xid.precedes(first_after))) {
+        env.wait(x.xid);
+        report.waits += 1;
+    }
+    env.refresh_snapshot();
+    report.fresh_snapshots += 1;
 }
 
 /// A conflict waiting cannot repair: named by the first of `conflicts`.
@@ -318,8 +358,8 @@ mod tests {
             if self.checks > self.conflicted || !fp.iter().any(|(_, s)| s.overlaps(&at)) {
                 return Check::default();
             }
-            out.push(Conflict { xid: self.holder, rel: fp[0].0, span: fp[0].1, at, live: true, after: false });
-            Check { conflicted: true, must_refresh: false }
+            out.push(Conflict { xid: self.holder, rel: fp[0].0, span: fp[0].1, at, live: true });
+            Check { conflicted: true }
         }
         fn wait(&mut self, x: Xid) {
             self.waited.push(x);

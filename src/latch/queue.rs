@@ -1,14 +1,14 @@
 //! The maintenance queue: which latch ranges need a worker, and the rule
 //! that no range is processed twice at once.
 //!
-//! Each range carries a small state word:
+//! Each range carries a [`QueueState`], kept in an atomic word:
 //!
 //! ```text
-//! IDLE ──enqueue──► QUEUED ──claim──► PROCESSING ──finish──► IDLE
+//! Idle ──enqueue──► Queued ──claim──► Processing ──finish──► Idle
 //!                                        │  ▲
 //!                                enqueue │  │ finish: re-evaluate
-//!                                        ▼  │ (back to QUEUED)
-//!                                     PROCESSING|REQUEUED
+//!                                        ▼  │ (back to Queued)
+//!                                     Requeued
 //! ```
 //!
 //! A range enqueued while a worker processes it is marked and, when that
@@ -18,47 +18,76 @@
 //! workers, each processing one range at a time, so at most that many ranges
 //! are processed at once.
 
-use super::guard::{Directory, RangeAccess};
 use super::locks::LockSet;
+use super::region::guard::{Directory, RangeAccess};
 use super::table::LatchTable;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-pub const IDLE: u32 = 0;
-pub const QUEUED: u32 = 1;
-pub const PROCESSING: u32 = 2;
-pub const REQUEUED: u32 = 4;
+/// Where a range stands in the maintenance queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum QueueState {
+    /// Needs no worker.
+    Idle = 0,
+    /// Waits for a worker.
+    Queued = 1,
+    /// A worker has it.
+    Processing = 2,
+    /// A worker has it, and it was enqueued meanwhile: it is queued again
+    /// when the worker finishes.
+    Requeued = 6,
+}
+
+impl QueueState {
+    /// The state a range's atomic word holds (only this file writes it, so
+    /// it always holds one).
+    pub(crate) fn load(word: &AtomicU32, order: Ordering) -> QueueState {
+        Self::from_word(word.load(order)).unwrap_or(QueueState::Idle)
+    }
+
+    fn from_word(w: u32) -> Option<QueueState> {
+        [QueueState::Idle, QueueState::Queued, QueueState::Processing, QueueState::Requeued]
+            .into_iter()
+            .find(|&s| s as u32 == w)
+    }
+}
+
+// region.rs starts every range's word at 0.
+const _: () = assert!(QueueState::Idle as u32 == 0);
 
 /// Asks for a worker; true when this call queued an idle range.
-pub fn enqueue(state: &AtomicU32) -> bool {
+pub(crate) fn enqueue(state: &AtomicU32) -> bool {
     let mut s = state.load(Acquire);
     loop {
-        let next = match s {
-            IDLE => QUEUED,
-            PROCESSING => PROCESSING | REQUEUED,
+        let next = match QueueState::from_word(s) {
+            Some(QueueState::Idle) => QueueState::Queued,
+            Some(QueueState::Processing) => QueueState::Requeued,
             _ => return false, // already queued or already marked
         };
-        match state.compare_exchange_weak(s, next, AcqRel, Acquire) {
-            Ok(_) => return next == QUEUED,
+        match state.compare_exchange_weak(s, next as u32, AcqRel, Acquire) {
+            Ok(_) => return next == QueueState::Queued,
             Err(now) => s = now,
         }
     }
 }
 
 /// Takes a queued range for processing; false when someone else did.
-pub fn claim(state: &AtomicU32) -> bool {
-    state.compare_exchange(QUEUED, PROCESSING, AcqRel, Acquire).is_ok()
+pub(crate) fn claim(state: &AtomicU32) -> bool {
+    let (from, to) = (QueueState::Queued as u32, QueueState::Processing as u32);
+    state.compare_exchange(from, to, AcqRel, Acquire).is_ok()
 }
 
 /// Ends processing; true when the range was enqueued meanwhile and is
 /// queued again.
-pub fn finish(state: &AtomicU32) -> bool {
+pub(crate) fn finish(state: &AtomicU32) -> bool {
     let mut s = state.load(Acquire);
     loop {
-        debug_assert!(s & PROCESSING != 0, "finish without claim");
-        let next = if s & REQUEUED != 0 { QUEUED } else { IDLE };
-        match state.compare_exchange_weak(s, next, AcqRel, Acquire) {
-            Ok(_) => return next == QUEUED,
+        let now = QueueState::from_word(s);
+        debug_assert!(matches!(now, Some(QueueState::Processing | QueueState::Requeued)), "finish without claim");
+        let next = if now == Some(QueueState::Requeued) { QueueState::Queued } else { QueueState::Idle };
+        match state.compare_exchange_weak(s, next as u32, AcqRel, Acquire) {
+            Ok(_) => return next == QueueState::Queued,
             Err(now) => s = now,
         }
     }
@@ -93,65 +122,71 @@ const MERGE_DIVISOR: u32 = 8;
 
 impl<L: LockSet> LatchTable<'_, L> {
     pub(crate) fn queue_state(&self, r: u32) -> &AtomicU32 {
-        &self.region.ranges[r as usize].queue
+        &self.mem.region.ranges[r as usize].queue
     }
 
     fn contended_since(&self, r: u32) -> (u64, &AtomicU64) {
-        let s = &self.region.ranges[r as usize];
+        let s = &self.mem.region.ranges[r as usize];
         (s.contended.load(Relaxed).saturating_sub(s.contended_seen.load(Relaxed)), &s.contended_seen)
     }
 
     /// Queues range `r` for a worker.
-    pub fn enqueue(&self, r: u32) -> bool {
+    pub(crate) fn enqueue(&self, r: u32) -> bool {
         let queued = enqueue(self.queue_state(r));
         if queued {
-            self.region.hdr.queued.fetch_add(1, Relaxed);
+            self.mem.region.hdr.queued.fetch_add(1, Relaxed);
         }
         queued
     }
 
     /// Ranges waiting for a worker.
-    pub fn queued(&self) -> u32 {
-        self.region.hdr.queued.load(Relaxed)
+    pub(crate) fn queued(&self) -> u32 {
+        self.mem.region.hdr.queued.load(Relaxed)
     }
 
     fn claim_counted(&self, r: u32) -> bool {
         let ok = claim(self.queue_state(r));
         if ok {
-            self.region.hdr.queued.fetch_sub(1, Relaxed);
+            self.mem.region.hdr.queued.fetch_sub(1, Relaxed);
         }
         ok
     }
 
     fn take_counted(&self, r: u32) -> bool {
         let state = self.queue_state(r);
-        state.compare_exchange(IDLE, PROCESSING, AcqRel, Acquire).is_ok() || self.claim_counted(r)
+        let (from, to) = (QueueState::Idle as u32, QueueState::Processing as u32);
+        state.compare_exchange(from, to, AcqRel, Acquire).is_ok() || self.claim_counted(r)
     }
 
     fn finish_counted(&self, r: u32) -> bool {
         let again = finish(self.queue_state(r));
         if again {
-            self.region.hdr.queued.fetch_add(1, Relaxed);
+            self.mem.region.hdr.queued.fetch_add(1, Relaxed);
         }
         again
     }
 
+    /// Starts a fresh range out of the queue.
+    pub(crate) fn queue_reset(&self, r: u32) {
+        self.queue_state(r).store(QueueState::Idle as u32, Relaxed);
+    }
+
     /// Forgets the queue state of a range being freed.
     pub(crate) fn dequeue_freed(&self, r: u32) {
-        if self.queue_state(r).swap(IDLE, AcqRel) == QUEUED {
-            self.region.hdr.queued.fetch_sub(1, Relaxed);
+        if self.queue_state(r).swap(QueueState::Idle as u32, AcqRel) == QueueState::Queued as u32 {
+            self.mem.region.hdr.queued.fetch_sub(1, Relaxed);
         }
     }
 
     /// Latches plus tombstones in range `r`.
-    pub fn load(&self, r: u32) -> u32 {
-        let mut d = self.dir_read();
+    pub(crate) fn load(&self, r: u32) -> u32 {
+        let mut d = self.mem.dir_read();
         let g = d.range_read(r);
         g.body().live + g.body().tombstones
     }
 
     /// The queued range a worker should take next, claimed for it.
-    pub fn claim_next(&self) -> Option<u32> {
+    pub(crate) fn claim_next(&self) -> Option<u32> {
         loop {
             if self.queued() == 0 {
                 return None;
@@ -159,9 +194,9 @@ impl<L: LockSet> LatchTable<'_, L> {
             let limit = self.range_max_latches();
             let mut best: Option<(u64, u32)> = None;
             {
-                let mut d = self.dir_read();
+                let mut d = self.mem.dir_read();
                 for r in 0..self.config().max_ranges {
-                    if !d.meta(r).in_use || self.queue_state(r).load(Relaxed) != QUEUED {
+                    if !d.meta(r).in_use || QueueState::load(self.queue_state(r), Relaxed) != QueueState::Queued {
                         continue;
                     }
                     let load = {
@@ -183,11 +218,11 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// Queues every range that needs attention: crowded, contended, holding
     /// tombstones the horizon has passed, or small enough to merge.
-    pub fn sweep(&self) -> u32 {
+    pub(crate) fn sweep(&self) -> u32 {
         self.drain_released(u32::MAX);
         let limit = self.range_max_latches();
         let mut queued = 0;
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         for r in 0..self.config().max_ranges {
             let meta = *d.meta(r);
             if !meta.in_use {
@@ -214,10 +249,10 @@ impl<L: LockSet> LatchTable<'_, L> {
     /// Processes one claimed range: reclaim, then split, merge or coalesce
     /// as its state asks.  Finishes the claim; returns what it did and
     /// whether the range must be looked at again.
-    pub fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
+    pub(crate) fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
         let limit = self.range_max_latches();
         {
-            let mut d = self.dir_read();
+            let mut d = self.mem.dir_read();
             self.reclaim(&mut d.range_write(r), slot, u32::MAX);
         }
         let (contended, seen) = self.contended_since(r);
@@ -260,7 +295,7 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// The range right of `r` in the same table, if any.
     fn right_neighbour(&self, r: u32) -> Option<u32> {
-        let d = self.dir_read();
+        let d = self.mem.dir_read();
         let meta = *d.meta(r);
         if !meta.in_use || meta.hi.is_infinite() {
             return None;
@@ -282,23 +317,23 @@ mod tests {
 
     #[test]
     fn state_machine_transitions() {
-        let s = AtomicU32::new(IDLE);
+        let s = AtomicU32::new(QueueState::Idle as u32);
         assert!(enqueue(&s), "idle -> queued");
         assert!(!enqueue(&s), "queued twice is one entry");
         assert!(claim(&s));
         assert!(!claim(&s), "nobody claims a range being processed");
         assert!(!enqueue(&s), "re-enqueued while processing: marked");
-        assert_eq!(s.load(Relaxed), PROCESSING | REQUEUED);
+        assert_eq!(QueueState::load(&s, Relaxed), QueueState::Requeued);
         assert!(finish(&s), "marked: queued again for re-evaluation");
-        assert_eq!(s.load(Relaxed), QUEUED);
+        assert_eq!(QueueState::load(&s, Relaxed), QueueState::Queued);
         assert!(claim(&s));
         assert!(!finish(&s), "unmarked: idle");
-        assert_eq!(s.load(Relaxed), IDLE);
+        assert_eq!(QueueState::load(&s, Relaxed), QueueState::Idle);
     }
 
     #[test]
     fn concurrent_workers_never_share_a_range() {
-        let states: Arc<Vec<AtomicU32>> = Arc::new((0..8).map(|_| AtomicU32::new(IDLE)).collect());
+        let states: Arc<Vec<AtomicU32>> = Arc::new((0..8).map(|_| AtomicU32::new(QueueState::Idle as u32)).collect());
         let busy: Arc<Vec<AtomicBool>> = Arc::new((0..8).map(|_| AtomicBool::new(false)).collect());
         let mut handles = Vec::new();
         for w in 0..4u64 {
@@ -368,7 +403,7 @@ mod tests {
     /// Lock waits on every range of REL, as acquirers would count them.
     fn wait_on_every_range(t: &LatchTable<'_, impl LockSet>, waits: u64) {
         for r in t.ranges_of(REL) {
-            t.region.ranges[r as usize].contended.fetch_add(waits, Relaxed);
+            t.mem.region.ranges[r as usize].contended.fetch_add(waits, Relaxed);
         }
     }
 

@@ -4,7 +4,8 @@
 //! Nothing is allocated after `init`, so the region can be Postgres shared
 //! memory mapped at different addresses in different processes.
 //!
-//! What protects what (guard.rs hands each out under its lock):
+//! What protects what (the child module `guard` alone turns the cells into
+//! references, and hands each out under its lock):
 //! - `TableData`, `RangeMeta`, `DirCounts`: the Directory lock.
 //! - `RangeBody`, the tree nodes its root reaches, and the `EntryData` of
 //!   every entry in its tree: the range's lock.
@@ -18,6 +19,8 @@ use super::xid::Xid;
 use std::cell::UnsafeCell;
 use std::mem::{align_of, size_of};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+pub(crate) mod guard;
 
 pub const MAGIC: u64 = 0x706b_7678_6c74_0007; // "pkvxlt" v7
 
@@ -85,7 +88,7 @@ pub(crate) struct Header {
     pub max_tables_per_owner: AtomicU32,
     /// Bumped on every directory change (split, merge, new or purged table).
     pub dir_version: AtomicU64,
-    /// Ranges in state QUEUED: idle workers look here before scanning.
+    /// Ranges in state `Queued`: idle workers look here before scanning.
     pub queued: AtomicU32,
     /// Wall clock (µs) of a maintenance worker's latest tick: writers wait
     /// for splits only while workers run.
@@ -94,7 +97,7 @@ pub(crate) struct Header {
     /// range's tombstone list or freed: a lock-free stack (see table.rs).
     pub released: AtomicU32,
     pub released_count: AtomicU32,
-    pub dir: UnsafeCell<DirCounts>,
+    dir: UnsafeCell<DirCounts>,
 }
 
 pub(crate) struct DirCounts {
@@ -105,7 +108,7 @@ pub(crate) struct DirCounts {
 
 #[repr(C)]
 pub(crate) struct TableSlot {
-    pub inner: UnsafeCell<TableData>,
+    inner: UnsafeCell<TableData>,
 }
 
 #[derive(Clone)]
@@ -153,13 +156,13 @@ impl TableData {
 
 #[repr(C)]
 pub(crate) struct RangeSlot {
-    pub meta: UnsafeCell<RangeMeta>,
-    pub body: UnsafeCell<RangeBody>,
+    meta: UnsafeCell<RangeMeta>,
+    body: UnsafeCell<RangeBody>,
     /// Latches acquired in this range (for the split heuristics and views).
     pub acquires: AtomicU64,
     /// Acquisitions that found the range lock busy.
     pub contended: AtomicU64,
-    /// Maintenance-queue state bits (see queue.rs).
+    /// The range's `QueueState` (queue.rs), as a word; 0 is `Idle`.
     pub queue: AtomicU32,
     /// `contended` when a worker last looked: contention since then is what
     /// counts.
@@ -273,7 +276,7 @@ impl State {
 
 #[repr(C)]
 pub(crate) struct Entry {
-    pub data: UnsafeCell<EntryData>,
+    data: UnsafeCell<EntryData>,
     pub range: AtomicU32,
     pub holder_next: AtomicU32,
     /// Free-list link while free; released-list link once released.
@@ -294,7 +297,7 @@ pub(crate) struct Entry {
 pub const OPEN: u64 = u64::MAX;
 
 #[repr(C)]
-pub(crate) struct TreeNode(pub UnsafeCell<tree::Node>);
+pub(crate) struct TreeNode(UnsafeCell<tree::Node>);
 
 #[derive(Clone, Copy)]
 pub(crate) struct EntryData {
@@ -403,101 +406,131 @@ pub(crate) unsafe fn init<'r>(mem: *mut u8, cfg: &Config) -> Region<'r> {
     assert_eq!(mem as usize % 8, 0, "latch region misaligned");
     let lay = Layout::of(cfg);
     let mem = aligned(mem);
-    // SAFETY (whole block): offsets come from Layout::of, so every write is
-    // inside the region and aligned for its type; the region is ours alone.
+    // SAFETY: offsets come from Layout::of, so each array handed to a step
+    // is inside the region, aligned for its type and as long as `cfg` says;
+    // the region is ours alone (the contract).
     unsafe {
-        std::ptr::write(
-            mem as *mut Header,
-            Header {
-                magic: MAGIC,
-                cfg: *cfg,
-                seq: AtomicU64::new(1),
-                free_head: AtomicU64::new(0),
-                free_count: AtomicU32::new(cfg.max_entries),
-                node_free_head: AtomicU64::new(0),
-                horizon: AtomicU32::new(0),
-                range_max_latches: AtomicU32::new(1024),
-                max_tables_per_owner: AtomicU32::new(0),
-                dir_version: AtomicU64::new(1),
-                queued: AtomicU32::new(0),
-                worker_beat: AtomicI64::new(0),
-                released: AtomicU32::new(NIL),
-                released_count: AtomicU32::new(0),
-                dir: UnsafeCell::new(DirCounts { free_range: 0, ranges_used: 0, tables_used: 0 }),
-            },
-        );
-        let tables = mem.add(lay.tables) as *mut TableSlot;
-        for i in 0..cfg.max_tables as usize {
-            std::ptr::write(
-                tables.add(i),
-                TableSlot {
-                    inner: UnsafeCell::new(TableData {
-                        rel: RelId::EMPTY,
-                        owner: 0,
-                        nranges: 0,
-                        ranges: [NIL; MAX_RANGES_PER_TABLE],
-                        lo_heads: [0; MAX_RANGES_PER_TABLE],
-                        seen_acquires: 0,
-                    }),
-                },
-            );
-        }
-        let ranges = mem.add(lay.ranges) as *mut RangeSlot;
-        for i in 0..cfg.max_ranges {
-            let next_free = if i + 1 < cfg.max_ranges { i + 1 } else { NIL };
-            std::ptr::write(
-                ranges.add(i as usize),
-                RangeSlot {
-                    meta: UnsafeCell::new(RangeMeta {
-                        in_use: false,
-                        table: NIL,
-                        lo: KeyBuf::EMPTY,
-                        hi: KeyBuf::INFINITE,
-                        next_free,
-                    }),
-                    body: UnsafeCell::new(RangeBody::EMPTY),
-                    acquires: AtomicU64::new(0),
-                    contended: AtomicU64::new(0),
-                    queue: AtomicU32::new(0),
-                    contended_seen: AtomicU64::new(0),
-                },
-            );
-        }
-        let entries = mem.add(lay.entries) as *mut Entry;
-        for i in 0..cfg.max_entries {
-            let next = if i + 1 < cfg.max_entries { i + 1 } else { NIL };
-            std::ptr::write(
-                entries.add(i as usize),
-                Entry {
-                    data: UnsafeCell::new(EntryData::FREE),
-                    range: AtomicU32::new(NIL),
-                    holder_next: AtomicU32::new(NIL),
-                    free_next: AtomicU32::new(next),
-                    state: AtomicU8::new(State::Free as u8),
-                    seq_hi: AtomicU64::new(0),
-                },
-            );
-        }
-        let nodes = mem.add(lay.nodes) as *mut TreeNode;
-        let node_next = mem.add(lay.node_next) as *mut AtomicU32;
-        let pool = cfg.tree_nodes();
-        for i in 0..pool {
-            std::ptr::write(nodes.add(i as usize), TreeNode(UnsafeCell::new(tree::Node::EMPTY)));
-            std::ptr::write(node_next.add(i as usize), AtomicU32::new(if i + 1 < pool { i + 1 } else { NIL }));
-        }
-        let backends = mem.add(lay.backends) as *mut BackendSlot;
-        for i in 0..cfg.max_backends as usize {
-            std::ptr::write(
-                backends.add(i),
-                BackendSlot {
-                    chain: AtomicU32::new(NIL),
-                    role: AtomicU32::new(0),
-                    live: AtomicU32::new(0),
-                    stats: std::array::from_fn(|_| AtomicU64::new(0)),
-                },
-            );
-        }
+        write_header(mem as *mut Header, cfg);
+        write_tables(mem.add(lay.tables) as *mut TableSlot, cfg);
+        write_ranges(mem.add(lay.ranges) as *mut RangeSlot, cfg);
+        write_entries(mem.add(lay.entries) as *mut Entry, cfg);
+        write_tree_pool(mem.add(lay.nodes) as *mut TreeNode, mem.add(lay.node_next) as *mut AtomicU32, cfg);
+        write_backends(mem.add(lay.backends) as *mut BackendSlot, cfg);
         attach(mem)
+    }
+}
+
+// The steps of `init`.  Each writes one part of a fresh region.
+//
+// # Safety (every step)
+// Its pointers are aligned for their types, valid for writes of the number
+// of items `cfg` gives that part, and nobody else uses them meanwhile.
+
+/// An empty header: everything free, nothing queued.
+unsafe fn write_header(at: *mut Header, cfg: &Config) {
+    let hdr = Header {
+        magic: MAGIC,
+        cfg: *cfg,
+        seq: AtomicU64::new(1),
+        free_head: AtomicU64::new(0),
+        free_count: AtomicU32::new(cfg.max_entries),
+        node_free_head: AtomicU64::new(0),
+        horizon: AtomicU32::new(0),
+        range_max_latches: AtomicU32::new(1024),
+        max_tables_per_owner: AtomicU32::new(0),
+        dir_version: AtomicU64::new(1),
+        queued: AtomicU32::new(0),
+        worker_beat: AtomicI64::new(0),
+        released: AtomicU32::new(NIL),
+        released_count: AtomicU32::new(0),
+        dir: UnsafeCell::new(DirCounts { free_range: 0, ranges_used: 0, tables_used: 0 }),
+    };
+    // SAFETY: per the steps' contract.
+    unsafe { std::ptr::write(at, hdr) };
+}
+
+/// Every table slot empty.
+unsafe fn write_tables(at: *mut TableSlot, cfg: &Config) {
+    for i in 0..cfg.max_tables as usize {
+        let slot = TableSlot {
+            inner: UnsafeCell::new(TableData {
+                rel: RelId::EMPTY,
+                owner: 0,
+                nranges: 0,
+                ranges: [NIL; MAX_RANGES_PER_TABLE],
+                lo_heads: [0; MAX_RANGES_PER_TABLE],
+                seen_acquires: 0,
+            }),
+        };
+        // SAFETY: per the steps' contract; i < max_tables.
+        unsafe { std::ptr::write(at.add(i), slot) };
+    }
+}
+
+/// Every range free, linked into the free-range list in index order.
+unsafe fn write_ranges(at: *mut RangeSlot, cfg: &Config) {
+    for i in 0..cfg.max_ranges {
+        let next_free = if i + 1 < cfg.max_ranges { i + 1 } else { NIL };
+        let slot = RangeSlot {
+            meta: UnsafeCell::new(RangeMeta {
+                in_use: false,
+                table: NIL,
+                lo: KeyBuf::EMPTY,
+                hi: KeyBuf::INFINITE,
+                next_free,
+            }),
+            body: UnsafeCell::new(RangeBody::EMPTY),
+            acquires: AtomicU64::new(0),
+            contended: AtomicU64::new(0),
+            queue: AtomicU32::new(0),
+            contended_seen: AtomicU64::new(0),
+        };
+        // SAFETY: per the steps' contract; i < max_ranges.
+        unsafe { std::ptr::write(at.add(i as usize), slot) };
+    }
+}
+
+/// Every entry free, linked into the free stack in index order.
+unsafe fn write_entries(at: *mut Entry, cfg: &Config) {
+    for i in 0..cfg.max_entries {
+        let next = if i + 1 < cfg.max_entries { i + 1 } else { NIL };
+        let entry = Entry {
+            data: UnsafeCell::new(EntryData::FREE),
+            range: AtomicU32::new(NIL),
+            holder_next: AtomicU32::new(NIL),
+            free_next: AtomicU32::new(next),
+            state: AtomicU8::new(State::Free as u8),
+            seq_hi: AtomicU64::new(0),
+        };
+        // SAFETY: per the steps' contract; i < max_entries.
+        unsafe { std::ptr::write(at.add(i as usize), entry) };
+    }
+}
+
+/// Every tree node empty, linked into the node free stack in index order.
+unsafe fn write_tree_pool(nodes: *mut TreeNode, node_next: *mut AtomicU32, cfg: &Config) {
+    let pool = cfg.tree_nodes();
+    for i in 0..pool {
+        let next = if i + 1 < pool { i + 1 } else { NIL };
+        // SAFETY: per the steps' contract; i < tree_nodes().
+        unsafe {
+            std::ptr::write(nodes.add(i as usize), TreeNode(UnsafeCell::new(tree::Node::EMPTY)));
+            std::ptr::write(node_next.add(i as usize), AtomicU32::new(next));
+        }
+    }
+}
+
+/// Every backend slot holding nothing, its counters at zero.
+unsafe fn write_backends(at: *mut BackendSlot, cfg: &Config) {
+    for i in 0..cfg.max_backends as usize {
+        let slot = BackendSlot {
+            chain: AtomicU32::new(NIL),
+            role: AtomicU32::new(0),
+            live: AtomicU32::new(0),
+            stats: std::array::from_fn(|_| AtomicU64::new(0)),
+        };
+        // SAFETY: per the steps' contract; i < max_backends.
+        unsafe { std::ptr::write(at.add(i), slot) };
     }
 }
 

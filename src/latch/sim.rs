@@ -228,7 +228,6 @@ impl Env for Poll<'_> {
             xmax: Xid(self.snap.xmax),
             xip: &self.snap.xip,
             after: Xid(self.snap.after),
-            pulled: &[],
             own: Xid::INVALID,
         };
         let status = &self.db.status;

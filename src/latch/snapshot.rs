@@ -12,14 +12,9 @@
 //! snapshot alone cannot tell; the reader also records `after`, the next
 //! xid to be assigned, read just after the snapshot was taken: xids at or
 //! above it started later.  Xids in `[xmax, after)` count as in flight —
-//! conservative for the few that started in between.  (DESIGN.md's "xid at
+//! conservative for the few that started in between.  (The shortcut "xid at
 //! or above xmax means started after" holds only where xmax is the next
-//! xid, as before Postgres 14.)
-//!
-//! `pulled` lists holders whose outcome the reader has since waited for and
-//! folded into its snapshot (see validate.rs): they no longer conflict, and
-//! may include writers that started after the snapshot when the reader must
-//! show them to stay consistent.
+//! xid, as before Postgres 14; README.md, "Conflicts".)
 
 use super::xid::Xid;
 
@@ -31,9 +26,6 @@ pub struct ReadSnapshot<'a> {
     pub xip: &'a [Xid],
     /// Xids at or above this were assigned after the snapshot was taken.
     pub after: Xid,
-    /// Holders the reader has waited for and now sees, in `xip` or at or
-    /// above `xmax` (sorted by raw value).
-    pub pulled: &'a [Xid],
     /// The reader's own top-level xid, if it has one: its latches never conflict.
     pub own: Xid,
 }
@@ -46,7 +38,7 @@ impl<'a> ReadSnapshot<'a> {
     /// Sorts `xip` in place and builds a snapshot view over it.
     pub fn new(xmin: Xid, xmax: Xid, xip: &'a mut [Xid], after: Xid, own: Xid) -> ReadSnapshot<'a> {
         xip.sort_unstable_by_key(|x| x.0);
-        ReadSnapshot { xmin, xmax, xip, after, pulled: &[], own }
+        ReadSnapshot { xmin, xmax, xip, after, own }
     }
 
     /// Not visible to the snapshot because it had not finished: listed in
@@ -58,16 +50,7 @@ impl<'a> ReadSnapshot<'a> {
     /// Held by a transaction the reader cannot see and that was running when
     /// the snapshot was taken: the only kind of holder that conflicts.
     pub fn in_flight(&self, x: Xid) -> bool {
-        x != self.own && self.unseen_running(x) && !contains(self.pulled, x)
-    }
-
-    /// Started after the snapshot and not pulled in: ordered after the read.
-    pub fn is_after(&self, x: Xid) -> bool {
-        x != self.own && x.follows_or_equals(self.after) && !contains(self.pulled, x)
-    }
-
-    pub fn is_pulled(&self, x: Xid) -> bool {
-        contains(self.pulled, x)
+        x != self.own && self.unseen_running(x)
     }
 
     /// In-flight xids inside `[lo, hi]` (for coalesced tombstones, which
@@ -97,29 +80,24 @@ mod tests {
     fn conflict_rule_table() {
         let mut xip = [Xid(120), Xid(105)];
         // xmax 130 (one past the latest completed), next xid 133 when taken
-        let mut snap = ReadSnapshot::new(Xid(100), Xid(130), &mut xip, Xid(133), Xid(110));
-        let pulled = [Xid(105)];
-        // (holder, in_flight, after)
+        let snap = ReadSnapshot::new(Xid(100), Xid(130), &mut xip, Xid(133), Xid(110));
+        // (holder, in_flight)
         let cases = [
-            (Xid(90), false, false),  // committed before the snapshot
-            (Xid(120), true, false),  // listed in xip
-            (Xid(125), false, false), // below xmax, not listed: finished
-            (Xid(130), true, false),  // at xmax but assigned before: running, unseen
-            (Xid(132), true, false),
-            (Xid(133), false, true), // assigned after the snapshot
-            (Xid(500), false, true),
-            (Xid(110), false, false), // the reader itself
+            (Xid(90), false),  // committed before the snapshot
+            (Xid(105), true),  // listed in xip
+            (Xid(120), true),  // listed in xip
+            (Xid(125), false), // below xmax, not listed: finished
+            (Xid(130), true),  // at xmax but assigned before: running, unseen
+            (Xid(132), true),
+            (Xid(133), false), // assigned after the snapshot
+            (Xid(500), false),
+            (Xid(110), false), // the reader itself
         ];
-        for (x, inflight, after) in cases {
+        for (x, inflight) in cases {
             assert_eq!(snap.in_flight(x), inflight, "{x:?}");
-            assert_eq!(snap.is_after(x), after, "{x:?}");
         }
-        assert!(snap.in_flight(Xid(105)));
-        snap.pulled = &pulled;
-        assert!(!snap.in_flight(Xid(105)));
-        assert!(snap.is_pulled(Xid(105)));
         let between: Vec<_> = snap.in_flight_between(Xid(100), Xid(125)).collect();
-        assert_eq!(between, vec![Xid(120)]);
+        assert_eq!(between, vec![Xid(105), Xid(120)]);
         let between: Vec<_> = snap.in_flight_between(Xid(121), Xid(140)).collect();
         assert_eq!(between, vec![Xid(130), Xid(131), Xid(132)]);
     }

@@ -6,11 +6,11 @@
 //! in progress; at abort it goes at once.  Readers look latches up in
 //! validate.rs.
 
-use super::guard::{DirWrite, Directory, RangeAccess, RangeMut};
 use super::holdings::{Cover, Holdings, Latched, Limits, ROLE_CHECK_EVERY};
 use super::locks::{Held, LockId, LockSet, Mode};
+use super::region::guard::{DirWrite, Directory, Locked, RangeAccess, RangeMut};
 use super::region::{
-    self, bump, BackendSlot, Config, Entry, EntryData, Layout, RangeBody, RangeMeta, Region, RelId, State, TableData,
+    self, bump, BackendSlot, Config, Entry, EntryData, Layout, RangeBody, RangeMeta, RelId, State, TableData,
     MAX_RANGES_PER_TABLE,
 };
 use super::span::{KeyBuf, Span};
@@ -77,9 +77,15 @@ pub enum TxEnd {
     Aborted,
 }
 
+/// Table `rel`'s draw lock, held until dropped: one backend at a time
+/// draws the table's keys and latches them ([`crate::Writer::lock_draws`]).
+#[must_use = "the draw lock is released when dropped"]
+pub struct DrawLock<'t, L: LockSet> {
+    _held: Held<'t, L>,
+}
+
 pub struct LatchTable<'r, L: LockSet> {
-    pub(crate) region: Region<'r>,
-    pub(crate) locks: L,
+    pub(crate) mem: Locked<'r, L>,
 }
 
 impl<'r, L: LockSet> LatchTable<'r, L> {
@@ -95,7 +101,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// nobody else uses during the call and that outlive `'r`.
     pub unsafe fn init(mem: *mut u8, cfg: &Config, locks: L) -> Self {
         // SAFETY: forwarded contract.
-        LatchTable { region: unsafe { region::init(mem, cfg) }, locks }
+        LatchTable { mem: Locked::new(unsafe { region::init(mem, cfg) }, locks) }
     }
 
     /// Attaches to a table another process (or an earlier call) created.
@@ -104,62 +110,62 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// `mem` must hold a table written by [`Self::init`] and outlive `'r`.
     pub unsafe fn attach(mem: *mut u8, locks: L) -> Self {
         // SAFETY: forwarded contract.
-        LatchTable { region: unsafe { region::attach(mem) }, locks }
+        LatchTable { mem: Locked::new(unsafe { region::attach(mem) }, locks) }
     }
 
     pub fn config(&self) -> Config {
-        self.region.hdr.cfg
+        self.mem.region.hdr.cfg
     }
 
     pub fn set_max_tables_per_owner(&self, n: u32) {
-        self.region.hdr.max_tables_per_owner.store(n, Relaxed);
+        self.mem.region.hdr.max_tables_per_owner.store(n, Relaxed);
     }
 
     pub fn set_range_max_latches(&self, n: u32) {
-        self.region.hdr.range_max_latches.store(n.max(16), Relaxed);
+        self.mem.region.hdr.range_max_latches.store(n.max(16), Relaxed);
     }
 
-    pub fn range_max_latches(&self) -> u32 {
-        self.region.hdr.range_max_latches.load(Relaxed)
+    pub(crate) fn range_max_latches(&self) -> u32 {
+        self.mem.region.hdr.range_max_latches.load(Relaxed)
     }
 
     /// Publishes the xid horizon: tombstones of holders that precede it can
     /// no longer conflict with any snapshot and are reclaimed.
-    pub fn set_horizon(&self, horizon: Xid) {
-        self.region.hdr.horizon.store(horizon.0, Release);
+    pub(crate) fn set_horizon(&self, horizon: Xid) {
+        self.mem.region.hdr.horizon.store(horizon.0, Release);
     }
 
-    pub fn horizon(&self) -> Xid {
-        Xid(self.region.hdr.horizon.load(Acquire))
+    pub(crate) fn horizon(&self) -> Xid {
+        Xid(self.mem.region.hdr.horizon.load(Acquire))
     }
 
     /// A maintenance worker is alive at `now_us`.
-    pub fn beat(&self, now_us: i64) {
-        self.region.hdr.worker_beat.store(now_us, Relaxed);
+    pub(crate) fn beat(&self, now_us: i64) {
+        self.mem.region.hdr.worker_beat.store(now_us, Relaxed);
     }
 
     /// When a maintenance worker last said it was alive.
-    pub fn last_beat(&self) -> i64 {
-        self.region.hdr.worker_beat.load(Relaxed)
+    pub(crate) fn last_beat(&self) -> i64 {
+        self.mem.region.hdr.worker_beat.load(Relaxed)
     }
 
     /// Free entries left.
-    pub fn free_entries(&self) -> u32 {
-        self.region.hdr.free_count.load(Relaxed)
+    pub(crate) fn free_entries(&self) -> u32 {
+        self.mem.region.hdr.free_count.load(Relaxed)
     }
 
     // ---- stats ----------------------------------------------------------
 
-    pub fn count(&self, slot: u32, stat: Stat, n: u64) {
-        if let Some(b) = self.region.backends.get(slot as usize) {
+    pub(crate) fn count(&self, slot: u32, stat: Stat, n: u64) {
+        if let Some(b) = self.mem.region.backends.get(slot as usize) {
             bump(&b.stats[stat as usize], n);
         }
     }
 
     /// Every counter summed over all backends.
-    pub fn stats(&self) -> [u64; NSTATS] {
+    pub(crate) fn stats(&self) -> [u64; NSTATS] {
         let mut out = [0u64; NSTATS];
-        for b in self.region.backends {
+        for b in self.mem.region.backends {
             for (o, c) in out.iter_mut().zip(b.stats.iter()) {
                 *o += c.load(Relaxed);
             }
@@ -171,11 +177,11 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// Entry `i`'s atomic parts (its data is reached through guards).
     pub(crate) fn entry(&self, i: u32) -> &Entry {
-        &self.region.entries[i as usize]
+        &self.mem.region.entries[i as usize]
     }
 
     pub(crate) fn backend(&self, slot: u32) -> &BackendSlot {
-        &self.region.backends[slot as usize]
+        &self.mem.region.backends[slot as usize]
     }
 
     // ---- directory --------------------------------------------------------
@@ -192,10 +198,10 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         counts.ranges_used += 1;
         *d.meta_mut(r) = RangeMeta { in_use: true, table: t, lo, hi, next_free: NIL };
         *d.range_write(r).body_mut() = RangeBody::EMPTY;
-        let slot = &self.region.ranges[r as usize];
+        let slot = &self.mem.region.ranges[r as usize];
         slot.acquires.store(0, Relaxed);
         slot.contended.store(0, Relaxed);
-        slot.queue.store(0, Relaxed);
+        self.queue_reset(r);
         slot.contended_seen.store(0, Relaxed);
         Some(r)
     }
@@ -211,15 +217,15 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let counts = d.counts_mut();
         counts.free_range = r;
         counts.ranges_used -= 1;
-        self.region.hdr.dir_version.fetch_add(1, Relaxed);
+        self.mem.region.hdr.dir_version.fetch_add(1, Relaxed);
     }
 
     fn create_table(&self, rel: RelId, owner: u32) -> Result<u32, AcquireError> {
-        let mut d = self.dir_write();
+        let mut d = self.mem.dir_write();
         if let Some(t) = d.find_table(rel) {
             return Ok(t);
         }
-        let per_owner = self.region.hdr.max_tables_per_owner.load(Relaxed);
+        let per_owner = self.mem.region.hdr.max_tables_per_owner.load(Relaxed);
         if per_owner > 0 {
             let mine = (0..self.config().max_tables)
                 .map(|t| d.table_data(t))
@@ -229,8 +235,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
                 return Err(AcquireError::TooManyTablesForOwner);
             }
         }
-        let n = self.region.tables.len();
-        let start = super::guard::hash_slot(rel, n);
+        let n = self.mem.region.tables.len();
+        let start = super::region::guard::hash_slot(rel, n);
         let t = (0..n)
             .map(|k| ((start + k) % n) as u32)
             .find(|&t| matches!(d.table_data(t).rel, RelId::EMPTY | RelId::DELETED))
@@ -244,24 +250,24 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         td.seen_acquires = 0;
         td.insert_range(0, r, KeyBuf::EMPTY.head());
         d.counts_mut().tables_used += 1;
-        self.region.hdr.dir_version.fetch_add(1, Relaxed);
+        self.mem.region.hdr.dir_version.fetch_add(1, Relaxed);
         Ok(t)
     }
 
     /// Takes table `rel`'s key-drawing lock (creating its slot if needed):
     /// draws and latch publications inside it are totally ordered.
-    pub fn lock_draws(&self, rel: RelId, owner: u32) -> Result<Held<'_, L>, AcquireError> {
+    pub(crate) fn lock_draws(&self, rel: RelId, owner: u32) -> Result<DrawLock<'_, L>, AcquireError> {
         loop {
-            let t = self.dir_read().find_table(rel);
+            let t = self.mem.dir_read().find_table(rel);
             let t = match t {
                 Some(t) => t,
                 None => self.create_table(rel, owner)?,
             };
-            let held = Held::new(&self.locks, LockId::Table(t), Mode::Exclusive);
+            let held = Held::new(&self.mem.locks, LockId::Table(t), Mode::Exclusive);
             // An idle table's slot may have been freed (and reused) between
             // the lookup and the lock: the lock must be this table's.
-            if self.dir_read().find_table(rel) == Some(t) {
-                return Ok(held);
+            if self.mem.dir_read().find_table(rel) == Some(t) {
+                return Ok(DrawLock { _held: held });
             }
         }
     }
@@ -269,7 +275,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     // ---- acquire / release ------------------------------------------------
 
     /// Whether the backend in `slot` holds any latch now.
-    pub fn holds_any(&self, slot: u32) -> bool {
+    pub(crate) fn holds_any(&self, slot: u32) -> bool {
         self.backend(slot).chain.load(Relaxed) != NIL
     }
 
@@ -283,7 +289,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Returns the load (latches and tombstones) of the most crowded range
     /// the latch went into; ranges over `range_max_latches` are queued for
     /// the maintenance workers.
-    pub fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
+    #[cfg(any(test, feature = "std-locks"))]
+    pub(crate) fn acquire(&self, slot: u32, rel: RelId, span: &Span, h: &Holder) -> Result<u32, AcquireError> {
         self.publish(slot, rel, span, h, None, &mut |_| {}).map(|p| p.max_load)
     }
 
@@ -315,7 +322,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         // A slot created here can be freed as idle by a worker before the
         // shared lock is back, so the lookup is repeated under it.
         let (t, mut d) = loop {
-            let d = self.dir_read();
+            let d = self.mem.dir_read();
             if let Some(t) = d.find_table(rel) {
                 break (t, d);
             }
@@ -327,21 +334,21 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let limit = self.range_max_latches();
         for i in d.ranges_over(t, span) {
             let r = d.range_at(t, i);
-            let Some(mut e) = self.alloc() else {
+            let Some(mut e) = self.mem.alloc() else {
                 self.count(slot, Stat::LatchTableFull, 1);
                 return Err(AcquireError::Full);
             };
-            let seq = self.region.hdr.seq.fetch_add(1, Relaxed);
+            let seq = self.mem.region.hdr.seq.fetch_add(1, Relaxed);
             let seq = seq_lo.map_or(seq, |lo| lo.min(seq));
             first_seq = first_seq.min(seq);
-            *self.owned_data(&mut e) =
+            *self.mem.owned_data(&mut e) =
                 EntryData { span: *span, xid: h.xid, seq, pid: h.pid, acquired_at: h.now_us, ..EntryData::FREE };
             let id = e.id();
             let ent = self.entry(id);
             ent.seq_hi.store(if open { region::OPEN } else { seq }, Relaxed);
             ent.state.store(State::Live as u8, Release);
             let (mut g, waited) = d.range_write_counting(r);
-            let rs = &self.region.ranges[r as usize];
+            let rs = &self.mem.region.ranges[r as usize];
             bump(&rs.acquires, 1);
             if waited {
                 bump(&rs.contended, 1);
@@ -375,7 +382,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Escalation publishes the covering span before it withdraws what it
     /// covers, so a reader always finds one of them; the span keeps the
     /// earliest publication number of what it replaces.
-    pub fn latch(
+    pub(crate) fn latch(
         &self,
         slot: u32,
         held: &mut Holdings,
@@ -399,7 +406,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         // (and covered by escalation) like the rest.
         let seq_lo = result.as_ref().map_or(0, |p| p.seq_lo);
         if span.is_point() {
-            th.add_point(span, &entries, sub, self);
+            let first_seq = entries.first().map_or(0, |&e| self.seq_hi(e));
+            th.add_point(span, &entries, sub, first_seq);
         } else if n > 0 {
             th.covers.push(Cover { span: *span, entries: entries.clone(), seq_lo, sub });
         }
@@ -417,7 +425,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// Escalates `rel`'s latches when there are too many, and every table's
     /// when the transaction, or its role, is over its budget; fails when
     /// even that leaves it over.
-    pub fn enforce_limits(
+    pub(crate) fn enforce_limits(
         &self,
         slot: u32,
         held: &mut Holdings,
@@ -472,8 +480,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     }
 
     /// Latch entries the transactions of `role` hold now.
-    pub fn role_live(&self, role: u32) -> u32 {
-        self.region.backends.iter().filter(|b| b.role.load(Relaxed) == role).map(|b| b.live.load(Relaxed)).sum()
+    pub(crate) fn role_live(&self, role: u32) -> u32 {
+        self.mem.region.backends.iter().filter(|b| b.role.load(Relaxed) == role).map(|b| b.live.load(Relaxed)).sum()
     }
 
     /// Replaces latches the transaction holds on `rel` by one span latch
@@ -541,7 +549,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     /// waiting for the holder wait on its top-level xid, which is still
     /// running: they wait on until it ends, as before.  Returns how many
     /// entries went.
-    pub fn release_subxact(&self, slot: u32, held: &mut Holdings, sub: u32) -> u32 {
+    pub(crate) fn release_subxact(&self, slot: u32, held: &mut Holdings, sub: u32) -> u32 {
         if !held.may_hold_from(sub) {
             return 0;
         }
@@ -618,8 +626,8 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// The load of the most crowded range overlapping `span` (for writers
     /// backing off from a range far over its limit).
-    pub fn max_load(&self, rel: RelId, span: &Span) -> u32 {
-        let mut d = self.dir_read();
+    pub(crate) fn max_load(&self, rel: RelId, span: &Span) -> u32 {
+        let mut d = self.mem.dir_read();
         let Some(t) = d.find_table(rel) else { return 0 };
         let mut max = 0;
         for i in d.ranges_over(t, span) {
@@ -632,7 +640,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
 
     /// Releases every latch of the transaction in `slot`: tombstones at
     /// commit (called after the commit is visible), gone at abort.
-    pub fn release_all(&self, slot: u32, end: TxEnd) -> u32 {
+    pub(crate) fn release_all(&self, slot: u32, end: TxEnd) -> u32 {
         let b = self.backend(slot);
         let mut e = b.chain.swap(NIL, Relaxed);
         let mut n = 0;
@@ -675,16 +683,16 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         let ent = self.entry(e);
         if ent.seq_hi.load(Relaxed) == region::OPEN {
             // Everything its holder wrote under it came before this.
-            ent.seq_hi.store(self.region.hdr.seq.load(Relaxed), Relaxed);
+            ent.seq_hi.store(self.mem.region.hdr.seq.load(Relaxed), Relaxed);
         }
         ent.state.store(state as u8, Release);
         // Settling waits for no lock (reclaim's budget keeps it short), as
         // a range lock taken without the Directory lock requires.
-        if let Some(mut g) = self.try_lock_range_of(e) {
+        if let Some(mut g) = self.mem.try_lock_range_of(e) {
             self.settle(&mut g, slot, e);
             return;
         }
-        let hdr = self.region.hdr;
+        let hdr = self.mem.region.hdr;
         let mut head = hdr.released.load(Acquire);
         loop {
             ent.free_next.store(head, Relaxed);
@@ -699,21 +707,21 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
     }
 
     /// Released latches not yet drained.
-    pub fn released_pending(&self) -> u32 {
-        self.region.hdr.released_count.load(Relaxed)
+    pub(crate) fn released_pending(&self) -> u32 {
+        self.mem.region.hdr.released_count.load(Relaxed)
     }
 
     /// Moves released latches to their ranges: tombstones onto the range's
     /// tombstone list (to wait for the horizon), dead ones out of the tree
     /// and back to the free list.  Returns how many.
-    pub fn drain_released(&self, slot: u32) -> u32 {
-        let hdr = self.region.hdr;
+    pub(crate) fn drain_released(&self, slot: u32) -> u32 {
+        let hdr = self.mem.region.hdr;
         let mut e = hdr.released.swap(NIL, AcqRel);
         if e == NIL {
             return 0;
         }
         let mut n = 0;
-        let mut d = self.dir_read();
+        let mut d = self.mem.dir_read();
         while e != NIL {
             let next = self.entry(e).free_next.load(Relaxed);
             let r = self.entry(e).range.load(Acquire);
@@ -734,7 +742,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         g.body_mut().live -= 1;
         if self.state(e) == State::Dead {
             let gone = g.remove(e);
-            self.free(gone);
+            self.mem.free(gone);
         } else {
             g.body_mut().tombstones += 1;
             g.fifo_push(e);
@@ -774,7 +782,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             body.tombstones -= 1;
             // Tombstones are on no chain: out of the tree, it is ours.
             let gone = g.remove(e);
-            self.free(gone);
+            self.mem.free(gone);
             n += 1;
         }
         let body = g.body_mut();

@@ -189,7 +189,7 @@ fn release_settles_at_once_unless_the_range_lock_is_busy() {
         t.acquire(0, REL, &pt(2), &holder(51)).unwrap();
         let r = t.ranges_of(REL)[0];
         {
-            let _reader = crate::locks::Held::new(&t.locks, LockId::Range(r), Mode::Shared);
+            let _reader = crate::locks::Held::new(&t.mem.locks, LockId::Range(r), Mode::Shared);
             t.release_all(0, outcome);
         }
         assert_eq!(t.released_pending(), 1, "{outcome:?}");
@@ -222,8 +222,8 @@ fn a_release_that_read_its_range_before_a_split_does_not_settle_there() {
     assert_eq!(t.entry(e).range.load(Ordering::Relaxed), moved_to, "key 100 lies right of the split");
     // The settler's view from before the split: the lock is free, but the
     // entry is no longer in that range's tree.
-    assert!(t.try_lock_range_if_in(stale, e).is_none(), "stale range handed out");
-    assert!(t.try_lock_range_if_in(moved_to, e).is_some(), "current range refused");
+    assert!(t.mem.try_lock_range_if_in(stale, e).is_none(), "stale range handed out");
+    assert!(t.mem.try_lock_range_if_in(moved_to, e).is_some(), "current range refused");
     t.release_all(0, TxEnd::Committed);
     assert_eq!(t.released_pending(), 0, "settled in its current range");
     assert_eq!(conflicts_of(t, REL, &pt(100), &[50], 70), set(&[50]));
@@ -235,7 +235,7 @@ fn a_split_waits_for_a_release_settling_in_the_range() {
     use std::sync::atomic::AtomicBool;
     let (t, e) = twenty_and_one_to_the_right();
     let r = t.entry(e).range.load(Ordering::Relaxed);
-    let settling = t.try_lock_range_of(e).expect("range lock free");
+    let settling = t.mem.try_lock_range_of(e).expect("range lock free");
     static DONE: AtomicBool = AtomicBool::new(false);
     let splitter = std::thread::spawn(move || {
         let r2 = t.split(2, r);
@@ -419,43 +419,6 @@ fn purge_waits_for_live_latches_and_keeps_what_snapshots_need() {
     t.drain_released(1);
     assert_eq!(t.free_tree_nodes(), nodes, "the purged trees' nodes are back in the pool");
     assert!(conflicts_of(t, REL, &pt(1), &[50], 60).is_empty());
-}
-
-#[test]
-fn pulling_in_a_holder_also_pulls_writers_that_published_before_it() {
-    // Reader snapshot: 50 in flight, xmax 60.  Writer 70 (after the
-    // snapshot) publishes key 10, then 50 publishes key 11.
-    let t = small();
-    t.acquire(0, REL, &pt(10), &holder(70)).unwrap();
-    t.acquire(1, REL, &pt(11), &holder(50)).unwrap();
-    let mut xs = [Xid(50)];
-    let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
-    let mut seen = Vec::new();
-    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
-    assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(seen, vec![Conflict { xid: Xid(50), rel: REL, span: sp(0, 100), at: pt(11), live: true, after: false }]);
-    // After waiting for 50 the reader may not show it alone: 70's key 10
-    // came first and would stay hidden.  70 must be pulled in as well.
-    t.release_all(1, TxEnd::Committed);
-    let pulled = [Xid(50)];
-    snap.pulled = &pulled;
-    seen.clear();
-    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c));
-    assert!(c.conflicted && !c.must_refresh);
-    assert_eq!(seen, vec![Conflict { xid: Xid(70), rel: REL, span: sp(0, 100), at: pt(10), live: true, after: true }]);
-    // With both pulled in, the span is clean.
-    let pulled = [Xid(50), Xid(70)];
-    snap.pulled = &pulled;
-    assert!(t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {}).clean());
-    // In the other order (50 first, then 70), 70 stays ordered after.
-    let t = small();
-    t.acquire(1, REL, &pt(10), &holder(50)).unwrap();
-    t.acquire(0, REL, &pt(11), &holder(70)).unwrap();
-    t.release_all(1, TxEnd::Committed);
-    let pulled = [Xid(50)];
-    snap.pulled = &pulled;
-    let c = t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |_| {});
-    assert!(c.clean(), "{c:?}");
 }
 
 #[test]
@@ -822,53 +785,6 @@ mod escalation {
     }
 
     #[test]
-    fn an_escalated_span_stands_for_its_holders_later_writes_when_pulled_in() {
-        // Reader: 50 in flight, xmax 60.  50 latches key 5; writer 70 (after
-        // the snapshot) latches key 10; then 50 writes keys 11 and 12 and
-        // escalates, covering 5..12.  Pulling 50 in shows its key 12, drawn
-        // after 70's key 10: 70 must be pulled in too, though the span's
-        // first publication predates 70's.
-        let t = small();
-        let l = Limits { escalate_points: 3, per_transaction: 64, per_role: 0 };
-        let mut h50 = Holdings::new();
-        let mut h70 = Holdings::new();
-        latch(t, &mut h50, 0, &pt(5), 50, &l);
-        latch(t, &mut h70, 1, &pt(10), 70, &l);
-        latch(t, &mut h50, 0, &pt(11), 50, &l);
-        latch(t, &mut h50, 0, &pt(12), 50, &l);
-        assert_eq!(h50.live(), 1, "escalated into one span");
-        t.release_all(0, TxEnd::Committed);
-        let mut xs = [Xid(50)];
-        let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
-        let pulled = [Xid(50)];
-        snap.pulled = &pulled;
-        let mut seen = Vec::new();
-        t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c.xid));
-        assert_eq!(seen, vec![Xid(70)]);
-    }
-
-    #[test]
-    fn an_escalated_span_of_a_later_writer_counts_as_published_first() {
-        // 70 (after the snapshot) latches 3 and 4, escalating to [3, 4];
-        // then 50 (in flight) latches 20.  Pulling 50 in must pull 70 in:
-        // its span stands for a publication before 50's.
-        let t = small();
-        let l = Limits { escalate_points: 2, per_transaction: 64, per_role: 0 };
-        let (mut h50, mut h70) = (Holdings::new(), Holdings::new());
-        latch(t, &mut h70, 1, &pt(3), 70, &l);
-        latch(t, &mut h70, 1, &pt(4), 70, &l);
-        latch(t, &mut h50, 0, &pt(20), 50, &l);
-        t.release_all(0, TxEnd::Committed);
-        let mut xs = [Xid(50)];
-        let mut snap = ReadSnapshot::new(Xid(40), Xid(60), &mut xs, Xid(60), Xid::INVALID);
-        let pulled = [Xid(50)];
-        snap.pulled = &pulled;
-        let mut seen = Vec::new();
-        t.check(REL, &sp(0, 100), &snap, &|_| true, &mut |c| seen.push(c.xid));
-        assert!(seen.contains(&Xid(70)), "{seen:?}");
-    }
-
-    #[test]
     fn the_transaction_budget_escalates_every_table_then_refuses() {
         let t = table(Config { max_entries: 512, max_ranges: 64, max_tables: 8, max_backends: 4 });
         let l = Limits { escalate_points: 1000, per_transaction: 10, per_role: 0 };
@@ -1107,9 +1023,8 @@ mod escalation {
     #[test]
     fn a_reader_that_saw_the_holder_in_flight_skips_what_its_subtransaction_wrote() {
         // A reader's snapshot has 7 in flight.  7's subtransaction latched
-        // 5 and rolled back: the row never existed, so the reader neither
-        // waits for it nor, once 7 commits and is pulled in, counts it as
-        // a publication to order later writers against.
+        // 5 and rolled back: the row never existed, so the reader does not
+        // wait for it.
         let t = small();
         let l = Limits::DEFAULT;
         let mut h7 = Holdings::new();
@@ -1122,13 +1037,6 @@ mod escalation {
         t.release_subxact(0, &mut h7, 2);
         assert!(conflicts_of(t, REL, &sp(4, 6), &[7], 60).is_empty());
         t.release_all(0, TxEnd::Committed);
-        let mut xs = [Xid(7)];
-        let mut snap = ReadSnapshot::new(Xid(5), Xid(60), &mut xs, Xid(60), Xid::INVALID);
-        let pulled = [Xid(7)];
-        snap.pulled = &pulled;
-        let mut seen = Vec::new();
-        t.check(REL, &sp(2, 10), &snap, &|_| true, &mut |c| seen.push(c.xid));
-        assert!(seen.is_empty(), "{seen:?}");
         t.release_all(1, TxEnd::Aborted);
     }
 

@@ -13,7 +13,7 @@
 //! Nodes come from a fixed pool ([`NodesMut::alloc_node`]); the tree needs
 //! no allocation and lives in shared memory as is.  The tree code is safe
 //! Rust over the [`Nodes`] and [`Keys`] it is handed: modifying takes
-//! `&mut` nodes, which only a range's exclusive guard gives out (guard.rs).
+//! `&mut` nodes, which only a range's exclusive guard gives out (region/guard.rs).
 //! Every node but the root is at least half full, which bounds the pool a
 //! table of `n` entries in `r` ranges can need ([`pool_size`]).
 
@@ -33,7 +33,7 @@ const CAP: usize = FANOUT + 1;
 const MAX_DEPTH: usize = 12;
 
 /// Pool nodes a table of `entries` entries in `ranges` ranges can need.
-/// Every node but a root holds at least [`MIN`] slots, so a tree of `n`
+/// Every node but a root holds at least `MIN` slots, so a tree of `n`
 /// entries has at most n/8 non-root leaves, n/64 non-root nodes one level
 /// up, and so on: fewer than n/7 in all, plus its root.  Summed over the
 /// trees that is at most `entries / 7 + ranges`.  An insert splits only

@@ -31,6 +31,16 @@ pub fn register() {
     }
 }
 
+/// How long worker `index` waits before its next round: not at all when
+/// a range it processed came back queued.
+fn pause(index: i32, more: bool) -> Duration {
+    match (more, index) {
+        (true, _) => Duration::ZERO,
+        (false, 0) => TICK,
+        (false, _) => TICK_OTHERS,
+    }
+}
+
 /// Entry point of each worker.
 ///
 /// # Safety
@@ -41,10 +51,14 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
     let index = arg.value() as i32;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let t = table();
+    let m = t.maintainer();
     let slot = backend::my_slot();
     let mut last_sweep = Instant::now() - SWEEP;
     let mut last_gc = Instant::now();
-    while BackgroundWorker::wait_latch(Some(if index == 0 { TICK } else { TICK_OTHERS })) {
+    // Set when a range came back queued: the next round starts at once.
+    let mut more = false;
+    while BackgroundWorker::wait_latch(Some(pause(index, more))) {
+        let hurried = std::mem::take(&mut more);
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration file in our own process.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -52,27 +66,37 @@ pub unsafe extern "C-unwind" fn pgkvx_maintenance_main(arg: pg_sys::Datum) {
         t.set_range_max_latches(guc::RANGE_MAX_LATCHES.get() as u32);
         t.set_max_tables_per_owner(guc::MAX_TABLES_PER_OWNER.get() as u32);
         // SAFETY: reading the clock.
-        t.beat(unsafe { pg_sys::GetCurrentTimestamp() });
+        m.beat(unsafe { pg_sys::GetCurrentTimestamp() });
         // Committed and aborted latches were released without locks; move
         // them to their ranges (tombstones) or free them (aborted).
-        t.drain_released(slot);
+        m.drain_released(slot);
         if index == 0 {
             // One horizon for everyone: tombstones of holders before it go.
-            backend::refresh_horizon(true);
+            // A round that did not wait refreshes it at most as often as
+            // the ticks do (it reads the whole proc array).
+            backend::refresh_horizon(!hurried);
         }
         if index == 0 && last_sweep.elapsed() >= SWEEP {
-            t.sweep();
+            m.sweep();
             last_sweep = Instant::now();
         }
         if index == 0 && last_gc.elapsed() >= IDLE_TABLE {
-            t.gc_idle_tables();
+            m.gc_idle_tables();
             last_gc = Instant::now();
         }
-        while let Some(r) = t.claim_next() {
-            let (_, again) = t.maintain(slot, r);
-            let _ = again; // re-queued ranges are claimed again by this loop
+        while let Some(r) = m.claim_next() {
+            let (_, again) = m.maintain(slot, r);
             pg_sys::check_for_interrupts!();
             if BackgroundWorker::sigterm_received() {
+                break;
+            }
+            if again {
+                // Writers enqueued the range while it was processed: it is
+                // queued again.  Go round at once -- beat, drain released
+                // latches, refresh the horizon -- and claim from a fresh
+                // start, through the latch wait (zero timeout), which
+                // honours postmaster death.
+                more = true;
                 break;
             }
         }

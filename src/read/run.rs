@@ -143,7 +143,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
         let view = self.base.view();
         let before = out.len();
-        let c = table().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
+        let c = table().reader().check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
         if out.len() > before {
             self.met.clear();
             self.met.extend_from_slice(&out[before..]);
@@ -267,7 +267,7 @@ pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
 /// Counted as one validation.
 pub fn declared_clean(fp: &Footprint, base: &BaseSnapshot) -> bool {
     let view = base.view();
-    let clean = table().check_footprint(fp, &view, &snapshot::committed, &mut |_| {}).clean();
+    let clean = table().reader().check_footprint(fp, &view, &snapshot::committed, &mut |_| {}).clean();
     backend::count(Stat::Validations, 1);
     clean
 }
@@ -290,7 +290,7 @@ pub struct ScanFence {
 /// for and checked again, and one that committed fails the statement
 /// with 40001.  The caller applies the cut and records the report.
 pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() -> bool) -> ScanFence {
-    let t = table();
+    let t = table().reader();
     let check = |out: &mut Vec<Conflict>| {
         let view = base.view();
         backend::count(Stat::Validations, 1);

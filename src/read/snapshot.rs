@@ -291,7 +291,6 @@ impl BaseSnapshot {
             xmax: self.xmax(),
             xip: &self.xip,
             after: self.after,
-            pulled: &[],
             own: backend::my_xid_if_any(),
         }
     }

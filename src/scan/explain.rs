@@ -138,7 +138,7 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
 /// Spans only when the caller may see keys (`keys_visible`).
 fn waited_for(key: &KeyDesc, w: &crate::read::run::Waited, keys_visible: bool) -> String {
     let mut first: Option<(i32, Span)> = None;
-    crate::shmem::table().for_each_latch_of(w.rel, &w.checked, &mut |l| {
+    crate::shmem::table().reader().for_each_latch_of(w.rel, &w.checked, &mut |l| {
         if l.xid == w.xid && first.is_none_or(|(_, s)| l.span.start < s.start) {
             first = Some((l.pid, l.span));
         }

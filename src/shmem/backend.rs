@@ -73,7 +73,7 @@ pub fn rel_id(relid: pg_sys::Oid) -> RelId {
 
 /// Counts into this backend's statistics.
 pub fn count(stat: Stat, n: u64) {
-    table().count(my_slot(), stat, n);
+    table().writer().count(my_slot(), stat, n);
 }
 
 /// Installs the transaction callbacks; called from `_PG_init`.
@@ -141,7 +141,7 @@ fn ensure_exit_hook() {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
-    let t = table();
+    let t = table().writer();
     let slot = my_slot();
     if t.holds_any(slot) {
         t.release_all(slot, TxEnd::Aborted);
@@ -166,7 +166,7 @@ pub fn refresh_horizon(force: bool) {
         return;
     }
     LAST_HORIZON_REFRESH.with(|c| c.set(now));
-    table().set_horizon(running_horizon());
+    table().maintainer().set_horizon(running_horizon());
 }
 
 /// The oldest xid a running snapshot may still consider in progress: the
@@ -229,7 +229,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *
 /// or no backend slot.  Panic-free (see `xact_callback`).
 fn holds_latches() -> bool {
     let Some(t) = super::table_if_attached() else { return false };
-    slot_in(t).is_some_and(|slot| t.holds_any(slot))
+    slot_in(t).is_some_and(|slot| t.writer().holds_any(slot))
 }
 
 /// Whether a purge waits for this transaction's end.  Panic-free.
@@ -251,7 +251,8 @@ fn release_subxact(sub: u32) {
     // Holdings are borrowed only inside latch publication, which never
     // calls back into Postgres; should they be busy all the same, keeping
     // the latches to the end of the transaction is the safe side.
-    let released = HOLDINGS.with(|h| h.try_borrow_mut().map_or(0, |mut h| t.release_subxact(slot, &mut h, sub)));
+    let released =
+        HOLDINGS.with(|h| h.try_borrow_mut().map_or(0, |mut h| t.writer().release_subxact(slot, &mut h, sub)));
     if released > 0 {
         // The row trigger skips a key it latched last in this transaction;
         // that latch may just have gone, so the next write of the key must
@@ -286,7 +287,7 @@ fn holdings_recorded() -> bool {
 unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     super::wakeups::xact_end(event);
-    let Some(t) = super::table_if_attached() else { return };
+    let Some(t) = super::table_if_attached().map(|t| t.writer()) else { return };
     let slot = my_slot();
     match event {
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => {
@@ -357,7 +358,7 @@ const WORKER_GONE_US: i64 = 1_000_000;
 /// for workers that are not running, nor for load that is its own point
 /// latches: a split does not thin one writer's latches, escalation does.
 pub fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
-    let t = table();
+    let t = table().writer();
     let limit = t.range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR);
     let own = HOLDINGS.with(|held| held.borrow().points_on(rel));
     let crowded = |load: u32| load.saturating_sub(own) > limit;
@@ -389,7 +390,7 @@ fn now_us() -> i64 {
 
 /// Whether a maintenance worker has ticked lately.
 pub fn workers_running() -> bool {
-    guc::MAINTENANCE_CONCURRENCY.get() > 0 && now_us() - table().last_beat() < WORKER_GONE_US
+    guc::MAINTENANCE_CONCURRENCY.get() > 0 && now_us() - table().writer().last_beat() < WORKER_GONE_US
 }
 
 /// The limits a transaction's latches are held to.  Escalation comes
@@ -397,7 +398,7 @@ pub fn workers_running() -> bool {
 /// back-pressure limit on its own: its points are folded, not split.
 pub fn limits() -> Limits {
     let per = guc::MAX_LATCHES_PER_TRANSACTION.get() as u32;
-    let crowd = table().range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR) / 2;
+    let crowd = table().writer().range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR) / 2;
     Limits {
         escalate_points: Limits::DEFAULT.escalate_points.min(per / 2).min(crowd).max(1),
         per_transaction: per,
@@ -475,7 +476,7 @@ pub fn holder(owner: pg_sys::Oid) -> Holder {
 /// first reclaims and coalesces tombstones; only if that frees nothing does
 /// the writer get SQLSTATE 53400.  Then it backs off from a crowded range.
 pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
-    let t = table();
+    let t = table().writer();
     let slot = my_slot();
     ensure_exit_hook();
     let h = holder(owner);
@@ -502,7 +503,7 @@ pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
 /// pressure relief and no back-off there (they run after the section, in
 /// [`after_draw`]).
 pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latched, AcquireError> {
-    let t = table();
+    let t = table().writer();
     ensure_exit_hook();
     let unlimited = Limits::NONE;
     super::wakeups::note_write(rel_id(relid), span);
@@ -519,7 +520,7 @@ pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latc
 /// What a key draw leaves for after its section: escalation and the
 /// transaction's budget, then back-off from a crowded range.
 pub fn after_draw(relid: pg_sys::Oid, span: &Span, h: &Holder, published: Latched) {
-    let t = table();
+    let t = table().writer();
     let rel = rel_id(relid);
     let r = HOLDINGS.with(|held| t.enforce_limits(my_slot(), &mut held.borrow_mut(), rel, h, &limits()));
     if let Err(e) = r {
@@ -533,7 +534,7 @@ pub fn after_draw(relid: pg_sys::Oid, span: &Span, h: &Holder, published: Latche
 /// Makes room in the latch table before a key draw when it is nearly full,
 /// so that the draw's own publication does not fail inside its section.
 pub fn make_room() {
-    let t = table();
+    let t = table().writer();
     if t.free_entries() < 64 {
         refresh_horizon(true);
         t.relieve_pressure(my_slot());

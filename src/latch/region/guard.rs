@@ -9,7 +9,7 @@
 //! - through the exclusive Directory guard, one or two at once (split and
 //!   merge move entries between two ranges), waiting if need be;
 //! - alone, without the Directory lock, only by trying
-//!   ([`LatchTable::try_lock_range_of`]): commit settles its latches this
+//!   ([`Locked::try_lock_range_of`]): commit settles its latches this
 //!   way, and whoever holds a range lock so waits for nothing.
 //!
 //! So the only process that can wait for a range lock while holding one is
@@ -24,11 +24,10 @@
 //! Free entries belong to whoever popped them from the free list
 //! ([`Owned`]); everything else in the region is atomic.
 
-use super::locks::{Held, LockId, LockSet, Mode};
-use super::region::{DirCounts, EntryData, RangeBody, RangeMeta, Region, RelId, State, TableData};
-use super::span::{KeyBuf, Span};
-use super::table::LatchTable;
-use super::tree::{self, Keys, Node, Nodes, NodesMut, NIL};
+use super::{stack_pop, stack_push, DirCounts, EntryData, RangeBody, RangeMeta, Region, RelId, State, TableData};
+use crate::locks::{Held, LockId, LockSet, Mode};
+use crate::span::{KeyBuf, Span};
+use crate::tree::{self, Keys, Node, Nodes, NodesMut, NIL};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
@@ -188,7 +187,19 @@ impl<'t, L: LockSet> Directory<'t> for DirWrite<'t, L> {
     }
 }
 
-impl<L: LockSet> LatchTable<'_, L> {
+/// The region together with the locks that guard it: the one owner of the
+/// region's cells.  The latch table holds one and reaches the region's
+/// non-atomic parts only through the guards its methods hand out.
+pub(crate) struct Locked<'r, L: LockSet> {
+    pub(crate) region: Region<'r>,
+    pub(crate) locks: L,
+}
+
+impl<'r, L: LockSet> Locked<'r, L> {
+    pub(crate) fn new(region: Region<'r>, locks: L) -> Self {
+        Locked { region, locks }
+    }
+
     /// Takes the Directory lock shared.
     pub(crate) fn dir_read(&self) -> DirRead<'_, L> {
         let held = Held::new(&self.locks, LockId::Directory, Mode::Shared);
@@ -439,11 +450,11 @@ impl NodesMut for TreeNodesMut<'_> {
 
     fn alloc_node(&mut self) -> u32 {
         let r = self.region;
-        super::region::stack_pop(&r.hdr.node_free_head, |n| &r.node_next[n as usize]).unwrap_or(NIL)
+        stack_pop(&r.hdr.node_free_head, |n| &r.node_next[n as usize]).unwrap_or(NIL)
     }
 
     fn free_node(&mut self, n: u32) {
-        super::region::stack_push(&self.region.hdr.node_free_head, n, &self.region.node_next[n as usize]);
+        stack_push(&self.region.hdr.node_free_head, n, &self.region.node_next[n as usize]);
     }
 }
 
@@ -615,11 +626,11 @@ impl Owned {
     }
 }
 
-impl<L: LockSet> LatchTable<'_, L> {
+impl<L: LockSet> Locked<'_, L> {
     /// Pops a free entry.
     pub(crate) fn alloc(&self) -> Option<Owned> {
         let region = &self.region;
-        let idx = super::region::stack_pop(&region.hdr.free_head, |i| &region.entries[i as usize].free_next)?;
+        let idx = stack_pop(&region.hdr.free_head, |i| &region.entries[i as usize].free_next)?;
         region.hdr.free_count.fetch_sub(1, Relaxed);
         Some(Owned(idx))
     }
@@ -637,7 +648,7 @@ impl<L: LockSet> LatchTable<'_, L> {
         let ent = &self.region.entries[e.0 as usize];
         ent.state.store(State::Free as u8, Release);
         ent.range.store(NIL, Release);
-        super::region::stack_push(&self.region.hdr.free_head, e.0, &ent.free_next);
+        stack_push(&self.region.hdr.free_head, e.0, &ent.free_next);
         self.region.hdr.free_count.fetch_add(1, Relaxed);
     }
 }
