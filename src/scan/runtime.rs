@@ -69,7 +69,7 @@ pub struct NodeRuntime {
     /// statements know their bounds at start and never ask the node.
     pub(super) bounds: Option<Vec<*mut pg_sys::ExprState>>,
     /// D from the quals known before the statement ran (cached).
-    pub(super) static_declared: Option<Declared>,
+    pub(super) static_declared: Option<Rc<Declared>>,
     pub(super) seen: Seen,
     /// The scan has run since it began or was last rescanned.
     pub(super) started: bool,
@@ -190,16 +190,16 @@ impl NodeRuntime {
 
     /// D from the quals known before the statement ran, evaluated in the
     /// node's expression context.
-    unsafe fn static_declared(&mut self, node: *mut pg_sys::CustomScanState) -> Declared {
+    unsafe fn static_declared(&mut self, node: *mut pg_sys::CustomScanState) -> Rc<Declared> {
         if let Some(d) = &self.static_declared {
             return d.clone();
         }
         if self.latched.is_none() {
-            return Declared::all();
+            return Rc::new(Declared::all());
         }
         // SAFETY: per contract.
         let states = unsafe { self.bound_states(node) };
-        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Declared::all() };
+        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Rc::new(Declared::all()) };
         // SAFETY: expression states of this node, evaluated in its per-tuple
         // context.
         let quals: Vec<KeyQual> = unsafe {
@@ -215,7 +215,7 @@ impl NodeRuntime {
                 })
                 .collect()
         };
-        let d = span::declared(key, quals);
+        let d = Rc::new(span::declared(key, quals));
         self.static_declared = Some(d.clone());
         d
     }
@@ -369,7 +369,7 @@ impl NodeRuntime {
     ///
     /// # Safety
     /// `node` is this runtime's node.
-    pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Declared {
+    pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Rc<Declared> {
         // SAFETY: per contract.
         unsafe { self.static_declared(node) }
     }
