@@ -76,7 +76,24 @@ pub static ARROW_NUMERIC: GucSetting<ArrowNumeric> = GucSetting::<ArrowNumeric>:
 pub static ARROW_NUMERIC_SCALE: GucSetting<i32> = GucSetting::<i32>::new(9);
 
 /// Defines every setting, then reserves the prefix; called from `_PG_init`.
+///
+/// The groups define their settings in the order they always were: a
+/// setting's value from postgresql.conf is checked as it is defined, so
+/// the order is the order of any warnings about bad values.
 pub fn init() {
+    define_read_settings();
+    define_capacity();
+    define_write_limits();
+    define_unprotected_reads_and_splits();
+    define_arrow_settings();
+    // SAFETY: called in _PG_init after every pgkvx setting is defined; it
+    // only drops (with a warning) placeholders under the prefix.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"pgkvx".as_ptr()) };
+}
+
+/// How a LIMIT scan over a latched table reads: optimistic, fenced or off,
+/// and when optimism gives way to fencing.
+fn define_read_settings() {
     GucRegistry::define_enum_guc(
         c"pgkvx.scan_mode",
         c"How LIMIT scans over latched tables treat writers in flight.",
@@ -105,6 +122,11 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::EXPLAIN,
     );
+}
+
+/// The shared memory and maintenance workers sized at server start: only a
+/// restart changes them.
+fn define_capacity() {
     GucRegistry::define_int_guc(
         c"pgkvx.max_latches",
         c"Capacity of the shared latch table (live latches plus retained tombstones).",
@@ -145,6 +167,11 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+}
+
+/// Shares of the latch table one transaction, role or table owner may take,
+/// so that no tenant can fill it for the others.
+fn define_write_limits() {
     GucRegistry::define_int_guc(
         c"pgkvx.max_latches_per_transaction",
         c"Latch entries one transaction may hold.",
@@ -175,6 +202,11 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+}
+
+/// What a read does when pgkvx cannot see a table's writes, and when a latch
+/// range is split.
+fn define_unprotected_reads_and_splits() {
     GucRegistry::define_enum_guc(
         c"pgkvx.unprotected_reads",
         c"What a LIMIT read of a latched table does when pgkvx cannot see that table's writes.",
@@ -193,6 +225,10 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+}
+
+/// How arrow_scan and arrow_query encode numeric columns.
+fn define_arrow_settings() {
     GucRegistry::define_enum_guc(
         c"pgkvx.arrow_numeric",
         c"How arrow_scan/arrow_query send numeric columns without a precision of at most 38.",
@@ -211,7 +247,4 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
-    // SAFETY: called in _PG_init after every pgkvx setting is defined; it
-    // only drops (with a warning) placeholders under the prefix.
-    unsafe { pg_sys::MarkGUCPrefixReserved(c"pgkvx".as_ptr()) };
 }

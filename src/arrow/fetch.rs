@@ -24,8 +24,9 @@
 //!
 //! The Postgres calls of one page run inside a single FFI guard
 //! ([`pg_guard_ffi_boundary`]): an ERROR in any of them long-jumps back to
-//! it, over the frame of `fill_run`, which therefore holds only plain data
-//! (integers and raw pointers, nothing with a destructor) and never panics.
+//! it, over the frames of `fill_run` and the helpers it calls, which
+//! therefore hold only plain data (integers, raw pointers and references,
+//! nothing with a destructor) and never panic.
 //! That is why those functions are declared here rather than called through
 //! pgrx's per-call wrappers.
 //!
@@ -154,8 +155,8 @@ impl PageFetch {
             }
             let f: *mut PageFetch = self;
             // SAFETY: `f` is this fetch, exclusively borrowed for the call;
-            // fill_run's frame holds no value with a destructor and cannot
-            // panic, so an ERROR may long-jump over it (module docs).
+            // fill_run and its helpers hold no value with a destructor and
+            // cannot panic, so an ERROR may long-jump over them (module docs).
             unsafe { pg_guard_ffi_boundary(|| fill_run(f)) };
         }
         true
@@ -179,35 +180,46 @@ impl PageFetch {
 /// # Safety
 /// `f` points to a live PageFetch whose scan, relation and snapshot are
 /// valid.  Runs inside `pg_guard_ffi_boundary`: only plain data in this
-/// frame, no panics (so no bounds-checked indexing: the loops stay below
-/// RUN_MAX by construction).
+/// frame and the frames of the helpers it calls, no panics (so no
+/// bounds-checked indexing: the loops stay below RUN_MAX by construction).
 unsafe fn fill_run(f: *mut PageFetch) {
-    // SAFETY (whole body): per the contract.  The TID that index_getnext_tid
-    // returns points into the scan and is copied before the next call; the
-    // page is pinned (ReleaseAndReadBuffer) before it is locked and searched.
+    // SAFETY: per the contract, `f` is live and exclusively ours for the
+    // call; each helper's contract is this function's.
     unsafe {
         let f = &mut *f;
         f.n = 0;
         f.next = 0;
-        let tids = f.tids.as_mut_ptr();
-        let mut count = 0usize;
-        if f.has_pending {
-            f.has_pending = false;
-            *tids = f.pending;
-            count = 1;
-        } else if !f.index_done {
-            let t = c::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
-            if t.is_null() {
-                f.index_done = true;
-            } else {
-                *tids = *t;
-                count = 1;
-            }
-        }
+        let count = read_run(f);
         if count == 0 {
             return;
         }
-        let block = block_of(&*tids);
+        let block = block_of(&*f.tids.as_ptr());
+        pin_page(f, block);
+        f.n = search_page(f, block, count);
+        if f.has_pending {
+            pin_next_page(f);
+        }
+    }
+}
+
+/// Reads into `f.tids` the index's next TIDs that point into one heap page
+/// (at most RUN_MAX of them), keeping the first TID of the next page in
+/// `f.pending`; returns how many it read (0 at the end of the index).
+///
+/// # Safety
+/// As `fill_run`'s, whose guard it runs under.
+unsafe fn read_run(f: &mut PageFetch) -> usize {
+    // SAFETY: per the contract.  The TID index_getnext_tid returns points
+    // into the scan and is copied before the next call; writes to `tids`
+    // stay below RUN_MAX.
+    unsafe {
+        let Some(first) = first_tid(f) else {
+            return 0;
+        };
+        let tids = f.tids.as_mut_ptr();
+        *tids = first;
+        let block = block_of(&first);
+        let mut count = 1usize;
         while count < RUN_MAX && !f.index_done {
             let t = c::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
             if t.is_null() {
@@ -221,18 +233,58 @@ unsafe fn fill_run(f: *mut PageFetch) {
                 count += 1;
             }
         }
-        let prev = f.buf;
-        if f.ahead != pg_sys::InvalidBuffer as pg_sys::Buffer && f.ahead_block == block {
+        count
+    }
+}
+
+/// The first TID of the next run: the one the last run read past its page,
+/// else the index's next; None at the end of the index.
+///
+/// # Safety
+/// As `fill_run`'s, whose guard it runs under.
+unsafe fn first_tid(f: &mut PageFetch) -> Option<pg_sys::ItemPointerData> {
+    if f.has_pending {
+        f.has_pending = false;
+        return Some(f.pending);
+    }
+    if f.index_done {
+        return None;
+    }
+    // SAFETY: per the contract; the returned TID points into the scan and
+    // is copied at once.
+    unsafe {
+        let t = c::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
+        if t.is_null() {
+            f.index_done = true;
+            None
+        } else {
+            Some(*t)
+        }
+    }
+}
+
+/// Makes `block` the pinned page `f.buf`: the page pinned ahead when it is
+/// that one (releasing the page before), else read now.
+///
+/// # Safety
+/// As `fill_run`'s, whose guard it runs under.
+unsafe fn pin_page(f: &mut PageFetch, block: pg_sys::BlockNumber) {
+    let none = pg_sys::InvalidBuffer as pg_sys::Buffer;
+    let prev = f.buf;
+    // SAFETY: per the contract; `buf` and `ahead` are pins of ours (or
+    // InvalidBuffer), each released once as it is replaced.
+    unsafe {
+        if f.ahead != none && f.ahead_block == block {
             f.buf = f.ahead;
-            f.ahead = pg_sys::InvalidBuffer as pg_sys::Buffer;
-            if prev != pg_sys::InvalidBuffer as pg_sys::Buffer {
+            f.ahead = none;
+            if prev != none {
                 c::ReleaseBuffer(prev);
             }
         } else {
             // (the first page, or a page pinned ahead of a restarted scan)
-            if f.ahead != pg_sys::InvalidBuffer as pg_sys::Buffer {
+            if f.ahead != none {
                 c::ReleaseBuffer(f.ahead);
-                f.ahead = pg_sys::InvalidBuffer as pg_sys::Buffer;
+                f.ahead = none;
             }
             f.buf = c::ReleaseAndReadBuffer(f.buf, f.heap, block);
         }
@@ -240,6 +292,22 @@ unsafe fn fill_run(f: *mut PageFetch) {
             // As heapam_index_fetch_tuple does on reaching a new page.
             c::heap_page_prune_opt(f.heap, f.buf);
         }
+    }
+}
+
+/// Finds the tuples the first `count` TIDs of `f.tids` lead to on pinned
+/// page `block` that are visible to the snapshot, into `f.tuples`, under
+/// one share lock; returns how many.
+///
+/// # Safety
+/// As `fill_run`'s, whose guard it runs under; `f.buf` is the pinned page
+/// `block` and `count` is at most RUN_MAX.
+unsafe fn search_page(f: &mut PageFetch, block: pg_sys::BlockNumber, count: usize) -> usize {
+    // SAFETY: per the contract: the page is pinned before it is locked and
+    // searched, and unlocked before return; reads of `tids` and writes of
+    // `tuples` stay below `count` <= RUN_MAX.
+    unsafe {
+        let tids = f.tids.as_ptr();
         let page = pg_sys::BufferGetPage(f.buf) as *const u8;
         for i in 0..count.min(PREFETCH_AHEAD) {
             prefetch_tuple(page, &*tids.add(i));
@@ -275,20 +343,28 @@ unsafe fn fill_run(f: *mut PageFetch) {
             }
         }
         c::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_UNLOCK as i32);
-        f.n = n;
-        if f.has_pending {
-            // Pin the next page and start loading the tuples its first TID
-            // and the slots after it hold (where a clustered table's next
-            // rows are; elsewhere the hint is merely useless).
-            let next = block_of(&f.pending);
-            f.ahead = c::ReadBuffer(f.heap, next);
-            f.ahead_block = next;
-            let page = pg_sys::BufferGetPage(f.ahead) as *const u8;
-            let mut tid = f.pending;
-            for _ in 0..PREFETCH_AHEAD {
-                prefetch_tuple(page, &tid);
-                tid.ip_posid = tid.ip_posid.wrapping_add(1);
-            }
+        n
+    }
+}
+
+/// Pins the page of `f.pending` (the next run's) and starts loading the
+/// tuples its first TID and the slots after it hold (where a clustered
+/// table's next rows are; elsewhere the hint is merely useless).
+///
+/// # Safety
+/// As `fill_run`'s, whose guard it runs under; `f.ahead` holds no pin.
+unsafe fn pin_next_page(f: &mut PageFetch) {
+    // SAFETY: per the contract; the page is pinned before it is read, and
+    // prefetching only hints at addresses on it.
+    unsafe {
+        let next = block_of(&f.pending);
+        f.ahead = c::ReadBuffer(f.heap, next);
+        f.ahead_block = next;
+        let page = pg_sys::BufferGetPage(f.ahead) as *const u8;
+        let mut tid = f.pending;
+        for _ in 0..PREFETCH_AHEAD {
+            prefetch_tuple(page, &tid);
+            tid.ip_posid = tid.ip_posid.wrapping_add(1);
         }
     }
 }

@@ -275,95 +275,19 @@ fn refuse_not_read_only() -> ! {
 }
 
 impl QueryStream {
+    /// Plans `query`, refusing anything but one read-only SELECT, and starts
+    /// its executor with a receiver that appends each result row to the
+    /// batch.
     pub fn open(query: &str, args: StreamArgs) -> QueryStream {
         let cquery = CString::new(query).unwrap_or_else(|_| {
             errors::raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, "query contains a NUL character")
         });
-        // The function's multi-call context is current: the executor's goes
-        // beside it (see QueryExecutor).
-        // SAFETY: reads a backend global and the parent link of a live context.
-        let parent = unsafe {
-            let cur = pg_sys::CurrentMemoryContext;
-            if (*cur).parent.is_null() {
-                cur
-            } else {
-                (*cur).parent
-            }
-        };
-        let exec = QueryExecutor::new(parent);
-        // SAFETY: SPI calls bracketed by SPI_connect/SPI_finish; an ERROR in
-        // between is cleaned up by SPI's own abort handling.  What is kept
-        // past SPI_finish is copied: the plan into the executor's context,
-        // the result columns into Rust.
-        let (stmt, attrs) = unsafe {
-            if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
-                errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
-            }
-            let plan = pg_sys::SPI_prepare(cquery.as_ptr(), 0, std::ptr::null_mut());
-            if plan.is_null() {
-                errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "SPI_prepare failed");
-            }
-            if !pg_sys::SPI_is_cursor_plan(plan) {
-                refuse_not_read_only();
-            }
-            let mut result_desc: pg_sys::TupleDesc = std::ptr::null_mut();
-            for src in list_iter::<pg_sys::CachedPlanSource>(pg_sys::SPI_plan_get_plan_sources(plan)) {
-                for q in list_iter::<pg_sys::Query>((*src).query_list) {
-                    if (*q).commandType != pg_sys::CmdType::CMD_SELECT
-                        || !(*q).rowMarks.is_null()
-                        || (*q).hasModifyingCTE
-                    {
-                        refuse_not_read_only();
-                    }
-                }
-                result_desc = (*src).resultDesc;
-            }
-            let cplan = pg_sys::SPI_plan_get_cached_plan(plan);
-            if cplan.is_null() {
-                errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "SPI_plan_get_cached_plan failed");
-            }
-            let stmts: Vec<*mut pg_sys::PlannedStmt> = list_iter((*cplan).stmt_list).collect();
-            // One SELECT (a cursor plan has one statement), without row
-            // locks (those taken in a subquery show only once planned).
-            let stmt = match stmts[..] {
-                [p] if (*p).commandType == pg_sys::CmdType::CMD_SELECT
-                    && (*p).rowMarks.is_null()
-                    && !result_desc.is_null() =>
-                {
-                    exec.keep_plan(p)
-                }
-                _ => std::ptr::null_mut(),
-            };
-            // An unsaved SPI plan's cached plan has no resource owner.
-            pg_sys::ReleaseCachedPlan(cplan, std::ptr::null_mut());
-            if stmt.is_null() {
-                refuse_not_read_only();
-            }
-            let attrs = tupdesc_attrs(result_desc);
-            pg_sys::SPI_finish();
-            (stmt, attrs)
-        };
+        let mut exec = QueryExecutor::new(executor_parent());
+        let (stmt, attrs) = plan_read_only(&exec, &cquery);
         // Encoders cache function lookups in the current context: built only
         // now, after SPI_finish has restored the multi-call context.
-        let settings = EncoderSettings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
-        let live: Vec<&Attr> = attrs.iter().filter(|a| !a.dropped).collect();
-        let columns = live.iter().map(|a| types::column(&a.name, a.typid, a.typmod, true, settings)).collect();
-        let idx: Vec<usize> = live.iter().map(|a| a.attnum as usize - 1).collect();
-        let natts = idx.iter().max().map_or(0, |m| m + 1);
-        let mut dest = Box::new(ArrowDest {
-            base: pg_sys::DestReceiver {
-                receiveSlot: Some(receive_slot),
-                rStartup: Some(startup),
-                rShutdown: Some(noop),
-                rDestroy: Some(noop),
-                mydest: pg_sys::CommandDest::DestNone,
-            },
-            out: BatchWriter::new(columns, args.batch_rows),
-            attrs: idx,
-            natts,
-            stopped_full: false,
-        });
-        let mut exec = exec;
+        let mut dest = arrow_dest(&attrs, args.batch_rows);
+        let natts = dest.natts;
         // SAFETY: the plan was kept by `keep_plan`; the boxed receiver moves
         // into the stream with the executor and is dropped after it.
         unsafe { exec.start(stmt, &cquery, &mut dest.base) };
@@ -409,6 +333,113 @@ impl QueryStream {
             }
         }
     }
+}
+
+/// The context the executor's goes under: the parent of the function's
+/// multi-call context, which is current (see QueryExecutor).
+fn executor_parent() -> pg_sys::MemoryContext {
+    // SAFETY: reads a backend global and the parent link of a live context.
+    unsafe {
+        let cur = pg_sys::CurrentMemoryContext;
+        if (*cur).parent.is_null() {
+            cur
+        } else {
+            (*cur).parent
+        }
+    }
+}
+
+/// Plans `query` through SPI and returns its one SELECT, kept in the
+/// executor's context, and its result columns; refuses anything that is
+/// not a single read-only SELECT.
+fn plan_read_only(exec: &QueryExecutor, query: &CStr) -> (*mut pg_sys::PlannedStmt, Vec<Attr>) {
+    // SAFETY: SPI calls bracketed by SPI_connect/SPI_finish; an ERROR in
+    // between is cleaned up by SPI's own abort handling.  What is kept
+    // past SPI_finish is copied: the plan into the executor's context,
+    // the result columns into Rust.
+    unsafe {
+        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
+            errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
+        }
+        let plan = pg_sys::SPI_prepare(query.as_ptr(), 0, std::ptr::null_mut());
+        if plan.is_null() {
+            errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "SPI_prepare failed");
+        }
+        if !pg_sys::SPI_is_cursor_plan(plan) {
+            refuse_not_read_only();
+        }
+        let result_desc = read_only_result(plan);
+        let cplan = pg_sys::SPI_plan_get_cached_plan(plan);
+        if cplan.is_null() {
+            errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "SPI_plan_get_cached_plan failed");
+        }
+        let stmts: Vec<*mut pg_sys::PlannedStmt> = list_iter((*cplan).stmt_list).collect();
+        // One SELECT (a cursor plan has one statement), without row
+        // locks (those taken in a subquery show only once planned).
+        let stmt = match stmts[..] {
+            [p] if (*p).commandType == pg_sys::CmdType::CMD_SELECT
+                && (*p).rowMarks.is_null()
+                && !result_desc.is_null() =>
+            {
+                exec.keep_plan(p)
+            }
+            _ => std::ptr::null_mut(),
+        };
+        // An unsaved SPI plan's cached plan has no resource owner.
+        pg_sys::ReleaseCachedPlan(cplan, std::ptr::null_mut());
+        if stmt.is_null() {
+            refuse_not_read_only();
+        }
+        let attrs = tupdesc_attrs(result_desc);
+        pg_sys::SPI_finish();
+        (stmt, attrs)
+    }
+}
+
+/// Refuses a plan any of whose rewritten queries is not a SELECT, locks
+/// rows (at its top level: the plan shows the rest) or has a data-modifying
+/// WITH; returns the result columns of its last plan source.
+///
+/// # Safety
+/// `plan` is a live SPI plan.
+unsafe fn read_only_result(plan: pg_sys::SPIPlanPtr) -> pg_sys::TupleDesc {
+    let mut result_desc: pg_sys::TupleDesc = std::ptr::null_mut();
+    // SAFETY: per the contract: its plan sources and their query lists
+    // are valid while it lives.
+    unsafe {
+        for src in list_iter::<pg_sys::CachedPlanSource>(pg_sys::SPI_plan_get_plan_sources(plan)) {
+            for q in list_iter::<pg_sys::Query>((*src).query_list) {
+                if (*q).commandType != pg_sys::CmdType::CMD_SELECT || !(*q).rowMarks.is_null() || (*q).hasModifyingCTE {
+                    refuse_not_read_only();
+                }
+            }
+            result_desc = (*src).resultDesc;
+        }
+    }
+    result_desc
+}
+
+/// The receiver that encodes the live columns of `attrs` (the result
+/// columns) into batches of `batch_rows`.
+fn arrow_dest(attrs: &[Attr], batch_rows: usize) -> Box<ArrowDest> {
+    let settings = EncoderSettings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
+    let live: Vec<&Attr> = attrs.iter().filter(|a| !a.dropped).collect();
+    let columns = live.iter().map(|a| types::column(&a.name, a.typid, a.typmod, true, settings)).collect();
+    let idx: Vec<usize> = live.iter().map(|a| a.attnum as usize - 1).collect();
+    let natts = idx.iter().max().map_or(0, |m| m + 1);
+    Box::new(ArrowDest {
+        base: pg_sys::DestReceiver {
+            receiveSlot: Some(receive_slot),
+            rStartup: Some(startup),
+            rShutdown: Some(noop),
+            rDestroy: Some(noop),
+            mydest: pg_sys::CommandDest::DestNone,
+        },
+        out: BatchWriter::new(columns, batch_rows),
+        attrs: idx,
+        natts,
+        stopped_full: false,
+    })
 }
 
 impl Iterator for QueryStream {

@@ -265,85 +265,21 @@ fn refuse(code: PgSqlErrorCode, msg: impl Into<String>, hint: &str) -> ! {
 }
 
 impl TableStream {
+    /// Opens the scan: checks the request the way the equivalent SELECT
+    /// would be checked, then sets up every resource the stream holds
+    /// between calls.  The order of the checks is the order of the errors
+    /// a caller sees.
     pub fn open(req: ScanRequest, args: StreamArgs) -> TableStream {
         if let Some(m) = req.max_rows {
             if m < 0 {
                 errors::raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "max_rows must not be negative");
             }
         }
-        let rel = OpenRel::open(req.rel, pg_sys::AccessShareLock).keeping_lock();
-        let relname = rel.name();
-        match rel.relkind() {
-            k if k == pg_sys::RELKIND_RELATION || k == pg_sys::RELKIND_MATVIEW => {}
-            _ => refuse(
-                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
-                format!("\"{relname}\" is not a table or materialized view"),
-                "pgkvx.arrow_scan reads tables directly; use pgkvx.arrow_query for views, partitioned and foreign tables.",
-            ),
-        }
-        if rel.is_other_temp() {
-            errors::raise(
-                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                "cannot access temporary tables of other sessions",
-            );
-        }
-        if !rel.form().relispopulated {
-            refuse(
-                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                format!("materialized view \"{relname}\" has not been populated"),
-                "Use the REFRESH MATERIALIZED VIEW command.",
-            );
-        }
-
+        let (rel, relname) = open_table(req.rel);
         let all = rel.attrs();
-        let live: Vec<&Attr> = all.iter().filter(|a| !a.dropped).collect();
-        let projected: Vec<&Attr> = match &req.columns {
-            None => live.clone(),
-            Some(names) => {
-                if names.is_empty() {
-                    errors::raise(
-                        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                        "columns must name at least one column (or be NULL for all)",
-                    );
-                }
-                let mut out: Vec<&Attr> = Vec::with_capacity(names.len());
-                for n in names {
-                    let Some(a) = live.iter().find(|a| &a.name == n) else {
-                        errors::raise(
-                            PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
-                            format!("column \"{n}\" of relation \"{relname}\" does not exist"),
-                        )
-                    };
-                    if out.iter().any(|o| o.attnum == a.attnum) {
-                        errors::raise(
-                            PgSqlErrorCode::ERRCODE_DUPLICATE_COLUMN,
-                            format!("column \"{n}\" is requested more than once"),
-                        );
-                    }
-                    out.push(a);
-                }
-                out
-            }
-        };
-        if projected.is_empty() {
-            errors::raise(
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("table \"{relname}\" has no columns"),
-            );
-        }
-
+        let projected = projection(&all, req.columns.as_deref(), &relname);
         let (latched, key_index) = key_for(&rel);
-        let index = key_index.map(|oid| {
-            let ix = OpenRel::open(oid, pg_sys::AccessShareLock).keeping_lock();
-            let info = IndexInfo::of(&ix);
-            if !info.is_btree {
-                errors::raise(
-                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    format!("the key index of \"{relname}\" is not a btree index"),
-                );
-            }
-            (ix, info)
-        });
+        let index = key_index.map(|oid| open_key_index(oid, &relname));
         if index.is_none() && (req.lower.is_some() || req.upper.is_some()) {
             refuse(
                 PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -351,60 +287,9 @@ impl TableStream {
                 "arrow_scan reads tables without a primary key in physical order; filter with pgkvx.arrow_query.",
             );
         }
-
-        // Privileges as for SELECT <columns> FROM rel ORDER BY <key> with the
-        // bounds in WHERE: the table, or every column that query would name.
-        if !pg::may_select_table(rel.oid()) {
-            let key_cols: Vec<i16> = index.as_ref().map(|(_, i)| i.heap_attnums.clone()).unwrap_or_default();
-            let needed = projected.iter().map(|a| a.attnum).chain(key_cols);
-            for attnum in needed {
-                if !pg::may_select_column(rel.oid(), attnum) {
-                    let col = all.iter().find(|a| a.attnum == attnum).map(|a| a.name.clone()).unwrap_or_default();
-                    errors::raise_full(
-                        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                        format!("permission denied for table {relname}"),
-                        Some(format!(
-                            "SELECT on column \"{col}\" is required (arrow_scan orders by and bounds on the key columns)."
-                        )),
-                        None::<String>,
-                    );
-                }
-            }
-        }
-        if pg::rls_applies(rel.oid()) {
-            refuse(
-                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                format!(
-                    "row level security applies to table \"{relname}\"; pgkvx.arrow_scan does not evaluate policies"
-                ),
-                "Use pgkvx.arrow_query('SELECT ... FROM ... ORDER BY ...'), which applies the table's policies.",
-            );
-        }
-
-        let mut keys: Vec<pg_sys::ScanKeyData> = Vec::new();
-        if let Some((_, info)) = &index {
-            if req.lower.is_some() || req.upper.is_some() {
-                if info.heap_attnums.len() != 1 {
-                    refuse(
-                        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                        format!("bounds on the multi-column key of \"{relname}\" are not supported"),
-                        "Pass NULL bounds, or filter with pgkvx.arrow_query.",
-                    );
-                }
-                let key_attr = all
-                    .iter()
-                    .find(|a| a.attnum == info.heap_attnums[0])
-                    .expect("key column of the primary key exists");
-                if let Some(lo) = &req.lower {
-                    let v = input_datum(key_attr.typid, key_attr.typmod, lo);
-                    keys.push(pg::btree_key(info, pg_sys::BTGreaterEqualStrategyNumber, v));
-                }
-                if let Some(hi) = &req.upper {
-                    let v = input_datum(key_attr.typid, key_attr.typmod, hi);
-                    keys.push(pg::btree_key(info, pg_sys::BTLessStrategyNumber, v));
-                }
-            }
-        }
+        check_select_privilege(&rel, &all, &projected, index.as_ref().map(|(_, i)| i), &relname);
+        refuse_row_security(&rel, &relname);
+        let keys = bound_keys(&req, index.as_ref().map(|(_, i)| i), &all, &relname);
 
         let settings = EncoderSettings { encoding: pg::server_encoding(), numeric: super::numeric_mode() };
         let columns =
@@ -418,39 +303,12 @@ impl TableStream {
         let after = snapshot::after_for_statement();
         let slot = TableSlot::for_rel(&rel);
         let pending_protocol = match (&latched, &index) {
-            (Some(l), Some(_)) => run::choose_mode(req.max_rows.map(|m| m as u64)).map(|strategy| {
-                refuse_on_standby();
-                PendingProtocol {
-                    latched: l.clone(),
-                    strategy,
-                    declared: span::declared(&l.key, span::scan_key_quals(&keys, Some)),
-                    // SAFETY: the snapshot is registered until the scan ends,
-                    // and `after` was read after it was taken.
-                    base: unsafe { BaseSnapshot::of(snapshot.as_ptr(), after) },
-                }
-            }),
+            (Some(l), Some(_)) => pending_protocol(l, req.max_rows, &keys, &snapshot, after),
             _ => None,
         };
         let cursor = match index {
             Some((index, _)) => ScanCursor::Index { index, scan: std::ptr::null_mut(), keys, pages: None },
-            // SAFETY: the relation is open and locked, the snapshot registered.
-            None => unsafe {
-                let am = (*rel.as_ptr()).rd_tableam;
-                // No synchronized scan: "physical order" should start at
-                // block 0 every time.
-                let flags = pg_sys::ScanOptions::SO_TYPE_SEQSCAN
-                    | pg_sys::ScanOptions::SO_ALLOW_STRAT
-                    | pg_sys::ScanOptions::SO_ALLOW_PAGEMODE;
-                let scan = ((*am).scan_begin.expect("table AM without scan_begin"))(
-                    rel.as_ptr(),
-                    snapshot.as_ptr(),
-                    0,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    flags,
-                );
-                ScanCursor::Heap { scan }
-            },
+            None => begin_heap_scan(&rel, &snapshot),
         };
         // SAFETY: a plain read of a backend global.
         let scan_cx = unsafe { pg_sys::CurrentMemoryContext };
@@ -634,6 +492,198 @@ impl run::Reader for OptimisticAttempt<'_> {
         };
         Some(spans.into_iter().map(|s| (self.rel, s)).collect())
     }
+}
+
+/// Opens `oid` for reading, its lock kept to the end of the transaction as
+/// a SELECT keeps it, and refuses what arrow_scan cannot read directly.
+/// Returns the relation and its name (for messages).
+fn open_table(oid: pg_sys::Oid) -> (OpenRel, String) {
+    let rel = OpenRel::open(oid, pg_sys::AccessShareLock).keeping_lock();
+    let relname = rel.name();
+    match rel.relkind() {
+        k if k == pg_sys::RELKIND_RELATION || k == pg_sys::RELKIND_MATVIEW => {}
+        _ => refuse(
+            PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+            format!("\"{relname}\" is not a table or materialized view"),
+            "pgkvx.arrow_scan reads tables directly; use pgkvx.arrow_query for views, partitioned and foreign tables.",
+        ),
+    }
+    if rel.is_other_temp() {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "cannot access temporary tables of other sessions",
+        );
+    }
+    if !rel.form().relispopulated {
+        refuse(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("materialized view \"{relname}\" has not been populated"),
+            "Use the REFRESH MATERIALIZED VIEW command.",
+        );
+    }
+    (rel, relname)
+}
+
+/// The output columns, in output order: every live column when `columns`
+/// is NULL, else the named ones, each named once.
+fn projection<'a>(all: &'a [Attr], columns: Option<&[String]>, relname: &str) -> Vec<&'a Attr> {
+    let live: Vec<&Attr> = all.iter().filter(|a| !a.dropped).collect();
+    let projected: Vec<&Attr> = match columns {
+        None => live,
+        Some(names) => {
+            if names.is_empty() {
+                errors::raise(
+                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                    "columns must name at least one column (or be NULL for all)",
+                );
+            }
+            let mut out: Vec<&Attr> = Vec::with_capacity(names.len());
+            for n in names {
+                let Some(a) = live.iter().find(|a| &a.name == n) else {
+                    errors::raise(
+                        PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
+                        format!("column \"{n}\" of relation \"{relname}\" does not exist"),
+                    )
+                };
+                if out.iter().any(|o| o.attnum == a.attnum) {
+                    errors::raise(
+                        PgSqlErrorCode::ERRCODE_DUPLICATE_COLUMN,
+                        format!("column \"{n}\" is requested more than once"),
+                    );
+                }
+                out.push(a);
+            }
+            out
+        }
+    };
+    if projected.is_empty() {
+        errors::raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("table \"{relname}\" has no columns"));
+    }
+    projected
+}
+
+/// Opens the key index the scan orders by (locked as the table is); only a
+/// btree gives the key order and the bounds their meaning.
+fn open_key_index(oid: pg_sys::Oid, relname: &str) -> (OpenRel, IndexInfo) {
+    let ix = OpenRel::open(oid, pg_sys::AccessShareLock).keeping_lock();
+    let info = IndexInfo::of(&ix);
+    if !info.is_btree {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("the key index of \"{relname}\" is not a btree index"),
+        );
+    }
+    (ix, info)
+}
+
+/// Privileges as for SELECT <columns> FROM rel ORDER BY <key> with the
+/// bounds in WHERE: the table, or every column that query would name.
+fn check_select_privilege(rel: &OpenRel, all: &[Attr], projected: &[&Attr], key: Option<&IndexInfo>, relname: &str) {
+    if pg::may_select_table(rel.oid()) {
+        return;
+    }
+    let key_cols: Vec<i16> = key.map(|i| i.heap_attnums.clone()).unwrap_or_default();
+    let needed = projected.iter().map(|a| a.attnum).chain(key_cols);
+    for attnum in needed {
+        if !pg::may_select_column(rel.oid(), attnum) {
+            let col = all.iter().find(|a| a.attnum == attnum).map(|a| a.name.clone()).unwrap_or_default();
+            errors::raise_full(
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                format!("permission denied for table {relname}"),
+                Some(format!(
+                    "SELECT on column \"{col}\" is required (arrow_scan orders by and bounds on the key columns)."
+                )),
+                None::<String>,
+            );
+        }
+    }
+}
+
+/// arrow_scan reads the table itself, not through a query the policies
+/// could be added to: with row level security in force it must refuse.
+fn refuse_row_security(rel: &OpenRel, relname: &str) {
+    if pg::rls_applies(rel.oid()) {
+        refuse(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("row level security applies to table \"{relname}\"; pgkvx.arrow_scan does not evaluate policies"),
+            "Use pgkvx.arrow_query('SELECT ... FROM ... ORDER BY ...'), which applies the table's policies.",
+        );
+    }
+}
+
+/// The btree scan keys for `[lower, upper)` on the key's one column (none
+/// without bounds); the values are read by the key column's input function.
+fn bound_keys(req: &ScanRequest, key: Option<&IndexInfo>, all: &[Attr], relname: &str) -> Vec<pg_sys::ScanKeyData> {
+    let mut keys: Vec<pg_sys::ScanKeyData> = Vec::new();
+    let Some(info) = key else {
+        return keys;
+    };
+    if req.lower.is_none() && req.upper.is_none() {
+        return keys;
+    }
+    if info.heap_attnums.len() != 1 {
+        refuse(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("bounds on the multi-column key of \"{relname}\" are not supported"),
+            "Pass NULL bounds, or filter with pgkvx.arrow_query.",
+        );
+    }
+    let key_attr = all.iter().find(|a| a.attnum == info.heap_attnums[0]).expect("key column of the primary key exists");
+    if let Some(lo) = &req.lower {
+        let v = input_datum(key_attr.typid, key_attr.typmod, lo);
+        keys.push(pg::btree_key(info, pg_sys::BTGreaterEqualStrategyNumber, v));
+    }
+    if let Some(hi) = &req.upper {
+        let v = input_datum(key_attr.typid, key_attr.typmod, hi);
+        keys.push(pg::btree_key(info, pg_sys::BTLessStrategyNumber, v));
+    }
+    keys
+}
+
+/// On a latched table under `pgkvx.scan_mode`, the read protocol the first
+/// call runs (None when the mode is off): its span D is `[lower, upper)`
+/// from the same scan keys the index scan uses, and its base snapshot the
+/// statement's.
+fn pending_protocol(
+    latched: &Rc<Latched>,
+    max_rows: Option<i64>,
+    keys: &[pg_sys::ScanKeyData],
+    snapshot: &RegisteredSnapshot,
+    after: pgkvx_latch::Xid,
+) -> Option<PendingProtocol> {
+    run::choose_mode(max_rows.map(|m| m as u64)).map(|strategy| {
+        refuse_on_standby();
+        PendingProtocol {
+            latched: latched.clone(),
+            strategy,
+            declared: span::declared(&latched.key, span::scan_key_quals(keys, Some)),
+            // SAFETY: the snapshot is registered until the scan ends,
+            // and `after` was read after it was taken.
+            base: unsafe { BaseSnapshot::of(snapshot.as_ptr(), after) },
+        }
+    })
+}
+
+/// A sequential scan of a table without a key, begun at `snapshot`.
+fn begin_heap_scan(rel: &OpenRel, snapshot: &RegisteredSnapshot) -> ScanCursor {
+    // No synchronized scan: "physical order" should start at block 0 every
+    // time.
+    let flags = pg_sys::ScanOptions::SO_TYPE_SEQSCAN
+        | pg_sys::ScanOptions::SO_ALLOW_STRAT
+        | pg_sys::ScanOptions::SO_ALLOW_PAGEMODE;
+    // SAFETY: the relation is open and locked, the snapshot registered.
+    let scan = unsafe {
+        let am = (*rel.as_ptr()).rd_tableam;
+        ((*am).scan_begin.expect("table AM without scan_begin"))(
+            rel.as_ptr(),
+            snapshot.as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            flags,
+        )
+    };
+    ScanCursor::Heap { scan }
 }
 
 /// The first key `cut` leaves out, with the key to read rows' keys by.

@@ -10,7 +10,7 @@
 
 use super::codec::KeyKind;
 use crate::errors;
-use crate::pg::{quote_ident, quote_literal, regclass_text, rel_name, OpenRel};
+use crate::pg::{quote_ident, quote_literal, regclass_text, rel_name, Attr, OpenRel};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::PgSqlErrorCode;
 use std::ffi::CStr;
@@ -136,69 +136,11 @@ impl KeyDesc {
     pub fn resolve(relid: Oid, index: Option<Oid>) -> KeyDesc {
         let rel = OpenRel::open(relid, pg_sys::AccessShareLock);
         let relname = rel_name(relid);
-        match rel.relkind() {
-            // A partitioned table is latched as one: its partitions latch
-            // under it (registry/partitions.rs).
-            b'r' | b'p' => {}
-            _ => errors::raise(
-                PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
-                format!("pgkvx can latch only ordinary and partitioned tables; \"{relname}\" is not one"),
-            ),
-        }
-        if rel.is_other_temp() {
-            errors::raise(
-                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                format!("cannot latch temporary table \"{relname}\" of another session"),
-            );
-        }
-        let index = match index {
-            Some(i) => i,
-            None => rel.primary_key_index().unwrap_or_else(|| {
-                errors::raise_hint(
-                    PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
-                    format!("table \"{relname}\" has no primary key to latch"),
-                    format!(
-                        "Add a primary key, or name a unique index: SELECT pgkvx.enable({}, 'the_index');",
-                        quote_literal(&regclass_text(relid))
-                    ),
-                )
-            }),
-        };
+        check_latchable_table(&rel, &relname);
+        let index = index.unwrap_or_else(|| primary_key_or_refuse(&rel, relid, &relname));
         let idx = OpenRel::open(index, pg_sys::AccessShareLock);
         let index_name = rel_name(index);
-        let Some(ind) = idx.index() else {
-            errors::raise(PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE, format!("\"{index_name}\" is not an index"));
-        };
-        if ind.indrelid != relid {
-            errors::raise(
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("index \"{index_name}\" does not belong to table \"{relname}\""),
-            );
-        }
-        let refuse = |why: &str| -> ! {
-            errors::raise_hint(
-                PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
-                format!("index \"{index_name}\" cannot be the key of \"{relname}\": {why}"),
-                "Use the primary key or a unique, non-partial btree index on plain NOT NULL columns.",
-            )
-        };
-        if idx.form().relam != pg_sys::BTREE_AM_OID {
-            refuse("it is not a btree index");
-        }
-        if !ind.indisunique {
-            refuse("it is not unique");
-        }
-        if !ind.indisvalid {
-            refuse("it is not valid (a failed CREATE INDEX CONCURRENTLY?)");
-        }
-        // SAFETY: relcache helpers on an open index.
-        if !unsafe { pg_sys::RelationGetIndexPredicate(idx.as_ptr()) }.is_null() {
-            refuse("it is partial");
-        }
-        // SAFETY: as above.
-        if !unsafe { pg_sys::RelationGetIndexExpressions(idx.as_ptr()) }.is_null() {
-            refuse("it has expression columns");
-        }
+        let ind = check_key_index(&idx, relid, &relname, &index_name);
         let nkeys = ind.indnkeyatts as usize;
         // SAFETY: indkey holds indnatts >= indnkeyatts entries.
         let attnums = unsafe { ind.indkey.values.as_slice(nkeys) }.to_vec();
@@ -209,81 +151,177 @@ impl KeyDesc {
         for (i, &attnum) in attnums.iter().enumerate() {
             // Expression columns (attnum 0) were refused above.
             let att = &attrs[attnum as usize - 1];
-            let name = att.name.clone();
-            if att.generated != 0 {
-                // Stored generated columns are computed after BEFORE ROW
-                // triggers: the latch trigger would see the old key.
-                errors::raise(
-                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    format!("key column \"{name}\" of \"{relname}\" is a generated column, which pgkvx cannot latch"),
-                );
-            }
-            if !att.notnull {
-                errors::raise_hint(
-                    PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
-                    format!("key column \"{name}\" of \"{relname}\" may be NULL"),
-                    format!("ALTER TABLE {table_sql} ALTER COLUMN {} SET NOT NULL;", quote_ident(&name)),
-                );
-            }
-            // SAFETY: plain catalog lookup.
-            let base = unsafe { pg_sys::getBaseType(att.typid) };
-            let Some(kind) = kind_of(base) else {
-                errors::raise_hint(
-                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    format!(
-                        "key column \"{name}\" of \"{relname}\" has type {}, which pgkvx cannot encode in index order",
-                        type_name(att.typid)
-                    ),
-                    "Supported key types: smallint, integer, bigint, boolean, uuid, bytea, text, varchar, char, date, timestamp, timestamptz.",
-                );
-            };
-            // SAFETY: per-column index metadata arrays have nkeys entries.
-            let (family, option, coll) = unsafe {
-                let r = idx.get();
-                (*r.rd_opfamily.add(i), *r.rd_indoption.add(i), *r.rd_indcollation.add(i))
-            };
-            // SAFETY: catalog lookups.
-            let default_family = unsafe {
-                let opc = pg_sys::GetDefaultOpClass(base, pg_sys::BTREE_AM_OID);
-                if opc == pg_sys::InvalidOid {
-                    pg_sys::InvalidOid
-                } else {
-                    pg_sys::get_opclass_family(opc)
-                }
-            };
-            let pattern_ops = is_pattern_family(family);
-            if family != default_family && !pattern_ops {
-                errors::raise_hint(
-                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    format!("key column \"{name}\" of \"{relname}\" uses a non-default operator class"),
-                    "Index the column with its default btree operator class (or text_pattern_ops).",
-                );
-            }
-            if matches!(kind, KeyKind::Text | KeyKind::BpChar) && !pattern_ops && !collation_is_bytewise(coll) {
-                errors::raise_hint(
-                    PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-                    format!(
-                        "key column \"{name}\" of \"{relname}\" ({}, collation \"{}\") does not sort in byte order",
-                        type_name(att.typid),
-                        collation_name(coll)
-                    ),
-                    format!(
-                        "pgkvx needs its key index to order by bytes. Use COLLATE \"C\": ALTER TABLE {table_sql} ALTER COLUMN {} TYPE {} COLLATE \"C\";",
-                        quote_ident(&name),
-                        type_name(att.typid)
-                    ),
-                );
-            }
-            cols.push(KeyCol {
-                attnum,
-                name,
-                typid: base,
-                kind,
-                desc: option & pg_sys::INDOPTION_DESC as i16 != 0,
-                opfamily: family,
-                collation: coll,
-            });
+            cols.push(key_col(&idx, i, attnum, att, &relname, &table_sql));
         }
         KeyDesc { relid, relname, index, index_name, cols }
     }
+}
+
+/// Refuses a relation pgkvx cannot latch: anything but an ordinary or
+/// partitioned table, and another session's temporary table.
+fn check_latchable_table(rel: &OpenRel, relname: &str) {
+    match rel.relkind() {
+        // A partitioned table is latched as one: its partitions latch
+        // under it (registry/partitions.rs).
+        b'r' | b'p' => {}
+        _ => errors::raise(
+            PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+            format!("pgkvx can latch only ordinary and partitioned tables; \"{relname}\" is not one"),
+        ),
+    }
+    if rel.is_other_temp() {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("cannot latch temporary table \"{relname}\" of another session"),
+        );
+    }
+}
+
+/// The table's primary key index, the key when none is named.
+fn primary_key_or_refuse(rel: &OpenRel, relid: Oid, relname: &str) -> Oid {
+    rel.primary_key_index().unwrap_or_else(|| {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+            format!("table \"{relname}\" has no primary key to latch"),
+            format!(
+                "Add a primary key, or name a unique index: SELECT pgkvx.enable({}, 'the_index');",
+                quote_literal(&regclass_text(relid))
+            ),
+        )
+    })
+}
+
+/// Checks that `idx` is an index of `relid` whose order the codec can
+/// reproduce as a whole (per column: `key_col`), and returns its row.
+fn check_key_index<'a>(idx: &'a OpenRel, relid: Oid, relname: &str, index_name: &str) -> &'a pg_sys::FormData_pg_index {
+    let Some(ind) = idx.index() else {
+        errors::raise(PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE, format!("\"{index_name}\" is not an index"));
+    };
+    if ind.indrelid != relid {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("index \"{index_name}\" does not belong to table \"{relname}\""),
+        );
+    }
+    let refuse = |why: &str| -> ! {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+            format!("index \"{index_name}\" cannot be the key of \"{relname}\": {why}"),
+            "Use the primary key or a unique, non-partial btree index on plain NOT NULL columns.",
+        )
+    };
+    if idx.form().relam != pg_sys::BTREE_AM_OID {
+        refuse("it is not a btree index");
+    }
+    if !ind.indisunique {
+        refuse("it is not unique");
+    }
+    if !ind.indisvalid {
+        refuse("it is not valid (a failed CREATE INDEX CONCURRENTLY?)");
+    }
+    // SAFETY: relcache helpers on an open index.
+    if !unsafe { pg_sys::RelationGetIndexPredicate(idx.as_ptr()) }.is_null() {
+        refuse("it is partial");
+    }
+    // SAFETY: as above.
+    if !unsafe { pg_sys::RelationGetIndexExpressions(idx.as_ptr()) }.is_null() {
+        refuse("it has expression columns");
+    }
+    ind
+}
+
+/// Key column `i` of index `idx` (table column `att`), once the codec is
+/// known to order it exactly as the index does.
+fn key_col(idx: &OpenRel, i: usize, attnum: i16, att: &Attr, relname: &str, table_sql: &str) -> KeyCol {
+    let name = att.name.clone();
+    check_plain_not_null(att, &name, relname, table_sql);
+    // SAFETY: plain catalog lookup.
+    let base = unsafe { pg_sys::getBaseType(att.typid) };
+    let Some(kind) = kind_of(base) else {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!(
+                "key column \"{name}\" of \"{relname}\" has type {}, which pgkvx cannot encode in index order",
+                type_name(att.typid)
+            ),
+            "Supported key types: smallint, integer, bigint, boolean, uuid, bytea, text, varchar, char, date, timestamp, timestamptz.",
+        );
+    };
+    // SAFETY: per-column index metadata arrays have nkeys > i entries.
+    let (family, option, coll) = unsafe {
+        let r = idx.get();
+        (*r.rd_opfamily.add(i), *r.rd_indoption.add(i), *r.rd_indcollation.add(i))
+    };
+    let pattern_ops = is_pattern_family(family);
+    if family != default_btree_family(base) && !pattern_ops {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("key column \"{name}\" of \"{relname}\" uses a non-default operator class"),
+            "Index the column with its default btree operator class (or text_pattern_ops).",
+        );
+    }
+    if matches!(kind, KeyKind::Text | KeyKind::BpChar) && !pattern_ops && !collation_is_bytewise(coll) {
+        refuse_collation(att, &name, coll, relname, table_sql);
+    }
+    KeyCol {
+        attnum,
+        name,
+        typid: base,
+        kind,
+        desc: option & pg_sys::INDOPTION_DESC as i16 != 0,
+        opfamily: family,
+        collation: coll,
+    }
+}
+
+/// Refuses a key column whose value the latch trigger cannot see (stored
+/// generated) or that can be NULL (which no key encoding holds).
+fn check_plain_not_null(att: &Attr, name: &str, relname: &str, table_sql: &str) {
+    if att.generated != 0 {
+        // Stored generated columns are computed after BEFORE ROW
+        // triggers: the latch trigger would see the old key.
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("key column \"{name}\" of \"{relname}\" is a generated column, which pgkvx cannot latch"),
+        );
+    }
+    if !att.notnull {
+        errors::raise_hint(
+            PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+            format!("key column \"{name}\" of \"{relname}\" may be NULL"),
+            format!("ALTER TABLE {table_sql} ALTER COLUMN {} SET NOT NULL;", quote_ident(name)),
+        );
+    }
+}
+
+/// The operator family of `typid`'s default btree operator class
+/// (InvalidOid when it has none): the order the codec reproduces.
+fn default_btree_family(typid: Oid) -> Oid {
+    // SAFETY: catalog lookups.
+    unsafe {
+        let opc = pg_sys::GetDefaultOpClass(typid, pg_sys::BTREE_AM_OID);
+        if opc == pg_sys::InvalidOid {
+            pg_sys::InvalidOid
+        } else {
+            pg_sys::get_opclass_family(opc)
+        }
+    }
+}
+
+/// Refuses a text key column indexed under a collation that does not sort
+/// in byte order, with the DDL that fixes it.
+fn refuse_collation(att: &Attr, name: &str, coll: Oid, relname: &str, table_sql: &str) -> ! {
+    errors::raise_hint(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        format!(
+            "key column \"{name}\" of \"{relname}\" ({}, collation \"{}\") does not sort in byte order",
+            type_name(att.typid),
+            collation_name(coll)
+        ),
+        format!(
+            "pgkvx needs its key index to order by bytes. Use COLLATE \"C\": ALTER TABLE {table_sql} ALTER COLUMN {} TYPE {} COLLATE \"C\";",
+            quote_ident(name),
+            type_name(att.typid)
+        ),
+    )
 }
