@@ -34,30 +34,8 @@
 //! locks its own pages; holding both invites LWLock deadlocks with writers
 //! that check uniqueness, which lock the other way round).
 
+use crate::pg::raw;
 use pgrx::pg_sys::{self, ffi::pg_guard_ffi_boundary, Datum};
-
-mod c {
-    use pgrx::pg_sys::{BlockNumber, Buffer, HeapTuple, IndexScanDesc, ItemPointer, Relation, ScanDirection, Snapshot};
-    // The same declarations as pgrx's bindings, without its per-call guard:
-    // callers run them inside one `pg_guard_ffi_boundary` (module docs).
-    unsafe extern "C-unwind" {
-        pub fn index_getnext_tid(scan: IndexScanDesc, direction: ScanDirection::Type) -> ItemPointer;
-        pub fn ReleaseAndReadBuffer(buffer: Buffer, relation: Relation, block: BlockNumber) -> Buffer;
-        pub fn ReadBuffer(relation: Relation, block: BlockNumber) -> Buffer;
-        pub fn ReleaseBuffer(buffer: Buffer);
-        pub fn heap_page_prune_opt(relation: Relation, buffer: Buffer);
-        pub fn LockBuffer(buffer: Buffer, mode: std::ffi::c_int);
-        pub fn heap_hot_search_buffer(
-            tid: ItemPointer,
-            relation: Relation,
-            buffer: Buffer,
-            snapshot: Snapshot,
-            heap_tuple: HeapTuple,
-            all_dead: *mut bool,
-            first_call: bool,
-        ) -> bool;
-    }
-}
 
 /// Index entries one page can be asked for at a time: more than the tuples
 /// an 8 kB heap page holds (MaxHeapTuplesPerPage = 291).  A longer run on
@@ -221,7 +199,7 @@ unsafe fn read_run(f: &mut PageFetch) -> usize {
         let block = block_of(&first);
         let mut count = 1usize;
         while count < RUN_MAX && !f.index_done {
-            let t = c::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
+            let t = raw::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
             if t.is_null() {
                 f.index_done = true;
             } else if block_of(&*t) != block {
@@ -253,7 +231,7 @@ unsafe fn first_tid(f: &mut PageFetch) -> Option<pg_sys::ItemPointerData> {
     // SAFETY: per the contract; the returned TID points into the scan and
     // is copied at once.
     unsafe {
-        let t = c::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
+        let t = raw::index_getnext_tid(f.scan, pg_sys::ScanDirection::ForwardScanDirection);
         if t.is_null() {
             f.index_done = true;
             None
@@ -278,19 +256,19 @@ unsafe fn pin_page(f: &mut PageFetch, block: pg_sys::BlockNumber) {
             f.buf = f.ahead;
             f.ahead = none;
             if prev != none {
-                c::ReleaseBuffer(prev);
+                raw::ReleaseBuffer(prev);
             }
         } else {
             // (the first page, or a page pinned ahead of a restarted scan)
             if f.ahead != none {
-                c::ReleaseBuffer(f.ahead);
+                raw::ReleaseBuffer(f.ahead);
                 f.ahead = none;
             }
-            f.buf = c::ReleaseAndReadBuffer(f.buf, f.heap, block);
+            f.buf = raw::ReleaseAndReadBuffer(f.buf, f.heap, block);
         }
         if f.buf != prev {
             // As heapam_index_fetch_tuple does on reaching a new page.
-            c::heap_page_prune_opt(f.heap, f.buf);
+            raw::heap_page_prune_opt(f.heap, f.buf);
         }
     }
 }
@@ -312,7 +290,7 @@ unsafe fn search_page(f: &mut PageFetch, block: pg_sys::BlockNumber, count: usiz
         for i in 0..count.min(PREFETCH_AHEAD) {
             prefetch_tuple(page, &*tids.add(i));
         }
-        c::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_SHARE as i32);
+        raw::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_SHARE as i32);
         let all_visible = page_all_visible(page)
             && !(*f.snapshot).takenDuringRecovery
             && pg_sys::XactIsoLevel != pg_sys::XACT_SERIALIZABLE as i32;
@@ -328,7 +306,7 @@ unsafe fn search_page(f: &mut PageFetch, block: pg_sys::BlockNumber, count: usiz
                 Some(Some(found)) => found,
                 // heap_hot_search_buffer follows the HOT chain from the
                 // entry's TID and fills the tuple (t_data points into the page).
-                _ => c::heap_hot_search_buffer(
+                _ => raw::heap_hot_search_buffer(
                     &mut tid,
                     f.heap,
                     f.buf,
@@ -342,7 +320,7 @@ unsafe fn search_page(f: &mut PageFetch, block: pg_sys::BlockNumber, count: usiz
                 n += 1;
             }
         }
-        c::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_UNLOCK as i32);
+        raw::LockBuffer(f.buf, pg_sys::BUFFER_LOCK_UNLOCK as i32);
         n
     }
 }
@@ -358,7 +336,7 @@ unsafe fn pin_next_page(f: &mut PageFetch) {
     // prefetching only hints at addresses on it.
     unsafe {
         let next = block_of(&f.pending);
-        f.ahead = c::ReadBuffer(f.heap, next);
+        f.ahead = raw::ReadBuffer(f.heap, next);
         f.ahead_block = next;
         let page = pg_sys::BufferGetPage(f.ahead) as *const u8;
         let mut tid = f.pending;

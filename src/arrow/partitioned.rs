@@ -27,7 +27,7 @@ pub fn query(req: &ScanRequest) -> String {
     let attrs = rel.attrs();
     let live: Vec<_> = attrs.iter().filter(|a| !a.dropped).collect();
     let projected = requested_columns(&live, req.columns.as_ref(), &relname);
-    if super::pg::rls_applies(req.rel) {
+    if crate::pg::acl::rls_applies(req.rel) {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("row level security applies to table \"{relname}\"; pgkvx.arrow_scan does not evaluate policies"),

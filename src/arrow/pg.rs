@@ -86,32 +86,6 @@ impl IndexInfo {
     }
 }
 
-/// SELECT privilege of the current user on a table or one of its columns.
-pub fn may_select_table(rel: pg_sys::Oid) -> bool {
-    // SAFETY: pure catalog lookups on an existing relation.
-    unsafe {
-        pg_sys::pg_class_aclcheck(rel, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
-            == pg_sys::AclResult::ACLCHECK_OK
-    }
-}
-
-pub fn may_select_column(rel: pg_sys::Oid, attnum: i16) -> bool {
-    // SAFETY: pure catalog lookups on an existing relation and attribute.
-    unsafe {
-        pg_sys::pg_attribute_aclcheck(rel, attnum, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
-            == pg_sys::AclResult::ACLCHECK_OK
-    }
-}
-
-/// Whether row level security filters this table for the current user.  With
-/// `row_security = off` Postgres itself raises 42501 here, as for a query.
-pub fn rls_applies(rel: pg_sys::Oid) -> bool {
-    // SAFETY: catalog lookup; noError=false lets Postgres raise its own error.
-    unsafe {
-        pg_sys::check_enable_rls(rel, pg_sys::InvalidOid, false) == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
-    }
-}
-
 /// A btree scan key `<index column 1> <strategy> value`.
 pub fn btree_key(info: &IndexInfo, strategy: u32, value: pg_sys::Datum) -> pg_sys::ScanKeyData {
     // SAFETY: catalog lookups; ScanKeyEntryInitialize only fills the struct.

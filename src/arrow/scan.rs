@@ -32,7 +32,6 @@ use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
 use crate::read::span::{self, Declared};
 use crate::registry::Latched;
-use crate::shmem::backend;
 use pgkvx_latch::{Footprint, KeyBuf, RelId, Span};
 
 /// The request, as arrow_scan received it.
@@ -340,7 +339,7 @@ impl TableStream {
     /// (optimistic), or the index scan is started at a snapshot for which
     /// the declared span is clean (fenced).
     fn validate(&mut self, l: PendingProtocol) {
-        let rel = backend::rel_id(l.latched.root);
+        let rel = l.latched.latch_id();
         let mut reader = OptimisticAttempt { stream: self, latched: &l.latched, declared: l.declared.clone(), rel };
         let declared: Footprint = l.declared.spans.iter().map(|s| (rel, *s)).collect();
         let result = run::run_protocol(&mut reader, l.base, &mut || declared.clone(), l.strategy, "arrow_scan");
@@ -579,13 +578,13 @@ fn open_key_index(oid: pg_sys::Oid, relname: &str) -> (OpenRel, IndexInfo) {
 /// Privileges as for SELECT <columns> FROM rel ORDER BY <key> with the
 /// bounds in WHERE: the table, or every column that query would name.
 fn check_select_privilege(rel: &OpenRel, all: &[Attr], projected: &[&Attr], key: Option<&IndexInfo>, relname: &str) {
-    if pg::may_select_table(rel.oid()) {
+    if crate::pg::acl::may(rel.oid(), pg_sys::ACL_SELECT) {
         return;
     }
     let key_cols: Vec<i16> = key.map(|i| i.heap_attnums.clone()).unwrap_or_default();
     let needed = projected.iter().map(|a| a.attnum).chain(key_cols);
     for attnum in needed {
-        if !pg::may_select_column(rel.oid(), attnum) {
+        if !crate::pg::acl::may_column(rel.oid(), attnum, pg_sys::ACL_SELECT) {
             let col = all.iter().find(|a| a.attnum == attnum).map(|a| a.name.clone()).unwrap_or_default();
             errors::raise_full(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -602,7 +601,7 @@ fn check_select_privilege(rel: &OpenRel, all: &[Attr], projected: &[&Attr], key:
 /// arrow_scan reads the table itself, not through a query the policies
 /// could be added to: with row level security in force it must refuse.
 fn refuse_row_security(rel: &OpenRel, relname: &str) {
-    if pg::rls_applies(rel.oid()) {
+    if crate::pg::acl::rls_applies(rel.oid()) {
         refuse(
             PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             format!("row level security applies to table \"{relname}\"; pgkvx.arrow_scan does not evaluate policies"),

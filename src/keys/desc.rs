@@ -15,46 +15,6 @@ use pgrx::pg_sys::{self, Oid};
 use pgrx::PgSqlErrorCode;
 use std::ffi::CStr;
 
-unsafe extern "C-unwind" {
-    // utils/pg_locale.h; not in pgrx's bindings.  Call through
-    // `collation_is_bytewise`, which guards the FFI boundary.
-    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-    fn lc_collate_is_c(collation: Oid) -> bool;
-    // PG18 dropped lc_collate_is_c: the answer is a flag of the collation's
-    // pg_locale_t.
-    #[cfg(feature = "pg18")]
-    fn pg_newlocale_from_collation(collid: Oid) -> *const Pg18LocaleHead;
-}
-
-/// The head of PG18's `struct pg_locale_struct` (utils/pg_locale.h), up to
-/// the flag read here; not in pgrx's bindings.
-#[cfg(feature = "pg18")]
-#[repr(C)]
-struct Pg18LocaleHead {
-    provider: std::ffi::c_char,
-    deterministic: bool,
-    collate_is_c: bool,
-}
-
-/// lc_collate_is_c as PG17 had it: false for InvalidOid (where
-/// pg_newlocale_from_collation raises), else the locale's flag.
-#[cfg(feature = "pg18")]
-unsafe fn lc_collate_is_c(collation: Oid) -> bool {
-    if collation == pg_sys::InvalidOid {
-        return false;
-    }
-    // SAFETY: a valid collation oid; the locale is cached for the backend.
-    unsafe { (*pg_newlocale_from_collation(collation)).collate_is_c }
-}
-
-/// Whether `coll` orders strings by their bytes ("C", "POSIX", ucs_basic, or
-/// a database default of C).
-fn collation_is_bytewise(coll: Oid) -> bool {
-    // SAFETY: lc_collate_is_c accepts any collation oid and may ereport;
-    // the boundary guard turns that into a Rust unwind.
-    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| lc_collate_is_c(coll)) }
-}
-
 /// One key column, in index order.
 #[derive(Clone, Debug)]
 pub struct KeyCol {
@@ -81,7 +41,7 @@ impl KeyCol {
         self.collation == pg_sys::InvalidOid
             || is_pattern_family(self.opfamily)
             || collation == self.collation
-            || (collation != pg_sys::InvalidOid && collation_is_bytewise(collation))
+            || (collation != pg_sys::InvalidOid && crate::pg::collation_is_bytewise(collation))
     }
 }
 
@@ -260,7 +220,7 @@ fn key_col(idx: &OpenRel, i: usize, attnum: i16, att: &Attr, relname: &str, tabl
             "Index the column with its default btree operator class (or text_pattern_ops).",
         );
     }
-    if matches!(kind, KeyKind::Text | KeyKind::BpChar) && !pattern_ops && !collation_is_bytewise(coll) {
+    if matches!(kind, KeyKind::Text | KeyKind::BpChar) && !pattern_ops && !crate::pg::collation_is_bytewise(coll) {
         refuse_collation(att, &name, coll, relname, table_sql);
     }
     KeyCol {

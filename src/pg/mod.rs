@@ -80,6 +80,28 @@ pub fn timestamptz(us: i64) -> Option<pgrx::datum::TimestampWithTimeZone> {
     unsafe { pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false) }
 }
 
+/// lc_collate_is_c as PG17 had it: false for InvalidOid (where
+/// pg_newlocale_from_collation raises), else the locale's flag.
+#[cfg(feature = "pg18")]
+unsafe fn lc_collate_is_c(collation: Oid) -> bool {
+    if collation == pg_sys::InvalidOid {
+        return false;
+    }
+    // SAFETY: a valid collation oid; the locale is cached for the backend.
+    unsafe { (*raw::pg_newlocale_from_collation(collation)).collate_is_c }
+}
+
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+use raw::lc_collate_is_c;
+
+/// Whether `coll` orders strings by their bytes ("C", "POSIX", ucs_basic, or
+/// a database default of C).
+pub fn collation_is_bytewise(coll: Oid) -> bool {
+    // SAFETY: lc_collate_is_c accepts any collation oid and may ereport;
+    // the boundary guard turns that into a Rust unwind.
+    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| lc_collate_is_c(coll)) }
+}
+
 pub mod walk {
     use pgrx::pg_sys::{self, Node};
     use std::ffi::c_void;

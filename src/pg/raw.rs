@@ -109,6 +109,38 @@ extern "C-unwind" {
         mutator: Option<unsafe extern "C-unwind" fn(*mut pg_sys::Node, *mut std::ffi::c_void) -> *mut pg_sys::Node>,
         context: *mut std::ffi::c_void,
     ) -> *mut pg_sys::Node;
+    // The heap page fetch of arrow/fetch.rs, run inside one
+    // `pg_guard_ffi_boundary` per page rather than one guard per call.
+    pub fn index_getnext_tid(
+        scan: pg_sys::IndexScanDesc,
+        direction: pg_sys::ScanDirection::Type,
+    ) -> pg_sys::ItemPointer;
+    pub fn ReleaseAndReadBuffer(
+        buffer: pg_sys::Buffer,
+        relation: pg_sys::Relation,
+        block: pg_sys::BlockNumber,
+    ) -> pg_sys::Buffer;
+    pub fn ReadBuffer(relation: pg_sys::Relation, block: pg_sys::BlockNumber) -> pg_sys::Buffer;
+    pub fn ReleaseBuffer(buffer: pg_sys::Buffer);
+    pub fn heap_page_prune_opt(relation: pg_sys::Relation, buffer: pg_sys::Buffer);
+    pub fn LockBuffer(buffer: pg_sys::Buffer, mode: std::ffi::c_int);
+    pub fn heap_hot_search_buffer(
+        tid: pg_sys::ItemPointer,
+        relation: pg_sys::Relation,
+        buffer: pg_sys::Buffer,
+        snapshot: pg_sys::Snapshot,
+        heap_tuple: pg_sys::HeapTuple,
+        all_dead: *mut bool,
+        first_call: bool,
+    ) -> bool;
+    // utils/pg_locale.h; not in pgrx's bindings.  Called through
+    // `pg::collation_is_bytewise`, which guards the FFI boundary.
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    pub fn lc_collate_is_c(collation: pg_sys::Oid) -> bool;
+    // PG18 dropped lc_collate_is_c: the answer is a flag of the collation's
+    // pg_locale_t.
+    #[cfg(feature = "pg18")]
+    pub fn pg_newlocale_from_collation(collid: pg_sys::Oid) -> *const Pg18LocaleHead;
 }
 
 /// PG18's standard_ExecutorRun under the older signature: the executor
@@ -149,4 +181,14 @@ pub unsafe fn eval_expr(
         pg_sys::CurrentMemoryContext = old;
         v
     }
+}
+
+/// The head of PG18's `struct pg_locale_struct` (utils/pg_locale.h), up to
+/// the flag read here; not in pgrx's bindings.
+#[cfg(feature = "pg18")]
+#[repr(C)]
+pub struct Pg18LocaleHead {
+    pub provider: std::ffi::c_char,
+    pub deterministic: bool,
+    pub collate_is_c: bool,
 }
