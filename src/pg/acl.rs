@@ -5,7 +5,9 @@
 
 use pgrx::pg_sys::{self, AclMode, Oid};
 
-/// Whether the current user has every privilege in `mode` on table `relid`.
+/// Whether the current user has a privilege in `mode` on table `relid`
+/// (any one of them, as `pg_class_aclcheck` answers; pass one bit to ask
+/// for exactly that privilege).
 pub fn may(relid: Oid, mode: u32) -> bool {
     // SAFETY: a catalog ACL check for the current user.
     unsafe { pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), mode as AclMode) == pg_sys::AclResult::ACLCHECK_OK }
@@ -34,8 +36,8 @@ pub fn may_any_column(relid: Oid, mode: u32) -> bool {
         }
 }
 
-/// Whether the current user has every privilege in `mode` on column
-/// `attnum` of `relid`.
+/// Whether the current user has a privilege in `mode` (any one of them)
+/// on column `attnum` of `relid`.
 pub fn may_column(relid: Oid, attnum: i16, mode: u32) -> bool {
     // SAFETY: a catalog ACL check for the current user.
     unsafe {

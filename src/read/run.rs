@@ -291,9 +291,9 @@ pub struct ScanFence {
 /// with 40001.  The caller applies the cut and records the report.
 pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() -> bool) -> ScanFence {
     let t = table().reader();
+    // Each check is one validation of the report, counted with it.
     let check = |out: &mut Vec<Conflict>| {
         let view = base.view();
-        backend::count(Stat::Validations, 1);
         t.check_footprint(&fp, &view, &snapshot::committed, &mut |c| out.push(c));
     };
     let mut met = Vec::new();
@@ -305,6 +305,7 @@ pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() 
         cut: None,
     };
     if met.is_empty() {
+        count(&fence.report);
         return fence;
     }
     let mut xids: Vec<_> = met.iter().map(|c| c.xid).collect();

@@ -194,3 +194,41 @@ def test_a_materialized_cte_read_before_and_after_the_fence_sees_each_row_once(d
         assert {(r[1], r[2]) for r in rows} == {(1, 3000)}, (mode, rows[:3])
         assert [r[0] for r in rows] == [i for i in range(2, 23) if i != 5], (mode, rows)
         conn.execute(f"INSERT INTO {tail} VALUES (5) ON CONFLICT DO NOTHING")
+
+
+def validations(c):
+    return c.execute("SELECT value FROM pgkvx.stats() WHERE stat = 'validations'").fetchone()[0]
+
+
+def plan_value(plan, label):
+    """`label` of the PgkvxLimitScan node in an EXPLAIN (FORMAT JSON) plan."""
+    if isinstance(plan, dict):
+        if plan.get("Custom Plan Provider") == "PgkvxLimitScan" and label in plan:
+            return plan[label]
+        plan = list(plan.values())
+    if isinstance(plan, list):
+        for p in plan:
+            found = plan_value(p, label)
+            if found is not None:
+                return found
+    return None
+
+
+def test_stats_count_each_validation_of_a_scan_fenced_at_start_once(db, conn, table_name):
+    """pgkvx.stats() counts the validations EXPLAIN ANALYZE shows: a scan
+    fenced when it started met a writer in flight, waited for it (it rolled
+    back) and checked again -- two validations, counted once each."""
+    offsets = f"{table_name}_off"
+    setup_tail(conn, table_name, offsets)
+    sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + POLL.format(offsets=offsets, t=table_name)
+    with connect(db, autocommit=False) as p:
+        p.execute(f"INSERT INTO {table_name} VALUES (10)")
+        before = validations(conn)
+        t, res = run_waiting(db, sql, conn)
+        p.rollback()
+        t.join(timeout=120)
+    after = validations(conn)
+    assert "rows" in res, res
+    shown = plan_value(res["rows"][0][0], "Validations")
+    assert plan_value(res["rows"][0][0], "Waits") == 1
+    assert (shown, after - before) == (2, 2)
