@@ -11,15 +11,38 @@ use pgrx::pg_sys::{self, List};
 use pgrx::prelude::*;
 use std::ffi::{CStr, CString};
 
-fn prop_text(es: *mut pg_sys::ExplainState, label: &CStr, value: &str) {
-    let v = CString::new(value.replace('\0', "")).expect("no NUL");
-    // SAFETY: ExplainState from the caller; strings outlive the call.
-    unsafe { pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es) };
-}
+/// Properties of one node's EXPLAIN output, in every format EXPLAIN
+/// writes (text, JSON, YAML, XML): the one way this node adds a line.
+struct Explainer(*mut pg_sys::ExplainState);
 
-fn prop_int(es: *mut pg_sys::ExplainState, label: &CStr, value: i64) {
-    // SAFETY: as above.
-    unsafe { pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), value, es) };
+impl Explainer {
+    fn text(&self, label: &CStr, value: &str) {
+        let v = CString::new(value.replace('\0', "")).expect("no NUL");
+        // SAFETY: the caller's live ExplainState; strings outlive the call.
+        unsafe { pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), self.0) };
+    }
+
+    fn int(&self, label: &CStr, value: i64) {
+        // SAFETY: as above.
+        unsafe { pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), value, self.0) };
+    }
+
+    fn millis(&self, label: &CStr, ms: f64) {
+        // SAFETY: as above.
+        unsafe { pg_sys::ExplainPropertyFloat(label.as_ptr(), c"ms".as_ptr(), ms, 3, self.0) };
+    }
+
+    /// EXPLAIN ANALYZE: the statement ran.
+    fn analyze(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { (*self.0).analyze }
+    }
+
+    /// EXPLAIN (TIMING): times are shown.
+    fn timing(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { (*self.0).timing }
+    }
 }
 
 /// Intervals shown before the rest are only counted.
@@ -52,7 +75,8 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
     // SAFETY (whole body): our node and the caller's ExplainState.
     unsafe {
         let rt = runtime(node);
-        let analyze = (*es).analyze;
+        let ex = Explainer(es);
+        let analyze = ex.analyze();
         let st = rt.statement.clone();
         let mode = match (&st, analyze) {
             (Some(st), true) => st.borrow().mode.describe().to_string(),
@@ -60,15 +84,15 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
             // (row locks, side effects) never reads optimistically.
             _ => crate::read::admit::planned_mode(rt.plan.restartable).to_string(),
         };
-        prop_text(es, c"Mode", &mode);
+        ex.text(c"Mode", &mode);
         let Some(key) = rt.latched.as_ref().map(|l| l.key.clone()) else {
-            prop_text(es, c"Table", &format!("{} (no longer latched)", rel_name(rt.plan.relid)));
+            ex.text(c"Table", &format!("{} (no longer latched)", rel_name(rt.plan.relid)));
             return;
         };
         match rt.latched.as_ref().map(|l| l.root).filter(|&r| r != rt.plan.relid) {
             // The latch identity, and the partition this scan reads.
-            Some(root) => prop_text(es, c"Table", &format!("{} (partition {})", rel_name(root), key.relname)),
-            None => prop_text(es, c"Table", &key.relname),
+            Some(root) => ex.text(c"Table", &format!("{} (partition {})", rel_name(root), key.relname)),
+            None => ex.text(c"Table", &key.relname),
         }
         // Plain EXPLAIN runs nothing of the user's: bounds that call
         // functions other than immutable ones, or read an init plan's
@@ -92,12 +116,12 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
             });
         const HIDDEN: &str = "(keys hidden: requires SELECT on every row of the key)";
         if !keys_visible {
-            prop_text(es, c"Declared Span", HIDDEN);
+            ex.text(c"Declared Span", HIDDEN);
         } else if analyze || !bounds_run_functions() {
             let declared = rt.declared(node);
-            prop_text(es, c"Declared Span", &spans_text(&key, &declared.spans));
+            ex.text(c"Declared Span", &spans_text(&key, &declared.spans));
         } else {
-            prop_text(es, c"Declared Span", "computed when the statement runs");
+            ex.text(c"Declared Span", "computed when the statement runs");
         }
         let Some(st) = st.filter(|_| analyze) else { return };
         let st = st.borrow();
@@ -105,27 +129,27 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
             return;
         }
         let touched = rt.touched(node);
-        prop_text(es, c"Touched Span", &if keys_visible { spans_text(&key, &touched) } else { HIDDEN.to_string() });
+        ex.text(c"Touched Span", &if keys_visible { spans_text(&key, &touched) } else { HIDDEN.to_string() });
         let r = &st.report;
         let outcome = if r.conflicts == 0 { "clean" } else { "conflicts resolved" };
-        prop_text(es, c"Validation", outcome);
-        prop_int(es, c"Validations", i64::from(r.validations));
-        prop_int(es, c"Conflicts", i64::from(r.conflicts));
-        prop_int(es, c"Retries", i64::from(r.retries));
+        ex.text(c"Validation", outcome);
+        ex.int(c"Validations", i64::from(r.validations));
+        ex.int(c"Conflicts", i64::from(r.conflicts));
+        ex.int(c"Retries", i64::from(r.retries));
         if r.cuts > 0 {
-            prop_int(es, c"Stopped Before Later Writers", i64::from(r.cuts));
+            ex.int(c"Stopped Before Later Writers", i64::from(r.cuts));
         }
         if r.fresh_snapshots > 0 {
-            prop_int(es, c"Fresh Snapshots", i64::from(r.fresh_snapshots));
+            ex.int(c"Fresh Snapshots", i64::from(r.fresh_snapshots));
         }
-        prop_int(es, c"Waits", i64::from(r.waits));
-        if (*es).timing {
-            pg_sys::ExplainPropertyFloat(c"Wait Time".as_ptr(), c"ms".as_ptr(), st.wait_us as f64 / 1000.0, 3, es);
+        ex.int(c"Waits", i64::from(r.waits));
+        if ex.timing() {
+            ex.millis(c"Wait Time", st.wait_us as f64 / 1000.0);
         }
         let mine: Vec<_> = st.waited.iter().filter(|w| w.rel == rt.rel).collect();
         if !mine.is_empty() {
             let named: Vec<String> = mine.iter().map(|w| waited_for(&key, w, keys_visible)).collect();
-            prop_text(es, c"Waited For", &named.join("; "));
+            ex.text(c"Waited For", &named.join("; "));
         }
     }
 }

@@ -32,6 +32,38 @@ pub fn scan_methods() -> *const pg_sys::CustomScanMethods {
     p
 }
 
+/// A `PgkvxLimitScan` plan node: `plans` (one child) under it, `tlist` its
+/// output and `scan_tlist` the child's rows it refers to, `exprs` the
+/// bounds' expressions, `plan` what the executor is told.  Built like
+/// makeNode(CustomScan); the caller sets what else the plan needs (costs).
+///
+/// # Safety
+/// Called while planning, in the plan's memory context; the lists are
+/// valid (or NIL).
+pub unsafe fn custom_scan(
+    tlist: *mut List,
+    scan_tlist: *mut List,
+    plans: *mut List,
+    exprs: *mut List,
+    plan: &GuardPlan,
+    flags: u32,
+) -> *mut pg_sys::CustomScan {
+    // SAFETY: per contract; palloc0 zeroes every field not set here.
+    unsafe {
+        let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
+        (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
+        (*cs).scan.plan.targetlist = tlist;
+        (*cs).custom_scan_tlist = scan_tlist;
+        (*cs).scan.scanrelid = 0;
+        (*cs).custom_plans = plans;
+        (*cs).custom_exprs = exprs;
+        (*cs).custom_private = plan.to_list();
+        (*cs).flags = flags;
+        (*cs).methods = scan_methods();
+        cs
+    }
+}
+
 /// Static method tables Postgres keeps pointers to.
 #[repr(transparent)]
 pub struct StaticMethods<T>(pub T);

@@ -759,21 +759,14 @@ unsafe extern "C-unwind" fn plan_custom_path(
             stream: None,
         };
 
-        let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
-        (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
         // The child's rows, unchanged: our output is its target list.
-        (*cs).scan.plan.targetlist = pg_sys::copyObjectImpl((*child).targetlist as *const _) as *mut List;
-        (*cs).custom_scan_tlist = pg_sys::copyObjectImpl((*child).targetlist as *const _) as *mut List;
-        (*cs).scan.plan.qual = std::ptr::null_mut();
-        (*cs).scan.scanrelid = 0;
-        (*cs).custom_plans = custom_plans;
-        (*cs).custom_exprs = make_list(bounds.iter().map(|&(_, e)| e));
-        (*cs).custom_private = plan.to_list();
+        let tlist = pg_sys::copyObjectImpl((*child).targetlist as *const _) as *mut List;
+        let scan_tlist = pg_sys::copyObjectImpl((*child).targetlist as *const _) as *mut List;
+        let exprs = make_list(bounds.iter().map(|&(_, e)| e));
         // Not backward-scannable: a cursor declared without SCROLL then
         // stays forward-only (and reads optimistically); a SCROLL cursor
         // gets a Material over the plan and reads fenced.
-        (*cs).flags = (*best_path).flags;
-        (*cs).methods = super::plan_data::scan_methods();
-        cs as *mut pg_sys::Plan
+        super::plan_data::custom_scan(tlist, scan_tlist, custom_plans, exprs, &plan, (*best_path).flags)
+            as *mut pg_sys::Plan
     }
 }

@@ -22,7 +22,7 @@
 //! sort), a MergeAppend carrying its level's init plans, a key the
 //! MergeAppend does not sort on.
 
-use super::plan_data::{GuardPlan, StreamOrder};
+use super::plan_data::{custom_scan, GuardPlan, StreamOrder};
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, Plan};
@@ -252,16 +252,6 @@ impl TreeGuard {
                 }
             }
             let m = &(*ma).plan;
-            let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
-            let p = &mut (*cs).scan.plan;
-            p.type_ = pg_sys::NodeTag::T_CustomScan;
-            p.startup_cost = m.startup_cost;
-            p.total_cost = m.total_cost;
-            p.plan_rows = m.plan_rows;
-            p.plan_width = m.plan_width;
-            p.plan_node_id = plan_node_id;
-            p.extParam = pg_sys::bms_copy(m.extParam);
-            p.allParam = pg_sys::bms_copy(m.allParam);
             // The MergeAppend's rows, unchanged: the output refers to the
             // scan tuple (our child's), column by column.
             let mut scan_tlist = Vec::new();
@@ -282,14 +272,16 @@ impl TreeGuard {
                 (*out).ressortgroupref = (*te).ressortgroupref;
                 tlist.push(out);
             }
-            p.targetlist = make_list(tlist);
-            (*cs).custom_scan_tlist = make_list(scan_tlist);
-            (*cs).scan.scanrelid = 0;
-            (*cs).custom_plans = make_list([ma as *mut Plan]);
-            (*cs).custom_exprs = self.exprs;
-            (*cs).custom_private = self.plan.to_list();
-            (*cs).flags = 0;
-            (*cs).methods = super::plan_data::scan_methods();
+            let plans = make_list([ma as *mut Plan]);
+            let cs = custom_scan(make_list(tlist), make_list(scan_tlist), plans, self.exprs, &self.plan, 0);
+            let p = &mut (*cs).scan.plan;
+            p.startup_cost = m.startup_cost;
+            p.total_cost = m.total_cost;
+            p.plan_rows = m.plan_rows;
+            p.plan_width = m.plan_width;
+            p.plan_node_id = plan_node_id;
+            p.extParam = pg_sys::bms_copy(m.extParam);
+            p.allParam = pg_sys::bms_copy(m.allParam);
             cs as *mut Plan
         }
     }

@@ -1,6 +1,6 @@
 """A statement that waited reads one state some serial order produces.
 
-The watermark shape of a hostile review: ids 1..7 committed and `hw = 7`;
+The watermark shape: ids 1..7 committed and `hw = 7`;
 writer X updates row 3 (the read waits for it); meanwhile Z inserts id 8
 and commits, then Y, having seen 8, sets `hw = 8` and commits; then X
 commits.  A consumer that trusts the watermark must never get `hw = 8`
@@ -237,7 +237,7 @@ def _half_visible_race(db, conn, t, read, y_extra=(), iso=None):
 
 
 def test_no_cut_where_something_else_the_statement_shows_could_be_ahead(db, conn, table_name):
-    """Shapes a hostile review found a cut to falsify: a subplan whose rows
+    """Shapes where a cut would falsify what else the statement shows: a subplan whose rows
     become a value, a function reading another table, a row read FOR SHARE,
     a second latched table, a REPEATABLE READ transaction that reads on.
     Each read sees Y's writes whole (it waits for W instead of cutting)."""
