@@ -651,7 +651,10 @@ fn pending_protocol(
     after: pgkvx_latch::Xid,
 ) -> Option<PendingProtocol> {
     run::choose_mode(max_rows.map(|m| m as u64)).map(|strategy| {
-        refuse_on_standby();
+        crate::read::admit::refuse_on_standby(
+            "pgkvx cannot protect arrow_scan of a latched table on a hot standby",
+            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
+        );
         PendingProtocol {
             latched: latched.clone(),
             strategy,
@@ -688,18 +691,6 @@ fn begin_heap_scan(rel: &OpenRel, snapshot: &RegisteredSnapshot) -> ScanCursor {
 /// The first key `cut` leaves out, with the key to read rows' keys by.
 fn cut_key(cut: &Footprint, latched: &Rc<Latched>) -> Option<(KeyBuf, Rc<Latched>)> {
     cut.iter().map(|(_, s)| s.start).min().map(|c| (c, latched.clone()))
-}
-
-/// See the statement guard: a hot standby's latch table is empty.
-fn refuse_on_standby() {
-    // SAFETY: a plain read of recovery state.
-    if unsafe { pgrx::pg_sys::RecoveryInProgress() } {
-        errors::raise_hint(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "pgkvx cannot protect arrow_scan of a latched table on a hot standby",
-            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
-        );
-    }
 }
 
 impl Drop for TableStream {

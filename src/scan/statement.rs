@@ -137,19 +137,6 @@ unsafe extern "C-unwind" fn forget_statement(arg: *mut std::ffi::c_void) {
     unsafe { boundary::rethrow_pending(|| drop(take_statement(arg as *mut QueryDesc))) }
 }
 
-/// Refuses to pretend on a hot standby: its latch table is empty, and its
-/// snapshots keep in-progress xids where reads of ours do not look.
-fn refuse_on_standby() {
-    // SAFETY: a plain read of recovery state, which cannot raise.
-    if unsafe { raw::RecoveryInProgress() } {
-        errors::raise_hint(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "pgkvx cannot protect LIMIT scans of latched tables on a hot standby",
-            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
-        );
-    }
-}
-
 /// ExecutorStart.  Statements with no guarded scan pass straight on.  No
 /// `#[pg_guard]`: [`boundary::rethrow_pending`] catches every unwind.
 unsafe extern "C-unwind" fn executor_start(qd: *mut QueryDesc, eflags: i32) {
@@ -187,7 +174,10 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             }
             return;
         };
-        refuse_on_standby();
+        crate::read::admit::refuse_on_standby(
+            "pgkvx cannot protect LIMIT scans of latched tables on a hot standby",
+            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
+        );
         guards.report_unprotected();
         if !restartable {
             strategy = ReadStrategy { mode: ReadMode::Fenced, declared_first: false, first_fixed_read: false };
