@@ -572,8 +572,11 @@ def consumers(connect, report, seed, stop, drained):
     # generic plan.
     add("OR of a range, a list and the tail", ["SET pgkvx.scan_mode = optimistic"],
         lambda c, cur, n: _ids(c.execute(
-            "SELECT id FROM events WHERE (id > %(c)s AND id <= %(c)s + %(n)s) OR id = ANY(%(l)s) "
-            "OR id > %(c)s + 2 * %(n)s ORDER BY id LIMIT %(n)s",
+            # Values as the key's type: psycopg sends a small int as a
+            # smallint, and `cursor + n` must not overflow one once a long
+            # run's ids pass 32767.
+            "SELECT id FROM events WHERE (id > %(c)s::bigint AND id <= %(c)s::bigint + %(n)s) "
+            "OR id = ANY(%(l)s::bigint[]) OR id > %(c)s::bigint + 2 * %(n)s ORDER BY id LIMIT %(n)s",
             {"c": cur, "n": n, "l": list(range(cur + n + 1, cur + 2 * n + 1))}).fetchall()))
     add("= ANY or the tail, generic plan",
         ["SET plan_cache_mode = force_generic_plan", "SET pgkvx.scan_mode = optimistic",
