@@ -97,7 +97,7 @@ pub fn require_owner(relid: Oid) {
 /// What the current user may see of a latched table's latches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Visibility {
-    /// That the table has latches at all, and how many.
+    /// Its latches, without their keys (who holds them, how many).
     pub latches: bool,
     /// The latches' keys, which are table data.
     pub keys: bool,

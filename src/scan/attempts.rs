@@ -157,10 +157,10 @@ pub(super) unsafe fn end_second_executor(q2: *mut QueryDesc, finished: bool) {
 
 /// Optimistic attempts of one statement: the first runs its own executor,
 /// later ones a second executor at the snapshot the protocol asks for.
-pub(super) struct OptimisticAttempts<'g> {
+pub(super) struct OptimisticAttempts {
     pub(super) qd: *mut QueryDesc,
-    /// The statement's guards.
-    pub(super) guards: &'g guards::Guards,
+    /// `Guards::sole_root` of the statement's guards.
+    pub(super) sole_root: Option<pgrx::pg_sys::Oid>,
     pub(super) eflags: i32,
     pub(super) attempts: u32,
     /// In the executor's memory.
@@ -198,13 +198,13 @@ unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> Footprint {
     fp
 }
 
-impl Reader for OptimisticAttempts<'_> {
+impl Reader for OptimisticAttempts {
     fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
         // SAFETY: our statement's QueryDesc, started and run once: its
         // guard nodes have begun.
         let ok = unsafe {
             plan_walk::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n))
-                && guards::reads_only_guarded((*self.qd).plannedstmt, self.guards)
+                && guards::reads_only_guarded((*self.qd).plannedstmt, self.sole_root)
         };
         ok.then(|| crate::read::run::cut_upward(conflicts))
     }

@@ -43,6 +43,16 @@ impl Guard {
 pub struct Guards(pub Vec<Guard>);
 
 impl Guards {
+    /// The one latched table (or partitioned tree) the guards read, by its
+    /// latch root; None for none or several.  Cheap, from the decoded
+    /// guards: [`reads_only_guarded`] takes it, to walk the plan only when
+    /// a cut is weighed.
+    pub fn sole_root(&self) -> Option<pg_sys::Oid> {
+        let mut roots = self.0.iter().filter_map(|g| g.latched.as_ref().map(|l| l.root));
+        let first = roots.next()?;
+        roots.all(|r| r == first).then_some(first)
+    }
+
     /// The guarded scans of `stmt`; a plan node whose data this library did
     /// not write (a plan cached by another version) is refused when its
     /// node begins.
@@ -390,8 +400,9 @@ pub fn open_above(plan: &GuardPlan, key: &crate::keys::KeyDesc) -> bool {
 /// function in FROM).
 ///
 /// # Safety
-/// `stmt` is a valid PlannedStmt; `guards` are its guards.
-pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, guards: &Guards) -> bool {
+/// `stmt` is a valid PlannedStmt; `sole_root` is [`Guards::sole_root`] of
+/// its guards.
+pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, sole_root: Option<pg_sys::Oid>) -> bool {
     // SAFETY: per contract; range table entries, row marks and plan nodes
     // are read only.
     unsafe {
@@ -404,18 +415,13 @@ pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, guards: &Guards
             })
             .map(|m| (*m).rti)
             .collect();
-        let mut roots: Vec<pg_sys::Oid> = guards.0.iter().filter_map(|g| g.latched.as_ref().map(|l| l.root)).collect();
-        roots.sort_unstable_by_key(|o| o.to_u32());
-        roots.dedup();
-        if roots.len() != 1 {
-            return false;
-        }
+        let Some(root) = sole_root else { return false };
         let tables =
             list_iter::<pg_sys::RangeTblEntry>((*stmt).rtable).enumerate().all(|(i, rte)| match (*rte).rtekind {
                 pg_sys::RTEKind::RTE_RELATION => {
                     (*rte).relkind as u8 == pg_sys::RELKIND_VIEW
                         || marked.contains(&(i as u32 + 1))
-                        || registry::lookup((*rte).relid).is_some_and(|l| l.root == roots[0])
+                        || registry::lookup((*rte).relid).is_some_and(|l| l.root == root)
                 }
                 pg_sys::RTEKind::RTE_FUNCTION | pg_sys::RTEKind::RTE_TABLEFUNC => false,
                 _ => true,

@@ -334,14 +334,17 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
         crate::pg::boundary::rethrow_pending(|| {
             use crate::read::{run, snapshot};
             let rt = runtime(node);
-            let Some(FenceAtStart { after, only_guarded }) = rt.fence_at_start.take() else { return };
+            let Some(FenceAtStart { after, sole_root }) = rt.fence_at_start.take() else { return };
             let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             // Under REPEATABLE READ later statements would show what a cut
             // left out.
-            let fence =
-                run::fence_at_scan(fp, &base, || !snapshot::fixed_snapshot() && can_stop_early(node) && only_guarded);
+            let fence = run::fence_at_scan(fp, &base, || {
+                !snapshot::fixed_snapshot()
+                    && can_stop_early(node)
+                    && super::guards::reads_only_guarded((*estate).es_plannedstmt, sole_root)
+            });
             if let Some(cut) = &fence.cut {
                 apply_cut(&[node], cut);
             }

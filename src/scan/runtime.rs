@@ -54,8 +54,9 @@ pub(super) enum Seen {
 pub struct FenceAtStart {
     /// The statement's snapshot.
     pub after: pgkvx_latch::Xid,
-    /// The statement reads nothing but its guarded table.
-    pub only_guarded: bool,
+    /// The one latched table the statement's guards read
+    /// (`Guards::sole_root`), for `guards::reads_only_guarded`.
+    pub sole_root: Option<pg_sys::Oid>,
 }
 
 pub struct NodeRuntime {
@@ -171,11 +172,10 @@ impl NodeRuntime {
     }
 
     /// Makes the scan fence when it first runs, for a statement whose
-    /// snapshot is `after` (see `node::fence_at_start`); `only_guarded`:
-    /// the statement reads nothing but its guarded table
-    /// (`guards::reads_only_guarded`).
-    pub fn fence_at_first_run(&mut self, after: pgkvx_latch::Xid, only_guarded: bool) {
-        self.fence_at_start = Some(FenceAtStart { after, only_guarded });
+    /// snapshot is `after` (see `node::fence_at_start`), whose guards read
+    /// `sole_root` alone (`Guards::sole_root`).
+    pub fn fence_at_first_run(&mut self, after: pgkvx_latch::Xid, sole_root: Option<pg_sys::Oid>) {
+        self.fence_at_start = Some(FenceAtStart { after, sole_root });
     }
 
     /// The latch identity the node's reads validate against.

@@ -234,11 +234,11 @@ unsafe fn start_fenced_at_scan(qd: *mut QueryDesc, eflags: i32, guards: Guards) 
     let after = snapshot::after_for_statement();
     // SAFETY: per contract.
     unsafe {
-        let only_guarded = guards::reads_only_guarded((*qd).plannedstmt, &guards);
+        let sole_root = guards.sole_root();
         let nodes = start_executor(qd, eflags, &guards);
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
         for &n in &(*st).nodes {
-            runtime::runtime(n).fence_at_first_run(after, only_guarded);
+            runtime::runtime(n).fence_at_first_run(after, sole_root);
         }
     }
 }
@@ -268,7 +268,7 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
                             guards::open_above(&g.plan, &l.key),
                         )
                     })
-                }) && guards::reads_only_guarded(stmt, &guards)
+                }) && guards::reads_only_guarded(stmt, guards.sole_root())
             },
         };
         let declared = || -> Footprint { guards.declared_at_start(params) };
@@ -546,7 +546,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
         let estate = (*qd).estate;
         let mut reader = OptimisticAttempts {
             qd,
-            guards: &(*st).guards,
+            sole_root: (*st).guards.sole_root(),
             eflags,
             attempts: 0,
             buffer: first.buffer,
