@@ -267,7 +267,8 @@ unsafe fn truncated_relations(s: &pg_sys::TruncateStmt) -> Vec<Oid> {
 /// `COPY FROM` evaluates column defaults itself, without the planner: an
 /// identity key left to its default would be drawn unlatched.  Refused up
 /// front (the row trigger would refuse the first row anyway, with a less
-/// helpful message).  COPY with the key column given is hand-drawn keys,
+/// helpful message); so is COPY with a DEFAULT marker (16 on), which a
+/// field of the listed key may hold.  COPY with the key column given is hand-drawn keys,
 /// which the row trigger refuses unless this transaction drew them with
 /// `pgkvx.next_key`.
 ///
@@ -288,7 +289,8 @@ unsafe fn check_copy(s: &pg_sys::CopyStmt) {
         || unsafe {
             list_iter::<pg_sys::String>(s.attlist).any(|n| CStr::from_ptr((*n).sval).to_str() == Ok(key.as_str()))
         };
-    if listed {
+    // SAFETY: options is the statement's DefElem list.
+    if listed && !unsafe { crate::pg::copy_has_default_marker(s.options) } {
         return;
     }
     let name = crate::pg::regclass_text(relid);

@@ -94,6 +94,83 @@ unsafe fn lc_collate_is_c(collation: Oid) -> bool {
 #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
 use raw::lc_collate_is_c;
 
+/// The type a SQL/JSON query function (JSON_VALUE, JSON_QUERY, a typed
+/// JSON_TABLE column) coerces its result to.  From PostgreSQL 17 that
+/// coercion, a domain's CHECK included, runs inside the JsonExpr at run
+/// time: the tree holds no CoerceToDomain node for it.
+///
+/// # Safety
+/// `node` is a valid expression node.
+#[cfg(any(feature = "pg17", feature = "pg18"))]
+pub unsafe fn json_result_type(node: *mut pg_sys::Node) -> Option<Oid> {
+    // SAFETY: per contract; cast after its tag is checked.
+    unsafe {
+        if node_tag(node) != pg_sys::NodeTag::T_JsonExpr {
+            return None;
+        }
+        let returning = (*(node as *mut pg_sys::JsonExpr)).returning;
+        (!returning.is_null()).then(|| (*returning).typid)
+    }
+}
+
+/// Before PostgreSQL 17, SQL/JSON results are coerced by expressions the
+/// tree shows.
+///
+/// # Safety
+/// None: nothing is read.
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+pub unsafe fn json_result_type(_node: *mut pg_sys::Node) -> Option<Oid> {
+    None
+}
+
+/// Whether a COPY's options name a DEFAULT marker (`WITH (DEFAULT '\D')`,
+/// PostgreSQL 16 on): a field holding it takes the column's default, even
+/// in a column the COPY lists.
+///
+/// # Safety
+/// `options` is a COPY statement's option list (DefElem nodes), or NIL.
+#[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+pub unsafe fn copy_has_default_marker(options: *mut pg_sys::List) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        list_iter::<pg_sys::DefElem>(options)
+            .any(|d| !(*d).defname.is_null() && std::ffi::CStr::from_ptr((*d).defname).to_bytes() == b"default")
+    }
+}
+
+/// PostgreSQL 15's COPY has no DEFAULT option (it refuses the name itself).
+///
+/// # Safety
+/// None: nothing is read.
+#[cfg(feature = "pg15")]
+pub unsafe fn copy_has_default_marker(_options: *mut pg_sys::List) -> bool {
+    false
+}
+
+/// Carries how many disabled plan nodes (`enable_* = off`) a path holds to
+/// the path that wraps it: PostgreSQL 18 compares that count before cost,
+/// so a wrapper without it would win over the plans the user asked for.
+/// Before 18 a disabled node is part of the cost, which wrappers copy.
+pub fn copy_path_disabled_nodes(to: &mut pg_sys::Path, from: &pg_sys::Path) {
+    #[cfg(feature = "pg18")]
+    {
+        to.disabled_nodes = from.disabled_nodes;
+    }
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    let _ = (to, from);
+}
+
+/// As [`copy_path_disabled_nodes`], for a plan node that wraps another
+/// (EXPLAIN shows the count on 18).
+pub fn copy_plan_disabled_nodes(to: &mut pg_sys::Plan, from: &pg_sys::Plan) {
+    #[cfg(feature = "pg18")]
+    {
+        to.disabled_nodes = from.disabled_nodes;
+    }
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    let _ = (to, from);
+}
+
 /// Whether `coll` orders strings by their bytes ("C", "POSIX", ucs_basic, or
 /// a database default of C).
 pub fn collation_is_bytewise(coll: Oid) -> bool {

@@ -96,11 +96,16 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         }
         // Plain EXPLAIN runs nothing of the user's: bounds that call
         // functions other than immutable ones, or read an init plan's
-        // result, are known only at run time.
+        // result, are known only at run time; so are `$n` bounds explained
+        // without values (EXPLAIN (GENERIC_PLAN), PostgreSQL 16 on).
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+        let no_param_values = (*(*node).ss.ps.state).es_param_list_info.is_null();
         let bounds_run_functions = || {
-            list_iter::<pg_sys::Node>((*cs).custom_exprs)
-                .any(|e| pg_sys::contain_mutable_functions(e) || !super::plan_walk::exec_param_ids(e).is_empty())
+            list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| {
+                pg_sys::contain_mutable_functions(e)
+                    || !super::plan_walk::exec_param_ids(e).is_empty()
+                    || (no_param_values && super::plan_walk::has_extern_param(e))
+            })
         };
         // Spans are keys, and keys are table data: only for a role that
         // may read every row of the key (a view can hide the key column).

@@ -433,7 +433,9 @@ pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, sole_root: Opti
         let mut check = |p: *mut pg_sys::Plan| {
             pure = pure
                 && !pg_sys::contain_mutable_functions((*p).targetlist as *mut Node)
-                && !pg_sys::contain_mutable_functions((*p).qual as *mut Node);
+                && !pg_sys::contain_mutable_functions((*p).qual as *mut Node)
+                && !super::restartable::hides_volatile((*p).targetlist as *mut Node)
+                && !super::restartable::hides_volatile((*p).qual as *mut Node);
             pure
         };
         walk_plans((*stmt).planTree, &mut check);

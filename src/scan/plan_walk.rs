@@ -153,6 +153,20 @@ pub unsafe fn is_ours(ps: *mut pg_sys::PlanState) -> bool {
     unsafe { node_tag(ps) == pg_sys::NodeTag::T_CustomScanState && is_guard_plan((*ps).plan) }
 }
 
+/// Whether `value` reads one of the query's own parameters (`$n`).
+///
+/// # Safety
+/// `value` is a valid expression.
+pub unsafe fn has_extern_param(value: *mut Node) -> bool {
+    // SAFETY: per contract; nodes are cast after their tag is checked.
+    unsafe {
+        crate::pg::walk::any_node(value, |n| {
+            (node_tag(n) == pg_sys::NodeTag::T_Param)
+                .then(|| (*(n as *mut pg_sys::Param)).paramkind == pg_sys::ParamKind::PARAM_EXTERN)
+        })
+    }
+}
+
 /// The PARAM_EXEC ids in `value`.  Not pull_paramids: from PG16 on it also
 /// returns the query's own parameters (PARAM_EXTERN `$n`), which are one
 /// value for the statement.

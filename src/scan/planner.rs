@@ -397,6 +397,7 @@ unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path, init_params
         path.startup_cost = c.startup_cost;
         path.total_cost = c.total_cost;
         path.pathkeys = c.pathkeys;
+        crate::pg::copy_path_disabled_nodes(path, c);
         (*cp).flags = if pg_sys::ExecSupportsMarkRestore(child) { pg_sys::CUSTOMPATH_SUPPORT_MARK_RESTORE } else { 0 };
         (*cp).custom_paths = make_list([child]);
         // The init plan parameters a bound may use (key_bounds).

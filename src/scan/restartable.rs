@@ -62,6 +62,9 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
             {
                 return true;
             }
+            _ if crate::pg::json_result_type(node).is_some_and(|t| pg_sys::DomainHasConstraints(t)) => {
+                return true;
+            }
             pg_sys::NodeTag::T_Aggref if aggregate_is_volatile((*(node as *mut pg_sys::Aggref)).aggfnoid) => {
                 return true;
             }
@@ -72,6 +75,17 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
         }
         pg_sys::ffi::pg_guard_ffi_boundary(|| expression_tree_walker(node, Some(hidden_volatile), cx))
     }
+}
+
+/// Whether a volatile function that PostgreSQL's `contain_*_functions`
+/// walkers do not see (a domain's CHECK, an aggregate's transition
+/// function, a function's defaults) may run under expression `node`.
+///
+/// # Safety
+/// `node` is a valid expression tree, or null.
+pub unsafe fn hides_volatile(node: *mut Node) -> bool {
+    // SAFETY: per contract.
+    unsafe { hidden_volatile(node, std::ptr::null_mut()) }
 }
 
 /// Whether function `funcid` has a default argument that calls a volatile

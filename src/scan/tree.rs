@@ -279,6 +279,7 @@ impl TreeGuard {
             p.total_cost = m.total_cost;
             p.plan_rows = m.plan_rows;
             p.plan_width = m.plan_width;
+            crate::pg::copy_plan_disabled_nodes(p, m);
             p.plan_node_id = plan_node_id;
             p.extParam = pg_sys::bms_copy(m.extParam);
             p.allParam = pg_sys::bms_copy(m.allParam);

@@ -145,5 +145,12 @@ SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3;
 SELECT * FROM comp WHERE a = 2 AND b > 'b1' ORDER BY a, b LIMIT 4;
 SELECT stat, s.value > b.value AS counted FROM pgkvx.stats() s JOIN stats_before b USING (stat)
  WHERE stat IN ('scans_optimistic', 'scans_fenced', 'scans_off', 'validations') ORDER BY stat;
+-- enable_* settings steer the plan under the guard as they steer an
+-- unlatched table's (PostgreSQL 18 weighs disabled nodes before cost)
+SET enable_indexscan = off; SET enable_indexonlyscan = off; SET enable_bitmapscan = off;
+SELECT bool_and(line !~ 'Index|Disabled') AS no_disabled_scan, bool_or(line ~ 'Seq Scan') AS seq_scan,
+       bool_or(line ~ 'PgkvxLimitScan') AS guarded
+  FROM test_support.explain('SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3', false) line;
+RESET enable_indexscan; RESET enable_indexonlyscan; RESET enable_bitmapscan;
 DROP TABLE kv, comp, plain;
 DROP FUNCTION same_everywhere, results;
