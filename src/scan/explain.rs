@@ -2,6 +2,7 @@
 //! to a role that may see the keys -- and, under ANALYZE, what the read
 //! protocol did.
 
+use super::plan_walk::param_ids;
 use super::report::ReadPath;
 use super::runtime::runtime;
 use crate::keys::KeyDesc;
@@ -103,8 +104,8 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         let bounds_run_functions = || {
             list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| {
                 pg_sys::contain_mutable_functions(e)
-                    || !super::plan_walk::exec_param_ids(e).is_empty()
-                    || (no_param_values && super::plan_walk::has_extern_param(e))
+                    || !param_ids(e, pg_sys::ParamKind::PARAM_EXEC).is_empty()
+                    || (no_param_values && !param_ids(e, pg_sys::ParamKind::PARAM_EXTERN).is_empty())
             })
         };
         // Spans are keys, and keys are table data: only for a role that

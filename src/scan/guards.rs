@@ -430,12 +430,9 @@ pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, sole_root: Opti
             return false;
         }
         let mut pure = true;
+        let impure = |e: *mut Node| pg_sys::contain_mutable_functions(e) || super::restartable::hides_volatile(e);
         let mut check = |p: *mut pg_sys::Plan| {
-            pure = pure
-                && !pg_sys::contain_mutable_functions((*p).targetlist as *mut Node)
-                && !pg_sys::contain_mutable_functions((*p).qual as *mut Node)
-                && !super::restartable::hides_volatile((*p).targetlist as *mut Node)
-                && !super::restartable::hides_volatile((*p).qual as *mut Node);
+            pure = pure && !impure((*p).targetlist as *mut Node) && !impure((*p).qual as *mut Node);
             pure
         };
         walk_plans((*stmt).planTree, &mut check);
@@ -567,7 +564,7 @@ unsafe fn known_at_start(expr: *mut pg_sys::Expr) -> bool {
             _ => false,
         };
         simple
-            || super::plan_walk::exec_param_ids(expr as *mut Node).is_empty()
+            || super::plan_walk::param_ids(expr as *mut Node, pg_sys::ParamKind::PARAM_EXEC).is_empty()
                 && !pg_sys::contain_subplans(expr as *mut Node)
                 && !pg_sys::contain_var_clause(expr as *mut Node)
     }

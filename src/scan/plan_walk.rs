@@ -153,34 +153,20 @@ pub unsafe fn is_ours(ps: *mut pg_sys::PlanState) -> bool {
     unsafe { node_tag(ps) == pg_sys::NodeTag::T_CustomScanState && is_guard_plan((*ps).plan) }
 }
 
-/// Whether `value` reads one of the query's own parameters (`$n`).
+/// The ids of the parameters of `kind` in `value`: PARAM_EXEC for init plan
+/// results, PARAM_EXTERN for the query's own `$n`.  Not pull_paramids:
+/// from PG16 on it returns both kinds.
 ///
 /// # Safety
 /// `value` is a valid expression.
-pub unsafe fn has_extern_param(value: *mut Node) -> bool {
-    // SAFETY: per contract; nodes are cast after their tag is checked.
-    unsafe {
-        crate::pg::walk::any_node(value, |n| {
-            (node_tag(n) == pg_sys::NodeTag::T_Param)
-                .then(|| (*(n as *mut pg_sys::Param)).paramkind == pg_sys::ParamKind::PARAM_EXTERN)
-        })
-    }
-}
-
-/// The PARAM_EXEC ids in `value`.  Not pull_paramids: from PG16 on it also
-/// returns the query's own parameters (PARAM_EXTERN `$n`), which are one
-/// value for the statement.
-///
-/// # Safety
-/// `value` is a valid expression.
-pub unsafe fn exec_param_ids(value: *mut Node) -> Vec<i32> {
+pub unsafe fn param_ids(value: *mut Node, kind: pg_sys::ParamKind::Type) -> Vec<i32> {
     let mut ids = Vec::new();
     // SAFETY: per contract; nodes are cast after their tag is checked.
     unsafe {
         crate::pg::walk::any_node(value, |n| {
             (node_tag(n) == pg_sys::NodeTag::T_Param).then(|| {
                 let p = &*(n as *mut pg_sys::Param);
-                if p.paramkind == pg_sys::ParamKind::PARAM_EXEC {
+                if p.paramkind == kind {
                     ids.push(p.paramid);
                 }
                 false

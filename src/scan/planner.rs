@@ -677,7 +677,9 @@ unsafe fn one_value_per_statement(value: *mut Node, init_params: &[i32]) -> bool
     unsafe {
         pg_sys::is_pseudo_constant_clause(value)
             && !pg_sys::contain_subplans(value)
-            && super::plan_walk::exec_param_ids(value).iter().all(|id| init_params.contains(id))
+            && super::plan_walk::param_ids(value, pg_sys::ParamKind::PARAM_EXEC)
+                .iter()
+                .all(|id| init_params.contains(id))
     }
 }
 
