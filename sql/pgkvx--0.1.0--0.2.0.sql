@@ -385,3 +385,12 @@ CREATE VIEW pgkvx.head_blockers AS
     SELECT * FROM pgkvx.head_blockers(NULL::pg_catalog.regclass);
 COMMENT ON VIEW pgkvx.head_blockers IS 'Writers in flight that hold up the head of each latched table you may SELECT (all with pg_monitor); spans and row counts only where you may read every row';
 GRANT SELECT ON pgkvx.head_blockers TO PUBLIC;
+
+-- Where a consumer that starts at the end of a stream begins: as the
+-- 0.2.0 install script generates from src/api/high_water.rs.
+CREATE FUNCTION pgkvx."high_water"(
+	"rel" regclass /* Regclass */
+) RETURNS TEXT /* Option < String > */
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'high_water_wrapper';

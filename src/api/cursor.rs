@@ -127,14 +127,33 @@ pub fn scan_fresh(
     index: &OpenRel,
     keys: &mut [pg_sys::ScanKeyData],
     direction: pg_sys::ScanDirection::Type,
-    mut visit: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
+    visit: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
 ) {
     // SAFETY: a fresh MVCC snapshot, registered for the scan and released
-    // after it; relation and index are open and locked; the keys (and the
-    // row members they point to) outlive the scan; the slot belongs to the
-    // relation and is dropped before the scan ends.
+    // after it.
     unsafe {
         let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        scan_at(snap, heap, index, keys, direction, visit);
+        pg_sys::UnregisterSnapshot(snap);
+    }
+}
+
+/// [`scan_fresh`] under snapshot `snap`.
+///
+/// # Safety
+/// `snap` is a registered MVCC snapshot that outlives the call.
+pub unsafe fn scan_at(
+    snap: pg_sys::Snapshot,
+    heap: &OpenRel,
+    index: &OpenRel,
+    keys: &mut [pg_sys::ScanKeyData],
+    direction: pg_sys::ScanDirection::Type,
+    mut visit: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
+) {
+    // SAFETY: per contract; relation and index are open and locked; the
+    // keys (and the row members they point to) outlive the scan; the slot
+    // belongs to the relation and is dropped before the scan ends.
+    unsafe {
         let scan = crate::pg::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
@@ -145,6 +164,5 @@ pub fn scan_fresh(
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         pg_sys::index_endscan(scan);
-        pg_sys::UnregisterSnapshot(snap);
     }
 }

@@ -4,6 +4,7 @@
 pub mod cursor;
 pub mod enable;
 pub mod head_blockers;
+pub mod high_water;
 
 pub mod key_bytes;
 pub mod latch_span;

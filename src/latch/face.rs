@@ -239,6 +239,11 @@ impl<L: LockSet> Maintainer<'_, L> {
         self.0.gc_idle_tables()
     }
 
+    /// How many ranges wait for a worker.
+    pub fn queued(self) -> u32 {
+        self.0.queued()
+    }
+
     /// The queued range a worker should take next, claimed for it.
     pub fn claim_next(self) -> Option<u32> {
         self.0.claim_next()

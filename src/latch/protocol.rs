@@ -32,10 +32,14 @@
 //! for: the read stops before its first key instead (the cut), when every
 //! read of that table moves up the key from a bound left open in that
 //! direction -- a tail, which reads the rest next time from its cursor.
-//! Where a read cannot stop early (a bounded span, a scan in no key order)
-//! it waits for such writers too, at most [`MAX_LATER_ROUNDS`] times, then
-//! fails with 40001: a consistent answer or a clear error, never a state no
-//! serial order produces and never a wait without end.
+//! Where a read cannot stop early without other rows of the statement (a
+//! join, a watermark it reads) showing ahead of the stream, it waits for
+//! such writers too, at most [`MAX_LATER_ROUNDS`] times; then a tail up
+//! the key stops before them all the same (`last_resort_cut`: the answer
+//! is the statement's own at one snapshot, over a narrower span, and the
+//! consumer reads the rest next time), and any other read (a bounded
+//! span, a scan in no key order) fails with 40001: never a wait without
+//! end.
 
 use super::region::RelId;
 use super::span::Span;
@@ -142,6 +146,14 @@ pub trait Env {
     /// tables cannot stop early without looking complete (its span is
     /// bounded in its direction, or it reads in no key order).
     fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint>;
+    /// After [`MAX_LATER_ROUNDS`] rounds of later writers a read could not
+    /// stop before: the keys to leave out when every read of those tables
+    /// is a tail up the key from a bound left open above, whatever else the
+    /// statement reads (a join, a watermark) -- or None, and the read fails
+    /// with 40001.
+    fn last_resort_cut(&mut self, _conflicts: &[Conflict]) -> Option<Footprint> {
+        None
+    }
 }
 
 /// The part of `fp` outside `cut`, per table (a cut is a span from its
@@ -221,6 +233,14 @@ pub fn run<E: Env>(
             }
             later_rounds += 1;
             if later_rounds > MAX_LATER_ROUNDS {
+                // Stopping short still beats failing a read the snapshot
+                // may move for: the answer is the statement's own at one
+                // snapshot, over a narrower span.
+                if let Some(more) = env.last_resort_cut(&met) {
+                    cut.extend(more);
+                    report.cuts += 1;
+                    continue;
+                }
                 return serialization_failure(&conflicts);
             }
         }
@@ -337,6 +357,7 @@ mod tests {
         holder: Xid,
         first_after: Xid,
         can_cut: bool,
+        last_resort: bool,
         refreshed: u32,
         waited: Vec<Xid>,
     }
@@ -368,9 +389,15 @@ mod tests {
             self.refreshed += 1;
         }
         fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
-            self.can_cut
-                .then(|| conflicts.iter().map(|c| (c.rel, Span { start: c.at.start, end: Span::ALL.end })).collect())
+            self.can_cut.then(|| upward(conflicts))
         }
+        fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+            self.last_resort.then(|| upward(conflicts))
+        }
+    }
+
+    fn upward(conflicts: &[Conflict]) -> Footprint {
+        conflicts.iter().map(|c| (c.rel, Span { start: c.at.start, end: Span::ALL.end })).collect()
     }
 
     fn scripted(conflicted: u32, holder: u32, can_cut: bool) -> Scripted {
@@ -380,6 +407,7 @@ mod tests {
             holder: Xid(holder),
             first_after: Xid(100),
             can_cut,
+            last_resort: false,
             refreshed: 0,
             waited: Vec::new(),
         }
@@ -469,6 +497,20 @@ mod tests {
                 &mut ReadReport::default(),
             );
             assert!(!matches!(out, ReadOutcome::SerializationFailure { .. }), "{mode:?}: {out:?}");
+        }
+    }
+
+    #[test]
+    fn a_tail_that_may_stop_only_as_a_last_resort_does_so_after_the_rounds_instead_of_failing() {
+        for mode in [ReadMode::Optimistic, ReadMode::Fenced] {
+            let mut env = scripted(u32::MAX, 150, false);
+            env.last_resort = true;
+            let mut report = ReadReport::default();
+            let out = run(&mut env, &mut || vec![(RelId::new(1, 1), span(1, 9))], &params(mode, false), &mut report);
+            assert!(!matches!(out, ReadOutcome::SerializationFailure { .. }), "{mode:?}: {out:?}");
+            assert_eq!((env.refreshed, report.cuts), (MAX_LATER_ROUNDS, 1), "{mode:?}");
+            let checked = report.checked.expect("checked");
+            assert_eq!(checked, vec![(RelId::new(1, 1), span(1, 5))], "{mode:?}: the read stops before key 5");
         }
     }
 

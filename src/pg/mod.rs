@@ -63,6 +63,21 @@ pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
     known.then_some((family, intype, strategy as u32))
 }
 
+/// Whether pathkey `pk` sorts descending (by its btree strategy; PG18
+/// names it a CompareType, whose COMPARE_GT equals BTGreaterStrategyNumber).
+///
+/// # Safety
+/// `pk` is a valid PathKey.
+pub unsafe fn pathkey_descending(pk: *const pg_sys::PathKey) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+        return (*pk).pk_strategy as u32 == pg_sys::BTGreaterStrategyNumber;
+        #[cfg(feature = "pg18")]
+        return (*pk).pk_cmptype == pg_sys::CompareType::COMPARE_GT;
+    }
+}
+
 /// nodes/nodeFuncs.h's tree walkers and mutators, declared with the callback
 /// type Postgres calls (pgrx's bindings take an argument-less one).  PG16
 /// made the plain names macros over `*_impl` functions with typed callbacks.

@@ -27,6 +27,27 @@ pub trait Reader {
     /// every latch they met (see the latch core's `protocol`), or None when
     /// one of them cannot stop early without looking complete.
     fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint>;
+    /// Where its reads would stop when waiting has not settled them (the
+    /// protocol's `last_resort_cut`): [`CutRule::LastResort`]; None when
+    /// one of them is no tail up the key.
+    fn last_resort_cut(&mut self, _conflicts: &[Conflict]) -> Option<Footprint> {
+        None
+    }
+}
+
+/// When a read may stop before a later writer's first key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CutRule {
+    /// Its rows come up the key as a prefix to the client, and the
+    /// statement reads nothing that could show ahead of them.
+    Strict,
+    /// It is a tail up the key from a bound left open above, and the
+    /// statement's guards read one latched table (or tree): stopping short
+    /// is the statement's own answer at one snapshot over a narrower key
+    /// range.  (Two latched tables would each be cut at their own keys, and
+    /// a cursor shared between them could move past one's cut.)  Taken only
+    /// once waiting has not settled the read, in place of a 40001.
+    LastResort,
 }
 
 /// The mode a read of latched tables runs in, from `pgkvx.scan_mode` and
@@ -120,6 +141,9 @@ struct ReadEnv<'a, R> {
     /// the protocol then waits for were met.
     met: Vec<Conflict>,
     waited: Vec<Waited>,
+    /// The snapshot is this statement's to choose: READ COMMITTED, or the
+    /// first read of a REPEATABLE READ transaction.
+    may_cut_last: bool,
 }
 
 impl<R: Reader> Env for ReadEnv<'_, R> {
@@ -133,11 +157,22 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
 
     fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
         // Under REPEATABLE READ the transaction's later statements read at
-        // this snapshot, and would show what a cut left out.
+        // this snapshot, and would show what a cut left out: the first
+        // statement waits and moves the snapshot instead.
         if snapshot::fixed_snapshot() {
             return None;
         }
         self.reader.cut(conflicts)
+    }
+
+    fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        // Once waiting has not settled it, the statement that chooses the
+        // snapshot (READ COMMITTED, or the poll that opens a REPEATABLE
+        // READ transaction) stops short rather than fail.
+        if !self.may_cut_last {
+            return None;
+        }
+        self.reader.last_resort_cut(conflicts)
     }
 
     fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
@@ -165,17 +200,39 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
 }
 
 /// A fenced read that may stop before the first latch met in each table
-/// when `may_cut` (asked only then) says its scans all move up the key from
-/// a bound left open above.
-pub struct Fenced<F: FnMut() -> bool> {
+/// when `may_cut` (asked only then) says its scans allow the rule; `rule`
+/// is the widest rule a cut of it has used, for applying the cut.
+pub struct Fenced<F: FnMut(CutRule) -> bool> {
     pub may_cut: F,
+    pub rule: Option<CutRule>,
 }
-impl<F: FnMut() -> bool> Reader for Fenced<F> {
+impl<F: FnMut(CutRule) -> bool> Reader for Fenced<F> {
     fn read_buffered(&mut self, _base: &BaseSnapshot, _cut: &Footprint) -> Option<Footprint> {
         unreachable!("fenced reads never buffer")
     }
     fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
-        (self.may_cut)().then(|| cut_upward(conflicts))
+        self.cut_by(CutRule::Strict, conflicts)
+    }
+    fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        self.cut_by(CutRule::LastResort, conflicts)
+    }
+}
+impl<F: FnMut(CutRule) -> bool> Fenced<F> {
+    fn cut_by(&mut self, rule: CutRule, conflicts: &[Conflict]) -> Option<Footprint> {
+        if !(self.may_cut)(rule) {
+            return None;
+        }
+        self.rule = Some(widest(self.rule, rule));
+        Some(cut_upward(conflicts))
+    }
+}
+
+/// The wider of a read's cut rule so far and `rule`.
+pub fn widest(so_far: Option<CutRule>, rule: CutRule) -> CutRule {
+    if so_far == Some(CutRule::LastResort) {
+        CutRule::LastResort
+    } else {
+        rule
     }
 }
 
@@ -223,7 +280,8 @@ pub fn run_protocol<R: Reader>(
     };
     let mut report = ReadReport::default();
     let first_after = base.after();
-    let mut env = ReadEnv { reader, base, first_after, wait_us: 0, met: Vec::new(), waited: Vec::new() };
+    let may_cut_last = !params.fixed_snapshot;
+    let mut env = ReadEnv { reader, base, first_after, wait_us: 0, met: Vec::new(), waited: Vec::new(), may_cut_last };
     let outcome = protocol::run(&mut env, declared, &params, &mut report);
     let (base, wait_us, waited) = (env.base, env.wait_us, env.waited);
     count(&report);
@@ -278,18 +336,19 @@ pub struct ScanFence {
     pub wait_us: i64,
     pub waited: Vec<Waited>,
     /// Keys the scan must stop before: writers in flight at the snapshot
-    /// that it leaves out instead of waiting for them.
-    pub cut: Option<Footprint>,
+    /// that it leaves out instead of waiting for them, and by which rule.
+    pub cut: Option<(Footprint, CutRule)>,
 }
 
 /// Fences a scan when it starts, at the statement's snapshot `base`, which
 /// cannot move any more (other scans of the statement may have read at
 /// it): checks the scan's declared footprint `fp`; writers in flight there
-/// are either left out (`may_cut()`: the scan stops before the first key
-/// of theirs -- their rows stay invisible even after a wait) or waited
+/// are either left out (`may_cut()` names the rule: the scan stops before
+/// the first key of theirs -- their rows stay invisible even after a wait,
+/// so a tail does not wait for them) or waited
 /// for and checked again, and one that committed fails the statement
 /// with 40001.  The caller applies the cut and records the report.
-pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() -> bool) -> ScanFence {
+pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() -> Option<CutRule>) -> ScanFence {
     let t = table().reader();
     // Each check is one validation of the report, counted with it.
     let check = |out: &mut Vec<Conflict>| {
@@ -312,9 +371,9 @@ pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() 
     xids.sort_unstable_by_key(|x| x.0);
     xids.dedup();
     fence.report.conflicts = xids.len() as u32;
-    if may_cut() {
+    if let Some(rule) = may_cut() {
         fence.report.cuts = 1;
-        fence.cut = Some(cut_upward(&met));
+        fence.cut = Some((cut_upward(&met), rule));
     } else {
         // A writer that aborts leaves nothing to hide.
         let mut live: Vec<_> = met.iter().filter(|c| c.live).copied().collect();

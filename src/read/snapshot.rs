@@ -127,6 +127,16 @@ fn only_first_read() -> bool {
     FIXED_READ.with(|c| c.get()) == Some((crate::pg::local_xact_id(), 1))
 }
 
+/// Whether the running statement's read decides what the transaction
+/// sees: READ COMMITTED, or the first statement to read at a REPEATABLE
+/// READ transaction's snapshot (the poll that opens a consumer's
+/// transaction).  Such a read may stop before a writer's keys; a later
+/// statement of a REPEATABLE READ transaction may not, since earlier ones
+/// already read past them at the same snapshot.
+pub fn statement_chooses_snapshot() -> bool {
+    !fixed_snapshot() || (may_move_transaction_snapshot() && only_first_read())
+}
+
 /// Whether the first statement to read at this transaction's fixed
 /// snapshot may move it ([`adopt_for_transaction`]): REPEATABLE READ only;
 /// SERIALIZABLE ties its predicate locks to the snapshot it registered.

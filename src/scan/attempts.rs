@@ -14,7 +14,7 @@ use super::runtime;
 use crate::guc;
 use crate::pg::boundary;
 use crate::pg::raw;
-use crate::read::run::Reader;
+use crate::read::run::{CutRule, Reader};
 use crate::read::snapshot::BaseSnapshot;
 use pgkvx_latch::{Conflict, Footprint};
 use pgrx::pg_sys::{self, QueryDesc};
@@ -167,6 +167,8 @@ pub(super) struct OptimisticAttempts {
     pub(super) buffer: *mut BufferDest,
     /// The first attempt's footprint, run before the protocol started.
     pub(super) first: Option<Option<Footprint>>,
+    /// The widest rule a cut of this read has used (for applying it).
+    pub(super) rule: Option<CutRule>,
 }
 
 /// The footprint of the guarded scans of a started executor that has run.
@@ -198,15 +200,37 @@ unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> Footprint {
     fp
 }
 
-impl Reader for OptimisticAttempts {
-    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+impl OptimisticAttempts {
+    fn cut_by(&mut self, rule: CutRule, conflicts: &[Conflict]) -> Option<Footprint> {
         // SAFETY: our statement's QueryDesc, started and run once: its
         // guard nodes have begun.
         let ok = unsafe {
-            plan_walk::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n))
-                && guards::reads_only_guarded((*self.qd).plannedstmt, self.sole_root)
+            plan_walk::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n, rule))
+                && match rule {
+                    CutRule::Strict => guards::reads_only_guarded((*self.qd).plannedstmt, self.sole_root),
+                    CutRule::LastResort => self.sole_root.is_some(),
+                }
         };
-        ok.then(|| crate::read::run::cut_upward(conflicts))
+        if !ok {
+            return None;
+        }
+        self.rule = Some(crate::read::run::widest(self.rule, rule));
+        Some(crate::read::run::cut_upward(conflicts))
+    }
+
+    /// The rule to apply the cut the protocol settled on with.
+    pub(super) fn rule(&self) -> CutRule {
+        self.rule.unwrap_or(CutRule::Strict)
+    }
+}
+
+impl Reader for OptimisticAttempts {
+    fn cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        self.cut_by(CutRule::Strict, conflicts)
+    }
+
+    fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
+        self.cut_by(CutRule::LastResort, conflicts)
     }
 
     fn read_buffered(&mut self, base: &BaseSnapshot, cut: &Footprint) -> Option<Footprint> {
@@ -222,7 +246,7 @@ impl Reader for OptimisticAttempts {
             let dest = (*self.buffer).as_dest();
             let q2 = start_second_executor(self.qd, base.snap, dest, self.eflags);
             if !cut.is_empty() {
-                node::apply_cut(&plan_walk::guard_nodes(q2), cut);
+                node::apply_cut(&plan_walk::guard_nodes(q2), cut, self.rule());
             }
             with_active((*(*q2).estate).es_snapshot, || {
                 boundary::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))

@@ -18,6 +18,7 @@ use super::position::{key_source_of, position_of, ScanPosition};
 use super::runtime::{drop_runtime, note_key, runtime, seen_for, FenceAtStart, NodeRuntime, NodeState, Seen};
 use crate::pg::raw;
 use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
+use crate::read::run::CutRule;
 use crate::registry;
 use pgrx::pg_sys::{self, Node};
 use pgrx::prelude::*;
@@ -266,18 +267,18 @@ unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) 
 
 /// Gives the guard nodes of a started executor the protocol's cut: each
 /// stops before the first key `cut` leaves out of its table.  Raises 40001
-/// for a node that cannot stop early after all (the protocol allowed the
+/// for a node that cannot stop early by `rule` (the protocol decided the
 /// cut from the plan, before the nodes existed).
 ///
 /// # Safety
 /// `nodes` are begun guard nodes.
-pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint) {
+pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint, rule: CutRule) {
     for &n in nodes {
         // SAFETY: per contract.
         let rt = unsafe { runtime(n) };
         let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
         // SAFETY: per contract.
-        if !unsafe { can_stop_early(n) } {
+        if !unsafe { can_stop_early(n, rule) } {
             crate::read::run::serialization_error(
                 format!(
                     "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan cannot stop before that write (it does not read up the key into a LIMIT or a cursor).",
@@ -291,13 +292,14 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
     }
 }
 
-/// Whether this node's scan can stop before a later writer's key and
-/// leave its statement a state some serial order produces
-/// (`guards::may_cut`).
+/// Whether this node's scan can stop before a later writer's key by
+/// `rule`: strictly, leaving its statement a state some serial order
+/// produces (`guards::may_cut`); as a last resort, whenever it is a tail
+/// up the key from a bound left open above.
 ///
 /// # Safety
 /// `node` is a begun guard node.
-pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
+pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) -> bool {
     use super::guards::RowOrder;
     // SAFETY: per contract.
     unsafe {
@@ -310,22 +312,25 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState) -> bool {
             (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
             _ => RowOrder::Other,
         };
+        let open_above = super::guards::open_above(&rt.plan, &latched.key);
+        if rule == CutRule::LastResort {
+            return open_above && order != RowOrder::Other;
+        }
         let stmt = (*(*node).ss.ps.state).es_plannedstmt;
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-        super::guards::may_cut(stmt, cs, &latched.key, order, super::guards::open_above(&rt.plan, &latched.key))
+        super::guards::may_cut(stmt, cs, &latched.key, order, open_above)
     }
 }
 
 /// The first run of a scan whose statement fences when its scans start:
 /// its bounds are known now (init plans and CTEs they read from have run
 /// or run as they are evaluated).  The statement's snapshot cannot move any
-/// more -- other scans may have read at it -- so the scan waits for the
-/// writers in flight at it in its declared span (one that aborts is gone),
-/// and stops before the first key of those that committed: they stay
-/// invisible, and a tail reads their rows next time.  Where stopping early
-/// would change the statement's answer (`guards::may_cut`,
-/// `guards::reads_only_guarded`, REPEATABLE READ) it waits for them
-/// instead, and fails with 40001 when one committed.
+/// more -- other scans may have read at it -- so waiting cannot show a
+/// writer in flight at it in its declared span: a tail stops before the
+/// first key of those writers (a tail reads their rows next time).  Any
+/// other scan (a bounded span, a scan in no key order, a later statement
+/// of a REPEATABLE READ transaction) waits for them instead, and fails
+/// with 40001 when one committed.
 #[pg_guard]
 #[inline(never)]
 unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
@@ -338,15 +343,20 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
-            // Under REPEATABLE READ later statements would show what a cut
-            // left out.
             let fence = run::fence_at_scan(fp, &base, || {
-                !snapshot::fixed_snapshot()
-                    && can_stop_early(node)
+                if !snapshot::statement_chooses_snapshot() {
+                    None
+                } else if !snapshot::fixed_snapshot()
+                    && can_stop_early(node, CutRule::Strict)
                     && super::guards::reads_only_guarded((*estate).es_plannedstmt, sole_root)
+                {
+                    Some(CutRule::Strict)
+                } else {
+                    (sole_root.is_some() && can_stop_early(node, CutRule::LastResort)).then_some(CutRule::LastResort)
+                }
             });
-            if let Some(cut) = &fence.cut {
-                apply_cut(&[node], cut);
+            if let Some((cut, rule)) = &fence.cut {
+                apply_cut(&[node], cut, *rule);
             }
             if let Some(st) = &rt.statement {
                 st.borrow_mut().record(fence.report, fence.wait_us, fence.waited);

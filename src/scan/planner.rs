@@ -1,16 +1,22 @@
 //! Planning: which scans of latched tables get a `PgkvxLimitScan` over them.
 //!
-//! A query level whose ORDER BY is led by the latched table's key (after
-//! key columns an equality fixes) is a tail read, with a LIMIT here, above,
-//! or none (a cursor read in part, or a consumer moving its cursor to the
-//! last key it got): every path of that table at that level is wrapped in a
-//! `PgkvxLimitScan` path with the same cost, order and parameterization,
-//! so the planner picks exactly the plan it would have picked — any index,
-//! a bitmap or sequential scan, the outer or inner side of any join — and
-//! the chosen scan runs under the node.  A table read inside a subquery of
-//! a level whose ORDER BY names a subquery's column is wrapped too: its
-//! order may come from there.  Rows locked with SKIP LOCKED are a work
-//! queue's, skipped by design, and stay plain.
+//! Protection is for tails, the reads a consumer moves a cursor with
+//! ([`reads_as_tail`], the one rule): a query level whose ORDER BY is led
+//! by the latched table's key (after key columns an equality fixes), going
+//! up the key from a bound or the table's start, or down from a bound.
+//! A LIMIT may be here, above, or absent (a cursor read in part, or a
+//! consumer moving its cursor to the last key it got).  Every path of that
+//! table at that level is wrapped in a `PgkvxLimitScan` path with the same
+//! cost, order and parameterization, so the planner picks exactly the plan
+//! it would have picked -- any index, a bitmap or sequential scan, the
+//! outer or inner side of any join -- and the chosen scan runs under the
+//! node.  A table read inside a subquery of a level whose ORDER BY names a
+//! subquery's column is judged by that order: its order may come from
+//! there.  Every other read is plain PostgreSQL and gets no node: newest
+//! first from the open end (`ORDER BY k DESC`, a newest-first join),
+//! `min(k)` and `max(k)`, counts, `EXISTS`, reads in another order.  Rows
+//! locked with SKIP LOCKED are a work queue's, skipped by design, and stay
+//! plain.
 //!
 //! The planner does not look at `pgkvx.scan_mode`: a plan made while it is
 //! `off` is cached and must protect once the mode changes.  The executor
@@ -168,42 +174,148 @@ unsafe fn fixed_by_equality(root: *mut PlannerInfo, rti: u32, attnum: i16) -> bo
     }
 }
 
-/// Whether this level returns `rel`'s rows in key order: an ORDER BY led by
-/// the latched key (after key columns an equality fixes).  A LIMIT need not
-/// be here: it may be above (a subquery, a view, a CTE or an inlined SQL
-/// function read under a LIMIT), or the reader may stop early itself (a
-/// cursor's FETCH, a PL/pgSQL loop), or take the whole result and move its
-/// cursor to the last key.
+/// Which way a query level reads a latched table in key order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyOrder {
+    /// Up the key (or the whole key fixed: a point read).
+    Forward,
+    /// Down the key.
+    Backward,
+}
+
+/// The order this level returns `rti`'s rows in, by the key: its ORDER BY
+/// led by the latched key (after key columns an equality fixes), with the
+/// lead column that order moves along; None in no key order.  A LIMIT
+/// need not be here: it may be above (a subquery, a view, a CTE or an
+/// inlined SQL function read under a LIMIT), or the reader may stop early
+/// itself (a cursor's FETCH, a PL/pgSQL loop), or take the whole result
+/// and move its cursor to the last key.
 ///
 /// # Safety
 /// Planner structures of the current planning step.
-unsafe fn level_orders_by_key(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDesc) -> bool {
+unsafe fn level_key_order(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDesc) -> Option<(KeyOrder, usize)> {
     // SAFETY: per contract.
     unsafe {
         let q = &*(*root).parse;
         if q.sortClause.is_null() {
-            return false;
+            return None;
         }
-        let Some(lead) = key.cols.iter().find(|c| !fixed_by_equality(root, rti, c.attnum)) else {
+        let Some(lead) = key.cols.iter().position(|c| !fixed_by_equality(root, rti, c.attnum)) else {
             // The whole key is fixed: a point read, in any order.
-            return true;
+            return Some((KeyOrder::Forward, 0));
         };
         // The ORDER BY's own pathkeys: query_pathkeys is what the first
         // step above the scan wants (a window's PARTITION BY, a GROUP BY),
         // not the order the rows leave in.
-        match list_nth::<pg_sys::PathKey>((*root).sort_pathkeys, 0) {
-            Some(pk) => ec_has_column((*pk).pk_eclass, rti, lead.attnum),
-            None => false,
+        let pk = list_nth::<pg_sys::PathKey>((*root).sort_pathkeys, 0)?;
+        if !ec_has_column((*pk).pk_eclass, rti, key.cols[lead].attnum) {
+            return None;
         }
+        // Up the key when the ORDER BY runs the way the key's index does.
+        let up = crate::pg::pathkey_descending(pk) == key.cols[lead].desc;
+        Some((if up { KeyOrder::Forward } else { KeyOrder::Backward }, lead))
+    }
+}
+
+/// Whether this level's read of `rti` is a tail: rows in key order from a
+/// bound or the table's start going up, or down from a bound.  A read
+/// down the key from its open end (newest first, `max(k)`) starts where
+/// writers always are, and a MIN/MAX the planner turned into a one-row
+/// scan returns a value, not keyed rows: neither moves a consumer's
+/// cursor, and both run as plain PostgreSQL.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn reads_as_tail(root: *mut PlannerInfo, rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        if is_minmax_level(root) {
+            return false;
+        }
+        let (order, lead) = match level_key_order(root, rti, key) {
+            Some(o) => o,
+            None => match ancestor_subquery_order(root) {
+                // The column an upper level sorts by may be this key.
+                Some(descending) => {
+                    let lead = key.cols.iter().position(|c| !fixed_by_equality(root, rti, c.attnum)).unwrap_or(0);
+                    let up = descending == key.cols[lead].desc;
+                    (if up { KeyOrder::Forward } else { KeyOrder::Backward }, lead)
+                }
+                None => return false,
+            },
+        };
+        order == KeyOrder::Forward || bounded_above(rel, rti, key, lead)
+    }
+}
+
+/// Whether this level is one of the one-row queries planagg.c makes of a
+/// MIN or MAX over an index (`SELECT k FROM t WHERE k IS NOT NULL ORDER
+/// BY k LIMIT 1`): a LIMIT over a single target entry it names
+/// "agg_target".
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn is_minmax_level(root: *mut PlannerInfo) -> bool {
+    // SAFETY: per contract; the target list holds TargetEntries.
+    unsafe {
+        let q = &*(*root).parse;
+        if q.limitCount.is_null() || crate::pg::list_len(q.targetList) != 1 {
+            return false;
+        }
+        list_nth::<pg_sys::TargetEntry>(q.targetList, 0).is_some_and(|te| {
+            !(*te).resjunk && !(*te).resname.is_null() && std::ffi::CStr::from_ptr((*te).resname) == c"agg_target"
+        })
+    }
+}
+
+/// Whether a qual bounds lead key column `lead` of `rti` from above, in the
+/// key's order, with a value that does not come from the row itself (a
+/// literal, a parameter, a CTE's or another table's value): where a read
+/// down the key starts from a bound.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn bounded_above(rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc, lead: usize) -> bool {
+    // SAFETY: per contract; both lists hold RestrictInfos.
+    unsafe {
+        let from_outside = |value: *mut Node| !mentions_rel(value, rti) && !pg_sys::contain_volatile_functions(value);
+        let c = &key.cols[lead];
+        [(*rel).baserestrictinfo, (*rel).joininfo].into_iter().any(|clauses| {
+            list_iter::<pg_sys::RestrictInfo>(clauses).any(|ri| {
+                clause_bounds(rti, key, (*ri).clause as *mut Node, &from_outside).iter().any(|(b, _)| {
+                    usize::from(b.col) == lead
+                        && (b.array
+                            || u32::from(b.strategy) == pg_sys::BTEqualStrategyNumber
+                            || crate::read::span::strategy_caps(u32::from(b.strategy), c.desc, true))
+                })
+            })
+        })
+    }
+}
+
+/// Whether `node` refers to a column of `rti` at this level.
+///
+/// # Safety
+/// `node` is a valid expression.
+unsafe fn mentions_rel(node: *mut Node, rti: u32) -> bool {
+    // SAFETY: per contract; nodes are cast after their tag is checked.
+    unsafe {
+        crate::pg::walk::any_node(node, |n| {
+            (node_tag(n) == pg_sys::NodeTag::T_Var).then(|| {
+                let v = &*(n as *mut pg_sys::Var);
+                v.varno as u32 == rti && v.varlevelsup == 0
+            })
+        })
     }
 }
 
 /// Whether a level above this one orders by a column of a subquery, CTE or
-/// function — whose order this level may produce.
+/// function -- whose order this level may produce -- and if so whether
+/// descending.
 ///
 /// # Safety
 /// Planner structures of the current planning step.
-unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
+unsafe fn ancestor_subquery_order(root: *mut PlannerInfo) -> Option<bool> {
     // SAFETY: per contract; parent roots outlive their children's planning.
     unsafe {
         let mut p = (*root).parent_root;
@@ -217,14 +329,16 @@ unsafe fn ancestor_orders_by_subquery(root: *mut PlannerInfo) -> bool {
                     if v.varlevelsup == 0 {
                         let rte = list_nth::<pg_sys::RangeTblEntry>(q.rtable, v.varno as usize - 1);
                         if rte.is_some_and(|rte| (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION) {
-                            return true;
+                            let descending = crate::pg::ordering_op_properties((*sc).sortop)
+                                .is_some_and(|(_, _, s)| s == pg_sys::BTGreaterStrategyNumber);
+                            return Some(descending);
                         }
                     }
                 }
             }
             p = (*p).parent_root;
         }
-        false
+        None
     }
 }
 
@@ -272,7 +386,7 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
             }
             return;
         };
-        if !level_orders_by_key(root, rti, &latched.key) && !ancestor_orders_by_subquery(root) {
+        if !reads_as_tail(root, rel, rti, &latched.key) {
             return;
         }
         if skips_locked_rows(root, rti) {
@@ -329,8 +443,9 @@ unsafe fn report_unlatched_member(root: *mut PlannerInfo, rti: u32, relid: pg_sy
                     return false;
                 }
                 let rte = *(*root).simple_rte_array.add(child as usize);
-                registry::lookup((*rte).relid)
-                    .is_some_and(|l| level_orders_by_key(root, child, &l.key) || ancestor_orders_by_subquery(root))
+                let child_rel = *(*root).simple_rel_array.add(child as usize);
+                !child_rel.is_null()
+                    && registry::lookup((*rte).relid).is_some_and(|l| reads_as_tail(root, child_rel, child, &l.key))
             });
             TREE_HAS_GUARDED_MEMBER.with(|c| c.borrow_mut().push((key.0, key.1, has)));
             has

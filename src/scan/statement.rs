@@ -45,7 +45,7 @@ use crate::errors;
 use crate::pg::boundary;
 use crate::pg::raw;
 
-use crate::read::run::{self, ReadDecision, ReadStrategy};
+use crate::read::run::{self, CutRule, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
 use pgkvx_latch::protocol::ReadMode;
 use pgkvx_latch::{Footprint, Xid};
@@ -257,23 +257,27 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
         let stmt = (*qd).plannedstmt;
         let params = (*qd).params;
         let mut fenced = run::Fenced {
-            may_cut: || {
+            may_cut: |rule| {
                 guards.0.iter().all(|g| {
                     g.latched.as_ref().is_some_and(|l| {
-                        guards::may_cut(
-                            stmt,
-                            g.cs,
-                            &l.key,
-                            guards::order_by_plan(g),
-                            guards::open_above(&g.plan, &l.key),
-                        )
+                        let order = guards::order_by_plan(g);
+                        let open_above = guards::open_above(&g.plan, &l.key);
+                        match rule {
+                            CutRule::Strict => guards::may_cut(stmt, g.cs, &l.key, order, open_above),
+                            CutRule::LastResort => open_above && order != guards::RowOrder::Other,
+                        }
                     })
-                }) && guards::reads_only_guarded(stmt, guards.sole_root())
+                }) && match rule {
+                    CutRule::Strict => guards::reads_only_guarded(stmt, guards.sole_root()),
+                    CutRule::LastResort => guards.sole_root().is_some(),
+                }
             },
+            rule: None,
         };
         let declared = || -> Footprint { guards.declared_at_start(params) };
         let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
         let ReadDecision::Stream { cut } = ran.decision else { unreachable!("fenced reads never buffer") };
+        let rule = fenced.rule.unwrap_or(CutRule::Strict);
         let mut b = ran.base;
         let swapped = b.snap != (*qd).snapshot;
         if swapped {
@@ -294,7 +298,7 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
             return;
         }
         let nodes = start_executor(qd, eflags, &guards);
-        node::apply_cut(&nodes, &cut);
+        node::apply_cut(&nodes, &cut, rule);
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
         (*st).report.borrow_mut().record(ran.report, ran.wait_us, ran.waited);
     }
@@ -551,6 +555,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
             attempts: 0,
             buffer: first.buffer,
             first: Some(first.footprint),
+            rule: None,
         };
         // Only a read that falls back to fenced needs its declared spans.
         let guards = &(*st).guards;
@@ -586,7 +591,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
                 }
                 let q2 = start_second_executor(qd, base.snap, (*qd).dest, eflags);
                 if !cut.is_empty() {
-                    node::apply_cut(&plan_walk::guard_nodes(q2), &cut);
+                    node::apply_cut(&plan_walk::guard_nodes(q2), &cut, reader.rule());
                 }
                 RowSource::Second(q2)
             }

@@ -184,17 +184,22 @@ def _later_writer_race(db, conn, t, sql, mode):
 
 @pytest.mark.parametrize("mode", ["optimistic", "fenced"])
 def test_reads_that_a_cut_would_falsify_read_whole_states(db, conn, table_name, mode):
-    """Newest first, a sort on another column, a watermark read beside the
-    stream: stopping before L's key would hide 13, committed before 11 --
-    an answer no snapshot gives.  These reads see 11, 12 and 13 together."""
+    """A sort on another column, a watermark read beside the stream:
+    stopping before L's key would hide 13, committed before 11 -- an answer
+    no snapshot gives.  These reads see 11, 12 and 13 together.  (Newest
+    first is no tail at all: it reads its snapshot and waits for nobody.)"""
     t = table_name
     conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL DEFAULT 0)")
     conn.execute("SELECT pgkvx.enable(%s)", (t,))
     conn.execute(f"INSERT INTO {t} (id) SELECT generate_series(1, 10) UNION ALL SELECT 20")
     conn.execute(f"CREATE TABLE {t}_wm (k int PRIMARY KEY, hw int)")
     conn.execute(f"INSERT INTO {t}_wm VALUES (1, 13)")
-    newest = _later_writer_race(db, conn, t, f"SELECT id FROM {t} ORDER BY id DESC LIMIT 3", mode)
-    assert [r[0] for r in newest] == [20, 13, 12], newest
+    with connect(db, autocommit=False) as e, connect(db) as c:
+        c.execute(f"SET pgkvx.scan_mode = {mode}")
+        e.execute(f"INSERT INTO {t} (id, v) VALUES (11, 1)")
+        newest = c.execute(f"SELECT id FROM {t} ORDER BY id DESC LIMIT 3").fetchall()
+        assert [r[0] for r in newest] == [20, 10, 9], newest
+        e.rollback()
     by_v = _later_writer_race(
         db, conn, t, f"SELECT id, v FROM (SELECT id, v FROM {t} WHERE id > 0 ORDER BY id) s ORDER BY v DESC LIMIT 1",
         mode)

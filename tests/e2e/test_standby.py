@@ -1,6 +1,7 @@
 """A hot standby has an empty latch table, and its snapshots keep their
-in-progress xids where our reads do not look: guarded reads there refuse
-(feature_not_supported, with a hint) instead of pretending to protect."""
+in-progress xids where our reads do not look: tails there refuse
+(feature_not_supported, with a hint) instead of pretending to protect, and
+every other read runs as plain PostgreSQL."""
 import psycopg
 import pytest
 
@@ -29,6 +30,14 @@ def test_guarded_reads_on_a_standby_refuse(db, standby):
             assert "hot standby" in str(e.value) and e.value.diag.message_hint
         with pytest.raises(psycopg.errors.FeatureNotSupported):
             s.execute("SELECT pgkvx.arrow_scan('sb_events')")
+        # Reads that are no tails -- newest first, max(id), a count beside
+        # a max -- run as plain PostgreSQL in every mode.
+        for mode in ("optimistic", "fenced"):
+            s.execute(f"SET pgkvx.scan_mode = {mode}")
+            assert s.execute("SELECT id FROM sb_events ORDER BY id DESC LIMIT 2").fetchall() == [(5,), (4,)]
+            assert s.execute("SELECT max(id), min(id) FROM sb_events").fetchone() == (5, 1)
+            assert s.execute(
+                "SELECT count(*) FROM sb_events WHERE id > (SELECT max(id) - 2 FROM sb_events)").fetchone() == (2,)
         # Reads of tables that are not latched, and reads asked to be plain,
         # run as usual.
         assert s.execute("SELECT id FROM sb_plain ORDER BY id LIMIT 2").fetchall() == [(1,), (2,)]

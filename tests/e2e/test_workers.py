@@ -1,14 +1,16 @@
-"""Maintenance workers come back after they are terminated, and writers
-never wait for splits from workers that are not running."""
+"""The maintenance launcher comes back after it is terminated, holds the
+only worker slot pgkvx takes while the server is idle, and writers never
+wait for splits from workers that are not running."""
 import os
 import signal
 
 from conftest import SCRATCH, connect, wait_until
 
 
-def workers():
-    """The pids of the scratch cluster's maintenance workers (they have no
-    database connection, so pg_stat_activity does not list them)."""
+def workers(kind="launcher"):
+    """The pids of the scratch cluster's maintenance processes of `kind`
+    ("launcher", "helper", or "" for both); they have no database
+    connection, so pg_stat_activity does not list them."""
     with open(f"{SCRATCH}/data/postmaster.pid") as f:
         postmaster = f.readline().strip()
     out = []
@@ -20,9 +22,28 @@ def workers():
                 title = f.read().decode(errors="replace")
         except OSError:
             continue
-        if ppid == postmaster and "pgkvx maintenance" in title:
+        if ppid == postmaster and f"pgkvx maintenance {kind}" in title:
             out.append(int(pid))
     return sorted(out)
+
+
+def test_idle_pgkvx_holds_one_worker_slot_and_parallel_queries_get_the_rest(db, conn):
+    """Idle, one launcher and no helper: a query that plans as many parallel
+    workers as the server has slots to spare besides it launches them all."""
+    wait_until(lambda: len(workers("")) == 1, "helpers to exit once the queue is empty", timeout=60)
+    assert len(workers()) == 1
+    (slots, parallel) = conn.execute(
+        "SELECT current_setting('max_worker_processes')::int, current_setting('max_parallel_workers')::int").fetchone()
+    want = min(slots - 1, parallel, 4)
+    conn.execute("CREATE TABLE par_probe AS SELECT g FROM generate_series(1, 200000) g")
+    with connect(db) as c:
+        for s in ["SET max_parallel_workers_per_gather = %d" % want, "SET parallel_setup_cost = 0",
+                  "SET parallel_tuple_cost = 0", "SET min_parallel_table_scan_size = 0"]:
+            c.execute(s)
+        plan = "\n".join(r[0] for r in c.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM par_probe"))
+    assert f"Workers Planned: {want}" in plan and f"Workers Launched: {want}" in plan, plan
+    conn.execute("DROP TABLE par_probe")
 
 
 def test_terminated_workers_come_back():

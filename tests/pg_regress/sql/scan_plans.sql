@@ -55,6 +55,24 @@ EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY v LIMIT 3;          
 EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k;                    -- no LIMIT: still in key order
 EXPLAIN (COSTS OFF) SELECT v, count(*) FROM kv GROUP BY v ORDER BY v LIMIT 3;     -- grouping
 EXPLAIN (COSTS OFF) SELECT * FROM plain WHERE k > 100 ORDER BY k LIMIT 3;         -- not latched
+-- reads no consumer moves a cursor with are no tail and keep plain plans:
+-- newest first from the open end, MIN and MAX, a count beside a max, the
+-- newest rows joined, the newest of a prefix
+EXPLAIN (COSTS OFF) SELECT * FROM kv ORDER BY k DESC LIMIT 20;
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k > 100 ORDER BY k DESC LIMIT 20;
+SELECT q, bool_or(line ~ 'PgkvxLimitScan') AS guarded, bool_or(line ~ 'Index Only Scan') AS by_index
+  FROM (VALUES ('SELECT max(k) FROM kv'), ('SELECT min(k) FROM kv'),
+               ('SELECT count(*) FROM kv WHERE k > (SELECT max(k) - 100 FROM kv)')) t(q),
+       LATERAL test_support.explain(q, false) line
+ GROUP BY q ORDER BY q;
+EXPLAIN (COSTS OFF) SELECT kv.k FROM kv JOIN plain USING (k) ORDER BY kv.k DESC LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT * FROM comp WHERE a = 2 ORDER BY a, b DESC LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT * FROM (SELECT k FROM kv UNION ALL SELECT k FROM plain) u ORDER BY k DESC LIMIT 3;
+-- while a read down from a bound is a tail, and so is a MAX over a tail
+EXPLAIN (COSTS OFF) SELECT * FROM kv WHERE k < 500 ORDER BY k DESC LIMIT 3;
+EXPLAIN (COSTS OFF) SELECT p.k, x.k FROM plain p, LATERAL (SELECT k FROM kv WHERE kv.k < p.k ORDER BY k DESC LIMIT 1) x WHERE p.k < 40;
+EXPLAIN (COSTS OFF) SELECT max(k) FROM (SELECT k FROM kv WHERE k > 100 ORDER BY k LIMIT 10) t;
+EXPLAIN (COSTS OFF) SELECT * FROM (SELECT k FROM kv UNION ALL SELECT k FROM plain) u ORDER BY k LIMIT 3;
 -- the planner does not look at pgkvx.scan_mode: a plan made while it is
 -- off protects once it is on
 SET pgkvx.scan_mode = off;
