@@ -12,6 +12,7 @@ def test_no_consumer_skips_a_row(db):
     print(report.summary())
     assert not report.errors, report.errors
     assert report.writer_txns > 200 and report.polls > 500, report.summary()
+    assert report.neighbour_reads > 100, report.summary()
     # Every writer kind and every consumer kind ran.
     assert set(report.writer_kinds) == {k for k, _ in torture.Writer.KINDS}, report.writer_kinds
     assert all(n > 0 for n in report.consumers.values()), report.consumers

@@ -7,7 +7,9 @@ default drawn through several statement shapes: VALUES, INSERT ...
 SELECT, a generic plan, PL/pgSQL),
 roll back whole transactions, savepoints and PL/pgSQL exception blocks,
 load in bulk, and disable the table or drop it inside savepoints they roll
-back.  Consumers of many kinds tail the table by key — plainly, by category
+back.  Beside them the application's other reads (newest first, `max(id)`,
+a count beside a max, the newest rows joined) must never fail.  Consumers
+of many kinds tail the table by key — plainly, by category
 through a (category, id) index, through a filter subquery, through a
 semi-join, with generic plans prepared under every scan mode, with cursors,
 under REPEATABLE READ and SERIALIZABLE, and through arrow_scan — each
@@ -124,6 +126,7 @@ class Report:
     writer_kinds: dict = field(default_factory=dict)
     polls: int = 0
     consumer_retries: int = 0
+    neighbour_reads: int = 0
     consumers: dict = field(default_factory=dict)   # name -> delivered count
     committed_rows: int = 0
     stats: dict = field(default_factory=dict)       # pgkvx.stats() deltas
@@ -148,7 +151,8 @@ class Report:
         return (f"seed {self.seed}: {self.writer_txns} writer transactions "
                 f"({self.writer_rollbacks} rolled back, {self.writer_retries} retried), "
                 f"{self.committed_rows} rows committed, {self.polls} consumer polls over "
-                f"{len(self.consumers)} consumers ({self.consumer_retries} retried); "
+                f"{len(self.consumers)} consumers ({self.consumer_retries} retried), "
+                f"{self.neighbour_reads} neighbour reads; "
                 f"protocol: {s.get('validations', 0)} validations, {s.get('conflicts', 0)} conflicts, "
                 f"{s.get('retries', 0)} retries, {s.get('fallbacks_to_fenced', 0)} fallbacks, "
                 f"{s.get('serialization_failures', 0)} serialization failures, "
@@ -358,6 +362,38 @@ def head_writer(connect, ledger, report, stop):
                 ledger.commit([(i, "c0")], [])
     except Exception as e:  # noqa: BLE001 - reported, checked by the caller
         report.errors.append(f"head writer: {e!r}")
+
+
+NEIGHBOUR_READS = [
+    "SELECT id, category FROM events ORDER BY id DESC LIMIT 20",
+    "SELECT max(id) FROM events",
+    "SELECT count(*) FROM events WHERE id > (SELECT max(id) - 50 FROM events)",
+    "SELECT e.id, o.paid FROM events e JOIN orders o ON o.id = e.order_id ORDER BY e.id DESC LIMIT 20",
+]
+
+
+def neighbour_reader(connect, report, seed, stop):
+    """The application's other reads of the busy table: newest first,
+    `max(id)`, a count beside a max, the newest rows joined.  They are no
+    tails: every error of theirs is one, and the newest-first rows come in
+    key order."""
+    rng = random.Random(seed)
+    try:
+        with connect() as c:
+            c.execute(f"SET pgkvx.scan_mode = {rng.choice(['optimistic', 'fenced'])}")
+            while not stop.is_set():
+                sql = rng.choice(NEIGHBOUR_READS)
+                try:
+                    rows = c.execute(sql).fetchall()
+                except psycopg.Error as e:
+                    report.errors.append(f"neighbour read {sql!r}: {_sqlstate(e)} {e}")
+                    return
+                report.neighbour_reads += 1
+                if "DESC" in sql and [r[0] for r in rows] != sorted((r[0] for r in rows), reverse=True):
+                    report.disorder.append(("neighbour read", sql))
+                time.sleep(0.002)
+    except Exception as e:  # noqa: BLE001 - reported, checked by the caller
+        report.errors.append(f"neighbour reader: {e!r}")
 
 
 def _read_waits(connect, table):
@@ -638,6 +674,8 @@ def run(connect, seed, seconds, writers=4):
     cs = consumers(connect, report, seed, stop, drained)
     ws.append(lambda: watermark_writer(connect, report, stop))
     ws.append(lambda: head_writer(connect, head_ledger, report, stop))
+    for i in range(2):
+        ws.append(lambda i=i: neighbour_reader(connect, report, seed * 100 + 50 + i, stop))
     threads = [threading.Thread(target=w) for w in ws] + [threading.Thread(target=c) for c in cs]
     for t in threads:
         t.start()
