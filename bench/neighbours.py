@@ -231,7 +231,7 @@ def phase(mode, seconds):
 
 
 def markdown(result):
-    lines = [f"# Neighbours: {result['started']}", "",
+    lines = [f"# pgkvx neighbours: {result['started']}", "",
              f"PostgreSQL {result['server']}, pgkvx at {result['git']}; {result['seconds']:g} s per mode; "
              "3 producers per table; every kind one session per table, both tables at once.", ""]
     for mode, rows in result["modes"].items():

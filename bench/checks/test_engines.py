@@ -120,3 +120,17 @@ def test_torture_report_names_what_the_oracle_found(tmp_path):
     assert "**Oracle: FAILED** — skipped rows 2," in md, md
     assert "| tail/optimistic | 5 | 1 | 2 | 0 |" in md, md
     assert "tail/optimistic: skipped [2, 3]" in md, md
+
+
+def test_neighbours_runs_every_kind_beside_the_plain_table(tmp_path):
+    run(RUN, "--neighbours", "--seconds", 1, "--modes", "optimistic", "--out", tmp_path)
+    data, md, _ = report(tmp_path, "-neighbours")
+    rows = data["modes"]["optimistic"]
+    kinds = {r["kind"] for r in rows}
+    assert {"newest first", "max(id)", "relay DELETE ... RETURNING", "FOR UPDATE batch"} <= kinds, kinds
+    assert {r["table"] for r in rows} == {"nb_latched", "nb_plain"}
+    for r in rows:
+        assert r["statements"] > 0, r
+        if r["table"] == "nb_latched" and r.get("consumer"):
+            assert r["skipped"] == 0 and r["duplicates"] == 0, r
+    assert "## `pgkvx.scan_mode = optimistic`" in md
