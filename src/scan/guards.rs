@@ -296,6 +296,30 @@ pub unsafe fn may_cut(
     sorted
 }
 
+/// Whether the guard `cs` of `stmt` may stop before a later writer's first
+/// key as a last resort (`CutRule::LastResort`): its rows reach the top of
+/// the statement's plan, through joins and sorts too, but through no
+/// aggregate, window or set operation, whose answer over fewer rows would
+/// be another answer, and not from a subplan, whose rows become a value.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn may_cut_last_resort(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> bool {
+    // SAFETY: per contract.
+    let Some(path) = (unsafe { path_to(stmt, cs) }) else { return false };
+    // SAFETY: nodes of the statement's plan, read by tag only.
+    path.iter().all(|&p| unsafe {
+        !matches!(
+            node_tag(p as *const Node),
+            pg_sys::NodeTag::T_Agg
+                | pg_sys::NodeTag::T_WindowAgg
+                | pg_sys::NodeTag::T_Group
+                | pg_sys::NodeTag::T_SetOp
+                | pg_sys::NodeTag::T_RecursiveUnion
+        )
+    })
+}
+
 /// The plan nodes from the top of the statement's plan tree down to `cs`'s
 /// parent; None when `cs` is in a subplan.
 ///

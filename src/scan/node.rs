@@ -294,8 +294,9 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
 
 /// Whether this node's scan can stop before a later writer's key by
 /// `rule`: strictly, leaving its statement a state some serial order
-/// produces (`guards::may_cut`); as a last resort, whenever it is a tail
-/// up the key from a bound left open above.
+/// produces (`guards::may_cut`); as a last resort, when it is a tail up
+/// the key from a bound left open above whose rows reach the client as
+/// rows (`guards::may_cut_last_resort`).
 ///
 /// # Safety
 /// `node` is a begun guard node.
@@ -313,11 +314,11 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) 
             _ => RowOrder::Other,
         };
         let open_above = super::guards::open_above(&rt.plan, &latched.key);
-        if rule == CutRule::LastResort {
-            return open_above && order != RowOrder::Other;
-        }
         let stmt = (*(*node).ss.ps.state).es_plannedstmt;
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+        if rule == CutRule::LastResort {
+            return open_above && order != RowOrder::Other && super::guards::may_cut_last_resort(stmt, cs);
+        }
         super::guards::may_cut(stmt, cs, &latched.key, order, open_above)
     }
 }

@@ -3,7 +3,7 @@
 //! Protection is for tails, the reads a consumer moves a cursor with
 //! ([`reads_as_tail`], the one rule): a query level whose ORDER BY is led
 //! by the latched table's key (after key columns an equality fixes), going
-//! up the key from a bound or the table's start, or down from a bound.
+//! up the key from a bound or the table's start, or down it within a bound.
 //! A LIMIT may be here, above, or absent (a cursor read in part, or a
 //! consumer moving its cursor to the last key it got).  Every path of that
 //! table at that level is wrapped in a `PgkvxLimitScan` path with the same
@@ -13,8 +13,9 @@
 //! node.  A table read inside a subquery of a level whose ORDER BY names a
 //! subquery's column is judged by that order: its order may come from
 //! there.  Every other read is plain PostgreSQL and gets no node: newest
-//! first from the open end (`ORDER BY k DESC`, a newest-first join),
-//! `min(k)` and `max(k)`, counts, `EXISTS`, reads in another order.  Rows
+//! first from the open end with no bound (`ORDER BY k DESC`, a
+//! newest-first join), `min(k)` and `max(k)` with no bound, counts,
+//! `EXISTS`, aggregates, reads in another order.  Rows
 //! locked with SKIP LOCKED are a work queue's, skipped by design, and stay
 //! plain.
 //!
@@ -217,25 +218,26 @@ unsafe fn level_key_order(root: *mut PlannerInfo, rti: u32, key: &crate::keys::K
     }
 }
 
-/// Whether this level's read of `rti` is a tail: rows in key order from a
-/// bound or the table's start going up, or down from a bound.  A read
-/// down the key from its open end (newest first, `max(k)`) starts where
-/// writers always are, and a MIN/MAX the planner turned into a one-row
-/// scan returns a value, not keyed rows: neither moves a consumer's
-/// cursor, and both run as plain PostgreSQL.
+/// Whether this level's read of `rti` is a tail: rows in key order up
+/// the key (from a bound or the table's start), or down the key within a
+/// bound (below a cursor, or back to one: `k > $1 ORDER BY k DESC` reads
+/// the same span a consumer's tail does).  A read down the key from its
+/// open end with no bound at all (newest first) starts where writers
+/// always are, and a MIN/MAX the planner turned into a one-row scan
+/// returns a value, not keyed rows, unless a bound makes it a step of a
+/// consumer (`min(k) WHERE k > $1`): neither moves a consumer's cursor,
+/// and both run as plain PostgreSQL.
 ///
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn reads_as_tail(root: *mut PlannerInfo, rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc) -> bool {
     // SAFETY: per contract.
     unsafe {
-        if is_minmax_level(root) {
-            return false;
-        }
         let (order, lead) = match level_key_order(root, rti, key) {
             Some(o) => o,
-            None => match ancestor_subquery_order(root) {
-                // The column an upper level sorts by may be this key.
+            // The column an upper level sorts by may be this key -- unless
+            // this level aggregates: its rows are no keyed rows then.
+            None if !aggregates(root) => match ancestor_subquery_order(root) {
                 Some(descending) => {
                     let lead = key.cols.iter().position(|c| !fixed_by_equality(root, rti, c.attnum)).unwrap_or(0);
                     let up = descending == key.cols[lead].desc;
@@ -243,51 +245,68 @@ unsafe fn reads_as_tail(root: *mut PlannerInfo, rel: *mut RelOptInfo, rti: u32, 
                 }
                 None => return false,
             },
+            None => return false,
         };
-        order == KeyOrder::Forward || bounded_above(rel, rti, key, lead)
+        if is_minmax_level(root) || order == KeyOrder::Backward {
+            return bounded(rel, rti, key, lead);
+        }
+        true
+    }
+}
+
+/// Whether this level groups or aggregates its rows.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn aggregates(root: *mut PlannerInfo) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        let q = &*(*root).parse;
+        q.hasAggs || q.hasWindowFuncs || !q.groupClause.is_null() || !q.groupingSets.is_null()
     }
 }
 
 /// Whether this level is one of the one-row queries planagg.c makes of a
-/// MIN or MAX over an index (`SELECT k FROM t WHERE k IS NOT NULL ORDER
-/// BY k LIMIT 1`): a LIMIT over a single target entry it names
-/// "agg_target".
+/// MIN or MAX over an index (`SELECT k FROM t WHERE k IS NOT NULL AND
+/// quals ORDER BY k LIMIT 1`): a LIMIT over a single target entry it names
+/// "agg_target", whose quals test it for IS NOT NULL.
 ///
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn is_minmax_level(root: *mut PlannerInfo) -> bool {
-    // SAFETY: per contract; the target list holds TargetEntries.
+    // SAFETY: per contract; the target list holds TargetEntries, the quals
+    // are checked by tag.
     unsafe {
         let q = &*(*root).parse;
-        if q.limitCount.is_null() || crate::pg::list_len(q.targetList) != 1 {
+        if q.limitCount.is_null() || crate::pg::list_len(q.targetList) != 1 || q.jointree.is_null() {
             return false;
         }
-        list_nth::<pg_sys::TargetEntry>(q.targetList, 0).is_some_and(|te| {
+        let named = list_nth::<pg_sys::TargetEntry>(q.targetList, 0).is_some_and(|te| {
             !(*te).resjunk && !(*te).resname.is_null() && std::ffi::CStr::from_ptr((*te).resname) == c"agg_target"
-        })
+        });
+        named
+            && crate::pg::walk::any_node((*q.jointree).quals, |n| {
+                (node_tag(n) == pg_sys::NodeTag::T_NullTest)
+                    .then(|| (*(n as *mut pg_sys::NullTest)).nulltesttype == pg_sys::NullTestType::IS_NOT_NULL)
+            })
     }
 }
 
-/// Whether a qual bounds lead key column `lead` of `rti` from above, in the
-/// key's order, with a value that does not come from the row itself (a
-/// literal, a parameter, a CTE's or another table's value): where a read
-/// down the key starts from a bound.
+/// Whether a qual bounds lead key column `lead` of `rti`, either way, with
+/// a value that does not come from the row itself (a literal, a
+/// parameter, a CTE's or another table's value).
 ///
 /// # Safety
 /// Planner structures of the current planning step.
-unsafe fn bounded_above(rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc, lead: usize) -> bool {
+unsafe fn bounded(rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc, lead: usize) -> bool {
     // SAFETY: per contract; both lists hold RestrictInfos.
     unsafe {
         let from_outside = |value: *mut Node| !mentions_rel(value, rti) && !pg_sys::contain_volatile_functions(value);
-        let c = &key.cols[lead];
         [(*rel).baserestrictinfo, (*rel).joininfo].into_iter().any(|clauses| {
             list_iter::<pg_sys::RestrictInfo>(clauses).any(|ri| {
-                clause_bounds(rti, key, (*ri).clause as *mut Node, &from_outside).iter().any(|(b, _)| {
-                    usize::from(b.col) == lead
-                        && (b.array
-                            || u32::from(b.strategy) == pg_sys::BTEqualStrategyNumber
-                            || crate::read::span::strategy_caps(u32::from(b.strategy), c.desc, true))
-                })
+                clause_bounds(rti, key, (*ri).clause as *mut Node, &from_outside)
+                    .iter()
+                    .any(|(b, _)| usize::from(b.col) == lead)
             })
         })
     }

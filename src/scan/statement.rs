@@ -264,7 +264,11 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
                         let open_above = guards::open_above(&g.plan, &l.key);
                         match rule {
                             CutRule::Strict => guards::may_cut(stmt, g.cs, &l.key, order, open_above),
-                            CutRule::LastResort => open_above && order != guards::RowOrder::Other,
+                            CutRule::LastResort => {
+                                open_above
+                                    && order != guards::RowOrder::Other
+                                    && guards::may_cut_last_resort(stmt, g.cs)
+                            }
                         }
                     })
                 }) && match rule {
