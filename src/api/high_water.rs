@@ -49,10 +49,9 @@ fn high_water(rel: Regclass) -> Option<String> {
         Some(None) => registry::not_latched(relid),
         None => locked(relid),
     };
-    let base = BaseSnapshot::fresh();
+    let mut base = BaseSnapshot::fresh();
     let lowest = lowest_in_flight(&latched, &base);
     let found = greatest_below(relid, &latched, base.snap, lowest.as_ref());
-    let mut base = base;
     base.release();
     found.map(|(_, text)| text)
 }

@@ -113,8 +113,9 @@ fn launch() -> i32 {
             m.gc_idle_tables();
             last_gc = Instant::now();
         }
-        if m.queued() > 1 {
-            start_helpers(&mut helpers, m.queued());
+        let queued = m.queued();
+        if queued > 1 {
+            start_helpers(&mut helpers, queued);
         }
         match process_queue(slot) {
             Processed::None => {}

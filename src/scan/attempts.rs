@@ -206,10 +206,7 @@ impl OptimisticAttempts {
         // guard nodes have begun.
         let ok = unsafe {
             plan_walk::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n, rule))
-                && match rule {
-                    CutRule::Strict => guards::reads_only_guarded((*self.qd).plannedstmt, self.sole_root),
-                    CutRule::LastResort => self.sole_root.is_some(),
-                }
+                && guards::statement_may_cut((*self.qd).plannedstmt, self.sole_root, rule)
         };
         if !ok {
             return None;

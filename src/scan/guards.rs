@@ -9,6 +9,7 @@ use crate::pg::boundary;
 use crate::pg::raw;
 use crate::pg::{list_iter, node_tag};
 use crate::read::admit;
+use crate::read::run::CutRule;
 use crate::read::span;
 use crate::registry::{self, Latched};
 use crate::shmem::backend;
@@ -294,6 +295,47 @@ pub unsafe fn may_cut(
         }
     }
     sorted
+}
+
+/// Whether the guard `cs` of `stmt` may stop before a later writer's first
+/// key by `rule`: strictly ([`may_cut`]), or as a last resort
+/// ([`may_cut_last_resort`]) when its rows come up the key, or unordered,
+/// from a span open above.  The statement-wide half is
+/// [`statement_may_cut`].
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn may_stop_early(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+    key: &crate::keys::KeyDesc,
+    order: RowOrder,
+    open_above: bool,
+    rule: CutRule,
+) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        match rule {
+            CutRule::Strict => may_cut(stmt, cs, key, order, open_above),
+            CutRule::LastResort => open_above && order != RowOrder::Other && may_cut_last_resort(stmt, cs),
+        }
+    }
+}
+
+/// The statement-wide half of a cut by `rule`: strictly, it reads nothing
+/// that could show ahead of the rows left out ([`reads_only_guarded`]); as
+/// a last resort, its guards read one latched table or tree (`sole_root`):
+/// two would each be cut at their own keys.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; `sole_root` is [`Guards::sole_root`] of
+/// its guards.
+pub unsafe fn statement_may_cut(stmt: *mut pg_sys::PlannedStmt, sole_root: Option<pg_sys::Oid>, rule: CutRule) -> bool {
+    match rule {
+        // SAFETY: per contract.
+        CutRule::Strict => unsafe { reads_only_guarded(stmt, sole_root) },
+        CutRule::LastResort => sole_root.is_some(),
+    }
 }
 
 /// Whether the guard `cs` of `stmt` may stop before a later writer's first

@@ -316,10 +316,7 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) 
         let open_above = super::guards::open_above(&rt.plan, &latched.key);
         let stmt = (*(*node).ss.ps.state).es_plannedstmt;
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-        if rule == CutRule::LastResort {
-            return open_above && order != RowOrder::Other && super::guards::may_cut_last_resort(stmt, cs);
-        }
-        super::guards::may_cut(stmt, cs, &latched.key, order, open_above)
+        super::guards::may_stop_early(stmt, cs, &latched.key, order, open_above, rule)
     }
 }
 
@@ -344,16 +341,17 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rt.rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
+            let stmt = (*estate).es_plannedstmt;
+            let may = |rule| can_stop_early(node, rule) && super::guards::statement_may_cut(stmt, sole_root, rule);
             let fence = run::fence_at_scan(fp, &base, || {
                 if !snapshot::statement_chooses_snapshot() {
                     None
-                } else if !snapshot::fixed_snapshot()
-                    && can_stop_early(node, CutRule::Strict)
-                    && super::guards::reads_only_guarded((*estate).es_plannedstmt, sole_root)
-                {
+                } else if !snapshot::fixed_snapshot() && may(CutRule::Strict) {
+                    // Strictly only in READ COMMITTED: a REPEATABLE READ
+                    // transaction's later statements would see what was left out.
                     Some(CutRule::Strict)
                 } else {
-                    (sole_root.is_some() && can_stop_early(node, CutRule::LastResort)).then_some(CutRule::LastResort)
+                    may(CutRule::LastResort).then_some(CutRule::LastResort)
                 }
             });
             if let Some((cut, rule)) = &fence.cut {

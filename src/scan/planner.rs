@@ -301,28 +301,13 @@ unsafe fn is_minmax_level(root: *mut PlannerInfo) -> bool {
 unsafe fn bounded(rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc, lead: usize) -> bool {
     // SAFETY: per contract; both lists hold RestrictInfos.
     unsafe {
-        let from_outside = |value: *mut Node| !mentions_rel(value, rti) && !pg_sys::contain_volatile_functions(value);
+        let from_outside =
+            |value: *mut Node| !refers_to(value, rti, |_| true) && !pg_sys::contain_volatile_functions(value);
         [(*rel).baserestrictinfo, (*rel).joininfo].into_iter().any(|clauses| {
             list_iter::<pg_sys::RestrictInfo>(clauses).any(|ri| {
                 clause_bounds(rti, key, (*ri).clause as *mut Node, &from_outside)
                     .iter()
                     .any(|(b, _)| usize::from(b.col) == lead)
-            })
-        })
-    }
-}
-
-/// Whether `node` refers to a column of `rti` at this level.
-///
-/// # Safety
-/// `node` is a valid expression.
-unsafe fn mentions_rel(node: *mut Node, rti: u32) -> bool {
-    // SAFETY: per contract; nodes are cast after their tag is checked.
-    unsafe {
-        crate::pg::walk::any_node(node, |n| {
-            (node_tag(n) == pg_sys::NodeTag::T_Var).then(|| {
-                let v = &*(n as *mut pg_sys::Var);
-                v.varno as u32 == rti && v.varlevelsup == 0
             })
         })
     }
@@ -646,12 +631,22 @@ unsafe fn runtime_caps(rti: u32, key: &crate::keys::KeyDesc, clause: *mut Node, 
 /// # Safety
 /// `node` is a valid expression.
 unsafe fn mentions_key(node: *mut Node, rti: u32, key: &crate::keys::KeyDesc) -> bool {
+    // SAFETY: per contract.
+    unsafe { refers_to(node, rti, |attnum| key.cols.iter().any(|c| c.attnum == attnum)) }
+}
+
+/// Whether `node` refers to a column of `rti` at this level that `column`
+/// (by attribute number) picks.
+///
+/// # Safety
+/// `node` is a valid expression.
+unsafe fn refers_to(node: *mut Node, rti: u32, column: impl Fn(i16) -> bool) -> bool {
     // SAFETY: per contract; nodes are cast after their tag is checked.
     unsafe {
         crate::pg::walk::any_node(node, |n| {
             (node_tag(n) == pg_sys::NodeTag::T_Var).then(|| {
                 let v = &*(n as *mut pg_sys::Var);
-                v.varno as u32 == rti && v.varlevelsup == 0 && key.cols.iter().any(|c| c.attnum == v.varattno)
+                v.varno as u32 == rti && v.varlevelsup == 0 && column(v.varattno)
             })
         })
     }

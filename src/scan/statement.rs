@@ -260,21 +260,10 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
             may_cut: |rule| {
                 guards.0.iter().all(|g| {
                     g.latched.as_ref().is_some_and(|l| {
-                        let order = guards::order_by_plan(g);
-                        let open_above = guards::open_above(&g.plan, &l.key);
-                        match rule {
-                            CutRule::Strict => guards::may_cut(stmt, g.cs, &l.key, order, open_above),
-                            CutRule::LastResort => {
-                                open_above
-                                    && order != guards::RowOrder::Other
-                                    && guards::may_cut_last_resort(stmt, g.cs)
-                            }
-                        }
+                        let (order, open_above) = (guards::order_by_plan(g), guards::open_above(&g.plan, &l.key));
+                        guards::may_stop_early(stmt, g.cs, &l.key, order, open_above, rule)
                     })
-                }) && match rule {
-                    CutRule::Strict => guards::reads_only_guarded(stmt, guards.sole_root()),
-                    CutRule::LastResort => guards.sole_root().is_some(),
-                }
+                }) && guards::statement_may_cut(stmt, guards.sole_root(), rule)
             },
             rule: None,
         };
