@@ -1,6 +1,6 @@
 //! The cursor of `wait_for` and `head_blockers`: a key (or a prefix of the
-//! leading key columns) given as text, the btree scan keys for "past the
-//! cursor", and one index scan under a fresh snapshot, which both use to
+//! leading key columns) given as text, and the btree scan keys for "past
+//! the cursor", which both scan the key index with (`pg::index_scan`) to
 //! look at committed rows without waiting for writers.
 
 use crate::errors;
@@ -117,52 +117,4 @@ pub fn scan_keys(
         );
     }
     (vec![header], members, exact)
-}
-
-/// Scans `index` of `heap` with `keys` under a fresh MVCC snapshot (rows
-/// committed now, whoever is still writing), handing each row to `visit`
-/// until it returns false.
-pub fn scan_fresh(
-    heap: &OpenRel,
-    index: &OpenRel,
-    keys: &mut [pg_sys::ScanKeyData],
-    direction: pg_sys::ScanDirection::Type,
-    visit: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
-) {
-    // SAFETY: a fresh MVCC snapshot, registered for the scan and released
-    // after it.
-    unsafe {
-        let snap = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        scan_at(snap, heap, index, keys, direction, visit);
-        pg_sys::UnregisterSnapshot(snap);
-    }
-}
-
-/// [`scan_fresh`] under snapshot `snap`.
-///
-/// # Safety
-/// `snap` is a registered MVCC snapshot that outlives the call.
-pub unsafe fn scan_at(
-    snap: pg_sys::Snapshot,
-    heap: &OpenRel,
-    index: &OpenRel,
-    keys: &mut [pg_sys::ScanKeyData],
-    direction: pg_sys::ScanDirection::Type,
-    mut visit: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
-) {
-    // SAFETY: per contract; relation and index are open and locked; the
-    // keys (and the row members they point to) outlive the scan; the slot
-    // belongs to the relation and is dropped before the scan ends.
-    unsafe {
-        let scan = crate::pg::index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
-        let slot = pg_sys::table_slot_create(heap.as_ptr(), std::ptr::null_mut());
-        while pg_sys::index_getnext_slot(scan, direction, slot) {
-            if !visit(slot) {
-                break;
-            }
-        }
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::index_endscan(scan);
-    }
 }

@@ -26,11 +26,12 @@
 //! its rules (other roles' sessions need pg_read_all_stats, which
 //! pg_monitor has).
 
-use super::cursor::{parse_after, scan_fresh, scan_keys, After};
+use super::cursor::{parse_after, scan_keys, After};
 use crate::args::Regclass;
 use crate::errors;
 use crate::keys::KeyDesc;
 use crate::pg::acl::Visibility;
+use crate::pg::index_scan::scan_fresh;
 use crate::pg::{rel_name, OpenRel};
 use crate::registry::{self, Latched};
 use crate::shmem::{backend, table};

@@ -17,11 +17,12 @@
 //! past every key visible at S.  Keys that bypass the draw (hand-drawn
 //! `nextval`, explicit ids) are `pgkvx.check()`'s to report.
 
-use super::cursor::{scan_at, scan_keys, After};
+use super::cursor::{scan_keys, After};
 use crate::args::Regclass;
 use crate::errors;
 use crate::keys::KeyDesc;
 use crate::pg::acl::Visibility;
+use crate::pg::index_scan::scan_at;
 use crate::pg::{rel_name, OpenRel};
 use crate::read::snapshot::{self, BaseSnapshot};
 use crate::registry::{self, Latched};

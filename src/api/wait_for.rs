@@ -376,7 +376,7 @@ fn committed_past(heap: OpenRel, after: Option<&After>, backward: bool) -> bool 
         pg_sys::ScanDirection::ForwardScanDirection
     };
     let mut found = false;
-    cursor::scan_fresh(&heap, &index, &mut keys, direction, |slot| {
+    crate::pg::index_scan::scan_fresh(&heap, &index, &mut keys, direction, |slot| {
         let Some(a) = after else {
             found = true;
             return false;

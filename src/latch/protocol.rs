@@ -15,7 +15,10 @@
 //!   limits), check D before reading: when nothing in D conflicts the scan
 //!   streams and buffers nothing; otherwise it reads and checks T as above.
 //! - fenced: check D before reading, wait and refresh until D is clean,
-//!   then read and stream.
+//!   then read and stream.  When D meets writers, the read first asks
+//!   where it will end at the current snapshot (the probe: a LIMIT read
+//!   returns the first rows of D, and a writer past the last of them can
+//!   never be among them) and checks only up to there.
 //! - REPEATABLE READ / SERIALIZABLE: the snapshot cannot change.  Waiting
 //!   still helps when a holder aborts; a holder that committed is a conflict
 //!   waiting cannot repair → serialization failure (40001).
@@ -96,6 +99,9 @@ pub struct ReadReport {
     /// Times the read stopped before the keys of writers that started
     /// after its first snapshot.
     pub cuts: u32,
+    /// Times a fenced read probed where it would end, because its declared
+    /// span met writers.
+    pub probes: u32,
     pub fell_back: bool,
     /// An optimistic read's result was too large to buffer: it went fenced.
     pub overflowed: bool,
@@ -115,6 +121,7 @@ impl ReadReport {
         self.fresh_snapshots += r.fresh_snapshots;
         self.waits += r.waits;
         self.cuts += r.cuts;
+        self.probes += r.probes;
         self.fell_back |= r.fell_back;
         self.overflowed |= r.overflowed;
         self.streamed |= r.streamed;
@@ -135,6 +142,12 @@ pub trait Env {
     fn read_buffered(&mut self, cut: &Footprint) -> Option<Footprint>;
     /// Checks `fp` against the current snapshot.
     fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check;
+    /// Fenced: the part of the declared footprint the read will return rows
+    /// from at the current snapshot (the probe), or None when that cannot
+    /// be known before reading.
+    fn probe(&mut self) -> Option<Footprint> {
+        None
+    }
     /// Waits until transaction `xid` has ended.
     fn wait(&mut self, xid: Xid);
     /// Replaces the snapshot with a new one (never called when the
@@ -208,8 +221,19 @@ pub fn run<E: Env>(
             ReadMode::Fenced => without(&declared(), &cut),
         };
         conflicts.clear();
-        let c = env.check(&fp, &mut conflicts);
+        let mut c = env.check(&fp, &mut conflicts);
         report.validations += 1;
+        let mut fp = fp;
+        if !c.clean() && mode == ReadMode::Fenced {
+            // Writers in D: perhaps only past the rows the read returns.
+            if let Some(ends) = env.probe() {
+                report.probes += 1;
+                fp = without(&ends, &cut);
+                conflicts.clear();
+                c = env.check(&fp, &mut conflicts);
+                report.validations += 1;
+            }
+        }
         if c.clean() {
             report.checked = Some(fp);
             return clean_outcome(mode, cut);
@@ -360,6 +384,9 @@ mod tests {
         last_resort: bool,
         refreshed: u32,
         waited: Vec<Xid>,
+        /// What a fenced read's probe finds (None: it cannot probe).
+        probe: Option<Footprint>,
+        probed: u32,
     }
 
     fn span(a: u8, b: u8) -> Span {
@@ -394,6 +421,10 @@ mod tests {
         fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
             self.last_resort.then(|| upward(conflicts))
         }
+        fn probe(&mut self) -> Option<Footprint> {
+            self.probed += 1;
+            self.probe.clone()
+        }
     }
 
     fn upward(conflicts: &[Conflict]) -> Footprint {
@@ -410,6 +441,8 @@ mod tests {
             last_resort: false,
             refreshed: 0,
             waited: Vec::new(),
+            probe: None,
+            probed: 0,
         }
     }
 
@@ -512,6 +545,37 @@ mod tests {
             let checked = report.checked.expect("checked");
             assert_eq!(checked, vec![(RelId::new(1, 1), span(1, 5))], "{mode:?}: the read stops before key 5");
         }
+    }
+
+    #[test]
+    fn a_fenced_read_waits_only_for_writers_behind_where_its_probe_ends() {
+        let d = || vec![(RelId::new(1, 1), Span::ALL)];
+        // (case, what the probe finds, waits, probes); the writer is met
+        // by the first two checks it overlaps.
+        let cases = [
+            ("the writer is past the last row: not waited for", Some(vec![(RelId::new(1, 1), span(1, 5))]), 0, 1),
+            ("the writer is behind the last row: waited for", Some(vec![(RelId::new(1, 1), span(1, 9))]), 1, 1),
+            ("no rows at all: nobody to wait for", Some(Vec::new()), 0, 1),
+            ("the end cannot be probed: the declared span", None, 1, 1),
+        ];
+        for (name, probe, waits, probes) in cases {
+            for fixed in [false, true] {
+                let mut env = scripted(if probe.is_some() { 2 } else { 1 }, 9, false);
+                env.probe = probe.clone();
+                let mut report = ReadReport::default();
+                let out = run(&mut env, &mut d.clone(), &params(ReadMode::Fenced, fixed), &mut report);
+                assert_eq!(out, ReadOutcome::Stream { cut: Vec::new() }, "{name}, fixed {fixed}");
+                assert_eq!(env.waited.len(), waits, "{name}, fixed {fixed}");
+                assert_eq!(env.probed, probes, "{name}, fixed {fixed}");
+                assert_eq!(report.probes, u32::from(probe.is_some()), "{name}");
+            }
+        }
+        // Optimistic reads never probe: they validate what they touched.
+        let mut env = scripted(1, 9, false);
+        env.probe = Some(Vec::new());
+        let mut report = ReadReport::default();
+        run(&mut env, &mut d.clone(), &params(ReadMode::Optimistic, false), &mut report);
+        assert_eq!(env.probed, 0);
     }
 
     #[test]

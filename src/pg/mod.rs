@@ -7,27 +7,6 @@ use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::PgSqlErrorCode;
 use std::ffi::{CStr, CString};
 
-/// `index_beginscan` without instrumentation (PG18 added the
-/// `IndexScanInstrumentation *` argument before the key counts).
-///
-/// # Safety
-/// As `index_beginscan`: open, locked relations and a registered snapshot.
-pub unsafe fn index_beginscan(
-    heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    snap: pg_sys::Snapshot,
-    nkeys: i32,
-    norderbys: i32,
-) -> pg_sys::IndexScanDesc {
-    // SAFETY: per contract.
-    unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        return pg_sys::index_beginscan(heap, index, snap, nkeys, norderbys);
-        #[cfg(feature = "pg18")]
-        return pg_sys::index_beginscan(heap, index, snap, std::ptr::null_mut(), nkeys, norderbys);
-    }
-}
-
 /// This backend's PGPROC number, or `None` without a PGPROC.
 #[cfg(any(feature = "pg15", feature = "pg16"))]
 pub fn my_proc_number() -> Option<i32> {
@@ -84,6 +63,7 @@ pub unsafe fn pathkey_descending(pk: *const pg_sys::PathKey) -> bool {
 /// Call them only through `pg_sys::ffi::pg_guard_ffi_boundary`.
 pub mod acl;
 pub mod boundary;
+pub mod index_scan;
 pub mod memcx;
 pub mod raw;
 

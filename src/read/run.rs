@@ -33,6 +33,15 @@ pub trait Reader {
     fn last_resort_cut(&mut self, _conflicts: &[Conflict]) -> Option<Footprint> {
         None
     }
+    /// Fenced: the spans it will return rows from at `base` (see the latch
+    /// core's `protocol`, the probe); None when it cannot tell before
+    /// reading.
+    fn probe(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {
+        None
+    }
+    /// The protocol took a fresh snapshot: what an earlier probe found no
+    /// longer holds.
+    fn snapshot_moved(&mut self) {}
 }
 
 /// When a read may stop before a later writer's first key.
@@ -196,17 +205,27 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn refresh_snapshot(&mut self) {
         self.base.release();
         self.base = BaseSnapshot::fresh();
+        self.reader.snapshot_moved();
+    }
+
+    fn probe(&mut self) -> Option<Footprint> {
+        self.reader.probe(&self.base)
     }
 }
 
 /// A fenced read that may stop before the first latch met in each table
 /// when `may_cut` (asked only then) says its scans allow the rule; `rule`
-/// is the widest rule a cut of it has used, for applying the cut.
-pub struct Fenced<F: FnMut(CutRule) -> bool> {
+/// is the widest rule a cut of it has used, for applying the cut.  `probe`
+/// finds the spans it will return rows from at a snapshot (None: it cannot
+/// tell); `probed` says whether the last probe was at the snapshot the
+/// read ends at (what it found then still holds when the read runs).
+pub struct Fenced<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> {
     pub may_cut: F,
     pub rule: Option<CutRule>,
+    pub probe: P,
+    pub probed: bool,
 }
-impl<F: FnMut(CutRule) -> bool> Reader for Fenced<F> {
+impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Reader for Fenced<F, P> {
     fn read_buffered(&mut self, _base: &BaseSnapshot, _cut: &Footprint) -> Option<Footprint> {
         unreachable!("fenced reads never buffer")
     }
@@ -216,8 +235,16 @@ impl<F: FnMut(CutRule) -> bool> Reader for Fenced<F> {
     fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
         self.cut_by(CutRule::LastResort, conflicts)
     }
+    fn probe(&mut self, base: &BaseSnapshot) -> Option<Footprint> {
+        let found = (self.probe)(base);
+        self.probed = found.is_some();
+        found
+    }
+    fn snapshot_moved(&mut self) {
+        self.probed = false;
+    }
 }
-impl<F: FnMut(CutRule) -> bool> Fenced<F> {
+impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Fenced<F, P> {
     fn cut_by(&mut self, rule: CutRule, conflicts: &[Conflict]) -> Option<Footprint> {
         if !(self.may_cut)(rule) {
             return None;
@@ -338,6 +365,9 @@ pub struct ScanFence {
     /// Keys the scan must stop before: writers in flight at the snapshot
     /// that it leaves out instead of waiting for them, and by which rule.
     pub cut: Option<(Footprint, CutRule)>,
+    /// The probe found where the scan ends, and the fence checked only up
+    /// to there.
+    pub probed: bool,
 }
 
 /// Fences a scan when it starts, at the statement's snapshot `base`, which
@@ -348,22 +378,43 @@ pub struct ScanFence {
 /// so a tail does not wait for them) or waited
 /// for and checked again, and one that committed fails the statement
 /// with 40001.  The caller applies the cut and records the report.
-pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() -> Option<CutRule>) -> ScanFence {
+pub fn fence_at_scan(
+    fp: Footprint,
+    base: &BaseSnapshot,
+    probe: impl FnOnce() -> Option<Footprint>,
+    may_cut: impl FnOnce() -> Option<CutRule>,
+) -> ScanFence {
     let t = table().reader();
     // Each check is one validation of the report, counted with it.
-    let check = |out: &mut Vec<Conflict>| {
+    let check = |fp: &Footprint, out: &mut Vec<Conflict>| {
         let view = base.view();
-        t.check_footprint(&fp, &view, &snapshot::committed, &mut |c| out.push(c));
+        t.check_footprint(fp, &view, &snapshot::committed, &mut |c| out.push(c));
     };
     let mut met = Vec::new();
-    check(&mut met);
+    check(&fp, &mut met);
     let mut fence = ScanFence {
         report: ReadReport { validations: 1, ..Default::default() },
         wait_us: 0,
         waited: Vec::new(),
         cut: None,
+        probed: false,
+    };
+    // Writers in D: perhaps only past the rows the scan returns (the
+    // probe, as a fenced statement's: the latch core's `protocol`).
+    let probed = if met.is_empty() { None } else { probe() };
+    let fp = match probed {
+        Some(ends) => {
+            fence.probed = true;
+            fence.report.probes = 1;
+            fence.report.validations += 1;
+            met.clear();
+            check(&ends, &mut met);
+            ends
+        }
+        None => fp,
     };
     if met.is_empty() {
+        fence.report.checked = Some(fp);
         count(&fence.report);
         return fence;
     }
@@ -384,7 +435,7 @@ pub fn fence_at_scan(fp: Footprint, base: &BaseSnapshot, may_cut: impl FnOnce() 
             fence.report.waits += 1;
         }
         met.clear();
-        check(&mut met);
+        check(&fp, &mut met);
         fence.report.validations += 1;
         if let Some(c) = met.first() {
             count(&fence.report);

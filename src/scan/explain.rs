@@ -145,6 +145,13 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
         if r.cuts > 0 {
             ex.int(c"Stopped Before Later Writers", i64::from(r.cuts));
         }
+        if r.probes > 0 {
+            // The span fenced is the one the probe found (`Fenced Span`).
+            ex.int(c"Probes", i64::from(r.probes));
+            let fenced: Vec<Span> =
+                r.checked.iter().flatten().filter(|(rel, _)| *rel == rt.rel).map(|(_, s)| *s).collect();
+            ex.text(c"Fenced Span", &if keys_visible { spans_text(&key, &fenced) } else { HIDDEN.to_string() });
+        }
         if r.fresh_snapshots > 0 {
             ex.int(c"Fresh Snapshots", i64::from(r.fresh_snapshots));
         }

@@ -35,7 +35,8 @@ pub fn latch_rel(plan: &GuardPlan, latched: Option<&Latched>) -> RelId {
 }
 
 impl Guard {
-    fn rel(&self) -> RelId {
+    /// The latch identity its reads validate against.
+    pub fn rel(&self) -> RelId {
         latch_rel(&self.plan, self.latched.as_deref())
     }
 }
@@ -167,15 +168,9 @@ impl Guards {
             if self.0.len() > 1 {
                 seen.push((latched.root, &g.plan, unsafe { (*g.cs).custom_exprs }));
             }
-            // SAFETY: our plan node's expression list.
-            let exprs = unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs) };
-            let quals = g.plan.bounds.iter().zip(exprs).filter_map(|(b, e)| {
-                // SAFETY: per contract; our plan node's expressions.
-                let (value, isnull) = unsafe { eval_at_start(e, params) }?;
-                Some(b.qual(value, isnull))
-            });
             let rel = latched.latch_id();
-            fp.extend(span::declared(&latched.key, quals).spans.into_iter().map(|s| (rel, s)));
+            // SAFETY: per contract.
+            fp.extend(unsafe { declared_of(g, params) }.spans.into_iter().map(|s| (rel, s)));
         }
         fp
     }
@@ -184,6 +179,53 @@ impl Guards {
     pub fn first_rel(&self) -> RelId {
         self.0.first().map_or(RelId::EMPTY, Guard::rel)
     }
+}
+
+/// D of guard `g` as known before the statement runs (bounds not known
+/// then are left out, which only widens it); every key for a table no
+/// longer latched.
+///
+/// # Safety
+/// `params` are `g`'s statement's.
+pub unsafe fn declared_of(g: &Guard, params: pg_sys::ParamListInfo) -> span::Declared {
+    let Some(latched) = &g.latched else { return span::Declared::all() };
+    // SAFETY: our plan node's expression list.
+    let exprs = unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs) };
+    let quals = g.plan.bounds.iter().zip(exprs).filter_map(|(b, e)| {
+        // SAFETY: per contract; our plan node's expressions.
+        let (value, isnull) = unsafe { value_at_start(e, params) }?;
+        Some(b.qual(value, isnull))
+    });
+    span::declared(&latched.key, quals)
+}
+
+/// Whether the guards of `stmt` read one latched table (or tree): what
+/// [`Guards::sole_root`] says of its decoded guards, from the plan alone,
+/// for a node whose statement did not decode them (a second executor).
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+pub unsafe fn guards_one_table(stmt: *mut pg_sys::PlannedStmt) -> bool {
+    let mut roots: Vec<Option<pg_sys::Oid>> = Vec::new();
+    let mut collect = |p: *mut pg_sys::Plan| {
+        // SAFETY: a node of the statement's plan; our plan data read only.
+        unsafe {
+            if is_guard_plan(p) {
+                let plan = GuardPlan::from_list((*(p as *mut pg_sys::CustomScan)).custom_private);
+                roots.push(plan.and_then(|pl| registry::lookup(pl.relid)).map(|l| l.root));
+                return false;
+            }
+        }
+        true
+    };
+    // SAFETY: per contract.
+    unsafe {
+        walk_plans((*stmt).planTree, &mut collect);
+        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
+            walk_plans(sp, &mut collect);
+        }
+    }
+    roots.iter().all(|r| r.is_some() && *r == roots[0])
 }
 
 /// The tables the scans in `plans` (a tree guard's MergeAppend and
@@ -368,33 +410,58 @@ pub unsafe fn may_cut_last_resort(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sy
 /// # Safety
 /// `stmt` is a valid PlannedStmt.
 unsafe fn path_to(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> Option<Vec<*mut pg_sys::Plan>> {
-    unsafe fn find(p: *mut pg_sys::Plan, cs: *mut pg_sys::CustomScan, path: &mut Vec<*mut pg_sys::Plan>) -> bool {
-        if p.is_null() {
-            return false;
-        }
-        if p == cs as *mut pg_sys::Plan {
-            return true;
-        }
-        path.push(p);
-        let mut found = false;
-        // SAFETY: a valid plan node.
-        unsafe {
-            for_each_child(p, &mut |child| {
-                if !found {
-                    found = find(*child, cs, path);
-                }
-            })
-        };
-        if !found {
-            path.pop();
-        }
-        found
-    }
     let mut path = Vec::new();
     // SAFETY: per contract.  Only the statement's own tree: a subplan's
     // rows become a value (an array, a scalar, a test) that a prefix of
     // them would change.
-    unsafe { find((*stmt).planTree, cs, &mut path).then_some(path) }
+    unsafe { find_in((*stmt).planTree, cs, &mut path).then_some(path) }
+}
+
+/// The plan nodes from the top of the plan tree or subplan holding `cs`
+/// down to `cs`'s parent; None when `cs` is the top of one.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn path_in_statement(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+) -> Option<Vec<*mut pg_sys::Plan>> {
+    let mut path = Vec::new();
+    // SAFETY: per contract.
+    unsafe {
+        if find_in((*stmt).planTree, cs, &mut path) {
+            return Some(path);
+        }
+        list_iter::<pg_sys::Plan>((*stmt).subplans).find(|&sp| find_in(sp, cs, &mut path)).map(|_| path)
+    }
+}
+
+/// Whether `cs` is in plan tree `p`; if so `path` holds the nodes from
+/// `p` down to its parent.
+///
+/// # Safety
+/// `p` is a valid plan tree (or NULL).
+unsafe fn find_in(p: *mut pg_sys::Plan, cs: *mut pg_sys::CustomScan, path: &mut Vec<*mut pg_sys::Plan>) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    if p == cs as *mut pg_sys::Plan {
+        return true;
+    }
+    path.push(p);
+    let mut found = false;
+    // SAFETY: a valid plan node.
+    unsafe {
+        for_each_child(p, &mut |child| {
+            if !found {
+                found = find_in(*child, cs, path);
+            }
+        })
+    };
+    if !found {
+        path.pop();
+    }
+    found
 }
 
 /// Whether `sort`, right above guard `cs`, sorts by the key: its leading
@@ -554,7 +621,10 @@ pub fn order_by_plan(g: &Guard) -> RowOrder {
 ///
 /// # Safety
 /// `expr` is a valid expression; `params` the statement's (or NULL).
-unsafe fn eval_at_start(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
+pub(super) unsafe fn value_at_start(
+    expr: *mut pg_sys::Expr,
+    params: pg_sys::ParamListInfo,
+) -> Option<(pg_sys::Datum, bool)> {
     // SAFETY: per contract.
     if let Some(v) = unsafe { direct_value(expr, params) } {
         return Some(v);
@@ -672,13 +742,7 @@ pub unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamL
         if node_tag(top as *const Node) == pg_sys::NodeTag::T_Limit {
             let l = top as *mut pg_sys::Limit;
             if !(*l).limitCount.is_null() {
-                let int = |e: *mut Node| -> Option<u64> {
-                    if e.is_null() {
-                        return Some(0);
-                    }
-                    let (v, isnull) = eval_at_start(e as *mut pg_sys::Expr, params)?;
-                    Some(if isnull { 0 } else { (v.value() as i64).max(0) as u64 })
-                };
+                let int = |e: *mut Node| count_at_start(e, params);
                 if let (Some(c), Some(o)) = (int((*l).limitCount), int((*l).limitOffset)) {
                     return Some(c.saturating_add(o));
                 }
@@ -687,4 +751,19 @@ pub unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamL
         let est = (*top).plan_rows;
         (est.is_finite() && est < 1e12).then(|| est.ceil().max(1.0) as u64)
     }
+}
+
+/// A LIMIT's count or offset (an int8 expression; NULL or none: 0) when it
+/// is known before the statement runs.
+///
+/// # Safety
+/// `e` is a LIMIT's count or offset expression (or NULL); `params` the
+/// statement's.
+pub(super) unsafe fn count_at_start(e: *mut Node, params: pg_sys::ParamListInfo) -> Option<u64> {
+    if e.is_null() {
+        return Some(0);
+    }
+    // SAFETY: per contract.
+    let (v, isnull) = unsafe { value_at_start(e as *mut pg_sys::Expr, params) }?;
+    Some(if isnull { 0 } else { (v.value() as i64).max(0) as u64 })
 }

@@ -24,6 +24,7 @@ pub mod plan_data;
 pub mod plan_walk;
 pub mod planner;
 pub mod position;
+pub mod probe;
 pub mod report;
 pub mod restartable;
 pub mod runtime;

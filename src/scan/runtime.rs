@@ -90,6 +90,8 @@ pub struct NodeRuntime {
     pub(super) cut: Option<pgkvx_latch::KeyBuf>,
     /// A scan moving up the key met the cut: it has ended.
     pub(super) stopped: bool,
+    /// Whether the statement guards one latched table ([`Self::reads_one_table`]).
+    pub(super) one_table: std::cell::Cell<Option<bool>>,
     /// For a scan in no key order (`Anywhere`) of the latched table itself:
     /// its scan state, whose scan slot holds the row it returned last, and
     /// the key columns' positions there -- so that a cut can leave rows
@@ -257,6 +259,8 @@ impl NodeRuntime {
         let d = unsafe { self.static_declared(node) };
         let Some(latched) = self.latched.clone() else { return };
         let key = &latched.key;
+        // SAFETY: a begun node's executor state.
+        let stmt = unsafe { (*(*node).ss.ps.state).es_plannedstmt };
         // SAFETY: the child's scan keys (evaluated for this execution), its
         // slots and the row it handed up last, all live for the scan.
         let t: Vec<Span> = unsafe {
@@ -273,18 +277,18 @@ impl NodeRuntime {
                     let slot = (**scan).ss_ScanTupleSlot;
                     match row_key(key, slot, attnos) {
                         Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
-                        None => self.ran_out(&d, *forward, *scan, attnos),
+                        None => self.ran_out(stmt, &d, *forward, *scan, attnos),
                     }
                 }
                 ScanPosition::Stream { attnos, forward } => match row_key(key, self.last, attnos) {
                     Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
-                    None => self.ran_out(&d, *forward, std::ptr::null_mut(), attnos),
+                    None => self.ran_out(stmt, &d, *forward, std::ptr::null_mut(), attnos),
                 },
                 // A scan in no key order that ran out looked at every row,
                 // up to the greatest key; one that stopped early, anywhere.
                 ScanPosition::Anywhere => {
                     if is_empty(self.last) {
-                        self.ran_out(&d, true, std::ptr::null_mut(), &[])
+                        self.ran_out(stmt, &d, true, std::ptr::null_mut(), &[])
                     } else {
                         d.spans.clone()
                     }
@@ -313,16 +317,29 @@ impl NodeRuntime {
     /// the last key it examined -- rows past the last visible key are rows
     /// it could not have returned, whose writers commit after its
     /// snapshot, and a consumer reading up the key reads them next time
-    /// from its cursor.
+    /// from its cursor.  All of D too when statement `stmt` guards more
+    /// than one latched table: a cursor shared between them (the greatest
+    /// key read of either) could pass a row in flight in this one.
     ///
     /// # Safety
     /// `scan` (or NULL) is this node's scan, run out of rows; `attnos` are
     /// the key columns' positions in its slot.
-    unsafe fn ran_out(&self, d: &Declared, forward: bool, scan: *mut pg_sys::ScanState, attnos: &[i32]) -> Vec<Span> {
+    unsafe fn ran_out(
+        &self,
+        stmt: *mut pg_sys::PlannedStmt,
+        d: &Declared,
+        forward: bool,
+        scan: *mut pg_sys::ScanState,
+        attnos: &[i32],
+    ) -> Vec<Span> {
         if !d.open_toward(forward) {
             return d.spans.clone();
         }
         let Some(latched) = self.latched.as_deref() else { return d.spans.clone() };
+        // SAFETY: per contract.
+        if !unsafe { self.reads_one_table(stmt) } {
+            return d.spans.clone();
+        }
         let last = match &self.seen {
             Seen::Off => return d.spans.clone(),
             Seen::Tid { tid, .. } if tid.ip_posid == 0 => None,
@@ -334,6 +351,21 @@ impl NodeRuntime {
             Seen::Key { key, .. } => *key,
         };
         d.ran_out(last.as_ref(), forward)
+    }
+
+    /// Whether statement `stmt` guards one latched table (or tree), found
+    /// once per executor.
+    ///
+    /// # Safety
+    /// `stmt` is this node's statement.
+    unsafe fn reads_one_table(&self, stmt: *mut pg_sys::PlannedStmt) -> bool {
+        if let Some(one) = self.one_table.get() {
+            return one;
+        }
+        // SAFETY: per contract.
+        let one = unsafe { super::guards::guards_one_table(stmt) };
+        self.one_table.set(Some(one));
+        one
     }
 
     fn add_touched(&mut self, t: Span) {

@@ -142,9 +142,12 @@ def test_an_optimistic_read_with_a_writer_in_flight_keeps_the_node(ready):
 
 def test_a_fenced_read_waits_for_a_writer_then_runs_spliced(ready):
     """The fence folds the writer in before the spliced plan starts: the
-    row committed late is returned, not skipped."""
+    row committed late, behind one committed already, is returned, not
+    skipped."""
     writer = connect(ready, autocommit=False)
     (late,) = writer.execute("INSERT INTO kv (v) VALUES ('late') RETURNING id").fetchone()
+    with connect(ready) as c:
+        c.execute("INSERT INTO kv (v) VALUES ('after')")
     out = {}
 
     def read():

@@ -1,0 +1,385 @@
+//! The fenced probe: where a fenced read will end at its snapshot.
+//!
+//! A fenced read cannot run twice, so before it reads it waits for the
+//! writers in flight in the span it will read.  A tail's declared span runs
+//! to +∞, and at the head of a busy stream somebody is always writing
+//! there -- mostly past the rows the read will return: a LIMIT read
+//! returns the first n rows of its span at its snapshot, and a writer
+//! whose keys lie past the n-th can never be among them (the consumer
+//! reads them next time, from its cursor).  So when the declared span
+//! meets writers, the probe reads the key index at the snapshot -- the
+//! guarded index scan's own index quals, up to the limit -- and the read
+//! fences only up to the last key it found: exactly what an optimistic read
+//! of the same rows would have touched (`runtime.rs`, T).
+//!
+//! The probe must find the rows the scan will return, so it is taken only
+//! where that holds (a [`Shape`]): the guard sits on an index scan of the
+//! table's key index, forward, whose index quals are plain comparisons with
+//! values known before the statement runs, with no filter anywhere between
+//! the scan and a LIMIT of known count (only projections and subquery
+//! scans between).  Any filter (a qual, a row-level security policy) could
+//! make the scan go further than the probe did.  `FOR UPDATE` (LockRows
+//! between the LIMIT and the guard) may skip a row a concurrent writer
+//! deleted and pull the next one: there the node stops after the probe's
+//! last key ([`Probed::stop_after`]), returning fewer rows rather than one
+//! past a writer it did not wait for.  Everything else fences its declared
+//! span, as before.
+
+use super::guards::{self, Guard};
+use crate::keys::codec::KeyWriter;
+use crate::pg::index_scan::scan_at;
+use crate::pg::{list_iter, node_tag, OpenRel};
+use crate::read::span;
+use pgkvx_latch::{Footprint, KeyBuf, Span};
+use pgrx::pg_sys::{self, Node};
+
+/// A guard whose read's end can be probed: its index scan's quals, the
+/// rows its LIMIT takes, and whether row locks sit between (the node then
+/// stops after the probe's last key).
+pub struct Shape {
+    /// Which of the statement's guards.
+    guard: usize,
+    /// The scan keys of its index scan, as `ExecIndexBuildScanKeys` makes
+    /// them.
+    keys: Vec<pg_sys::ScanKeyData>,
+    want: u64,
+    locks: bool,
+}
+
+/// What probing the guards found at one snapshot.
+pub struct Probed {
+    /// The spans the read will return rows from: what it fences.
+    pub footprint: Footprint,
+    /// Per guard (its index in the statement's guards): stop after this key
+    /// (the exclusive end just past the probe's last key), where row locks
+    /// could otherwise pull rows past it.
+    pub stop_after: Vec<(usize, KeyBuf)>,
+}
+
+/// The probeable guards of a statement, found once at executor start;
+/// None when some latched guard cannot be probed (the read then fences
+/// its declared span: narrowing only some guards would still wait for the
+/// others' writers), and when its guards read more than one latched table:
+/// each would end at its own last row, and a cursor the consumer shares
+/// between them (the greatest key of either) could pass a writer in flight
+/// behind it in the other.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
+/// parameters.
+pub unsafe fn shapes(
+    stmt: *mut pg_sys::PlannedStmt,
+    gs: &super::guards::Guards,
+    params: pg_sys::ParamListInfo,
+) -> Option<Vec<Shape>> {
+    gs.sole_root()?;
+    let gs = &gs.0;
+    let mut out = Vec::with_capacity(gs.len());
+    for (i, g) in gs.iter().enumerate() {
+        if g.latched.is_none() {
+            continue;
+        }
+        // SAFETY: per contract.
+        out.push(unsafe { shape_of(stmt, g, params) }.map(|mut s| {
+            s.guard = i;
+            s
+        })?);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// The probe of guard `g`, if its read's end can be probed (see the
+/// module doc).
+///
+/// # Safety
+/// As [`shapes`].
+unsafe fn shape_of(stmt: *mut pg_sys::PlannedStmt, g: &Guard, params: pg_sys::ParamListInfo) -> Option<Shape> {
+    let latched = g.latched.as_deref()?;
+    // SAFETY: per contract.
+    unsafe {
+        let (indexqual, want, locks) = probeable(stmt, g.cs, &g.plan, latched, params)?;
+        let keys = scan_keys(latched.key.index, indexqual, params)?;
+        Some(Shape { guard: 0, keys, want, locks })
+    }
+}
+
+/// Whether the read of guard `cs` (planned as `plan`) over `latched` ends
+/// where a probe can find: the index quals of its scan, the rows its LIMIT
+/// takes, and whether row locks sit between them.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`; `params` its parameters.
+unsafe fn probeable(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+    plan: &super::plan_data::GuardPlan,
+    latched: &crate::registry::Latched,
+    params: pg_sys::ParamListInfo,
+) -> Option<(*mut pg_sys::List, u64, bool)> {
+    if plan.tree {
+        return None;
+    }
+    // SAFETY: per contract; plan nodes are cast after their tags are checked.
+    unsafe {
+        if !(*cs).scan.plan.qual.is_null() {
+            return None;
+        }
+        let mut p = crate::pg::list_nth::<pg_sys::Plan>((*cs).custom_plans, 0)?;
+        while node_tag(p as *const Node) == pg_sys::NodeTag::T_Result {
+            if !(*p).qual.is_null() || (*p).lefttree.is_null() {
+                return None;
+            }
+            p = (*p).lefttree;
+        }
+        let (indexid, indexqual, dir) = match node_tag(p as *const Node) {
+            pg_sys::NodeTag::T_IndexScan => {
+                let s = p as *mut pg_sys::IndexScan;
+                if !(*s).indexorderby.is_null() {
+                    return None;
+                }
+                ((*s).indexid, (*s).indexqual, (*s).indexorderdir)
+            }
+            pg_sys::NodeTag::T_IndexOnlyScan => {
+                let s = p as *mut pg_sys::IndexOnlyScan;
+                if !(*s).indexorderby.is_null() {
+                    return None;
+                }
+                ((*s).indexid, (*s).indexqual, (*s).indexorderdir)
+            }
+            _ => return None,
+        };
+        if indexid != latched.key.index || dir != pg_sys::ScanDirection::ForwardScanDirection || !(*p).qual.is_null() {
+            return None;
+        }
+        let (want, locks) = limit_above(stmt, cs, params)?;
+        Some((indexqual, want, locks))
+    }
+}
+
+/// The rows the LIMIT over guard `cs` takes (count plus offset), with only
+/// projections, subquery scans and row locks between them, and whether row
+/// locks are among them; None for anything else.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+unsafe fn limit_above(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+    params: pg_sys::ParamListInfo,
+) -> Option<(u64, bool)> {
+    // SAFETY: per contract.
+    let path = unsafe { guards::path_in_statement(stmt, cs) }?;
+    let mut locks = false;
+    // SAFETY: nodes of the statement's plan, cast after their tags are checked.
+    unsafe {
+        for &p in path.iter().rev() {
+            match node_tag(p as *const Node) {
+                pg_sys::NodeTag::T_Result | pg_sys::NodeTag::T_SubqueryScan if (*p).qual.is_null() => {}
+                pg_sys::NodeTag::T_LockRows => locks = true,
+                pg_sys::NodeTag::T_Limit => {
+                    let l = p as *mut pg_sys::Limit;
+                    if (*l).limitOption != pg_sys::LimitOption::LIMIT_OPTION_COUNT || (*l).limitCount.is_null() {
+                        return None;
+                    }
+                    let count = guards::count_at_start((*l).limitCount, params)?;
+                    let offset = guards::count_at_start((*l).limitOffset, params)?;
+                    return Some((count.saturating_add(offset), locks));
+                }
+                _ => return None,
+            }
+        }
+    }
+    None
+}
+
+/// The scan keys of an index scan's `indexqual` (index columns on the
+/// left, as the planner leaves them), each a plain comparison with a value
+/// known before the statement runs; None for any other qual (a row
+/// comparison, `= ANY`, `IS NULL`, a value the statement computes).
+///
+/// # Safety
+/// `indexqual` is the index quals of a scan of index `indexid`.
+unsafe fn scan_keys(
+    indexid: pg_sys::Oid,
+    indexqual: *mut pg_sys::List,
+    params: pg_sys::ParamListInfo,
+) -> Option<Vec<pg_sys::ScanKeyData>> {
+    let mut out = Vec::new();
+    // SAFETY: per contract; nodes are cast after their tags are checked;
+    // catalog lookups only.
+    unsafe {
+        for q in list_iter::<Node>(indexqual) {
+            if node_tag(q) != pg_sys::NodeTag::T_OpExpr {
+                return None;
+            }
+            let op = q as *mut pg_sys::OpExpr;
+            let left = crate::pg::list_nth::<Node>((*op).args, 0)?;
+            let right = crate::pg::list_nth::<pg_sys::Expr>((*op).args, 1)?;
+            if node_tag(left) != pg_sys::NodeTag::T_Var {
+                return None;
+            }
+            let attno = (*(left as *mut pg_sys::Var)).varattno;
+            let opfamily = pg_sys::get_opclass_family(pg_sys::get_index_column_opclass(indexid, i32::from(attno)));
+            let (mut strategy, mut lefttype, mut righttype) = (0i32, pg_sys::InvalidOid, pg_sys::InvalidOid);
+            pg_sys::get_op_opfamily_properties(
+                (*op).opno,
+                opfamily,
+                false,
+                &mut strategy,
+                &mut lefttype,
+                &mut righttype,
+            );
+            let (value, isnull) = guards::value_at_start(right, params)?;
+            let mut sk = pg_sys::ScanKeyData::default();
+            pg_sys::ScanKeyEntryInitialize(
+                &mut sk,
+                if isnull { pg_sys::SK_ISNULL as i32 } else { 0 },
+                attno,
+                strategy as u16,
+                righttype,
+                (*op).inputcollid,
+                (*op).opfuncid,
+                value,
+            );
+            out.push(sk);
+        }
+    }
+    Some(out)
+}
+
+/// Probes every shape at snapshot `snap`: the spans of `gs` the read will
+/// return rows from, with where row locks must stop.
+///
+/// # Safety
+/// `snap` is a registered MVCC snapshot; `shapes` are of `gs`, whose
+/// statement is starting; `params` its parameters.
+pub unsafe fn probe(gs: &[Guard], shapes: &[Shape], params: pg_sys::ParamListInfo, snap: pg_sys::Snapshot) -> Probed {
+    let mut out = Probed { footprint: Footprint::new(), stop_after: Vec::new() };
+    for s in shapes {
+        let g = &gs[s.guard];
+        let Some(latched) = g.latched.as_deref() else { continue };
+        // SAFETY: per contract.
+        let (last, full) = unsafe { last_key(&s.keys, s.want, latched, snap) };
+        // SAFETY: per contract.
+        let d = unsafe { guards::declared_of(g, params) };
+        let spans = returned(&d, last.as_ref(), full);
+        let rel = g.rel();
+        out.footprint.extend(spans.into_iter().map(|sp| (rel, sp)));
+        if let (true, Some(k)) = (s.locks, &last) {
+            out.stop_after.push((s.guard, Span::point(k.bytes()).end));
+        }
+    }
+    out
+}
+
+/// The key of the last row of the first `want` rows an index scan of
+/// `latched`'s key index with `keys` returns at `snap`, and whether it
+/// found that many.
+///
+/// # Safety
+/// `snap` is a registered MVCC snapshot; the keys' values outlive the call.
+unsafe fn last_key(
+    keys: &[pg_sys::ScanKeyData],
+    want: u64,
+    latched: &crate::registry::Latched,
+    snap: pg_sys::Snapshot,
+) -> (Option<KeyWriter>, bool) {
+    if want == 0 {
+        return (None, true);
+    }
+    let lock = pg_sys::AccessShareLock;
+    // The executor holds the table's lock already and takes (or took) the
+    // index's: both are kept to the end of the transaction, as it keeps them.
+    let heap = OpenRel::open(latched.key.relid, lock).keeping_lock();
+    let index = OpenRel::open(latched.key.index, lock).keeping_lock();
+    // index_rescan copies the keys in; ours stay as they are.
+    let mut keys = keys.to_vec();
+    let (mut n, mut last) = (0u64, None);
+    // SAFETY: per contract; both relations are open and locked.
+    unsafe {
+        scan_at(snap, &heap, &index, &mut keys, pg_sys::ScanDirection::ForwardScanDirection, |slot| {
+            n += 1;
+            last = Some(latched.key.encode_slot(slot));
+            n < want
+        });
+    }
+    (last, n >= want)
+}
+
+/// The spans of `d` a read up the key returns rows from when its scan's
+/// last row is `last`, `full` when that filled its LIMIT: nothing past it;
+/// else as an optimistic read that ran out of rows (runtime.rs, T).
+fn returned(d: &span::Declared, last: Option<&KeyWriter>, full: bool) -> Vec<Span> {
+    match (last, full) {
+        (Some(k), true) => d.within(&span::up_to(k, true)).collect(),
+        _ => d.ran_out(last, true),
+    }
+}
+
+/// What probing one started scan found: the spans it will return rows
+/// from, and where it must stop when row locks sit above it.
+pub struct ProbedScan {
+    pub spans: Vec<Span>,
+    pub stop_after: Option<KeyBuf>,
+}
+
+/// Probes a guard node as its scan starts (a statement fenced when its
+/// scans start: its bounds come from an init plan or a CTE), at `snap`:
+/// its index scan's own keys, evaluated now, as the scan will use them.
+/// None when its read's end cannot be probed, or its statement's guards
+/// read more than one latched table (`sole_root` None).
+///
+/// # Safety
+/// `node` is a begun guard node about to run for the first time; `snap`
+/// its statement's registered snapshot.
+pub unsafe fn probe_started(
+    node: *mut pg_sys::CustomScanState,
+    sole_root: Option<pg_sys::Oid>,
+    snap: pg_sys::Snapshot,
+) -> Option<ProbedScan> {
+    // As for [`shapes`]: one latched table.
+    sole_root?;
+    // SAFETY: per contract; plan states are cast after their tags are
+    // checked, and their scan keys hold `n` entries.
+    unsafe {
+        let rt = super::runtime::runtime(node);
+        let latched = rt.latched.clone()?;
+        let estate = (*node).ss.ps.state;
+        let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+        let (_, want, locks) =
+            probeable((*estate).es_plannedstmt, cs, &rt.plan, &latched, (*estate).es_param_list_info)?;
+        let mut ps = rt.child;
+        while node_tag(ps) == pg_sys::NodeTag::T_ResultState {
+            ps = (*ps).lefttree;
+        }
+        let (keys, n) = match node_tag(ps) {
+            pg_sys::NodeTag::T_IndexScanState => {
+                let s = ps as *mut pg_sys::IndexScanState;
+                if (*s).iss_NumRuntimeKeys != 0 && !(*s).iss_RuntimeKeysReady {
+                    // What its first run does: evaluate the keys.
+                    crate::pg::boundary::pass(|| crate::pg::raw::ExecReScan(ps));
+                }
+                ((*s).iss_ScanKeys, (*s).iss_NumScanKeys)
+            }
+            pg_sys::NodeTag::T_IndexOnlyScanState => {
+                let s = ps as *mut pg_sys::IndexOnlyScanState;
+                if (*s).ioss_NumRuntimeKeys != 0 && !(*s).ioss_RuntimeKeysReady {
+                    crate::pg::boundary::pass(|| crate::pg::raw::ExecReScan(ps));
+                }
+                ((*s).ioss_ScanKeys, (*s).ioss_NumScanKeys)
+            }
+            _ => return None,
+        };
+        let keys: &[pg_sys::ScanKeyData] = if n > 0 { std::slice::from_raw_parts(keys, n as usize) } else { &[] };
+        // Plain comparisons only: a row comparison's members, an array's
+        // elements live elsewhere.
+        let plain = (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) as i32;
+        if keys.iter().any(|k| k.sk_flags & !plain != 0) {
+            return None;
+        }
+        let (last, full) = last_key(keys, want, &latched, snap);
+        let d = rt.declared(node);
+        let stop_after = last.as_ref().filter(|_| locks).map(|k| Span::point(k.bytes()).end);
+        Some(ProbedScan { spans: returned(&d, last.as_ref(), full), stop_after })
+    }
+}
