@@ -7,7 +7,7 @@ SYSTEM_PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PG ?=
 export PG
 
-.PHONY: all deps build install demo test unit cluster-start cluster-stop fmt lint bench bench-quick clean
+.PHONY: all deps build install demo check test unit cluster-start cluster-stop fmt lint bench bench-quick clean
 
 all: build
 
@@ -24,6 +24,11 @@ demo: deps
 	scripts/install
 	scripts/cluster restart
 	scripts/demo
+
+# The two-minute loop: lint, unit, pgrx, regress and isolation on one major
+# (PG=15 unless given), on a fresh cluster of its own.
+check: deps
+	scripts/test --check
 
 test: deps
 	@if [ -z "$(PG)" ]; then scripts/test-versions; else scripts/test; fi

@@ -1,18 +1,17 @@
 //! `PgkvxLimitScan`: LIMIT reads in key order over latched tables, kept
 //! from skipping rows that commit late.
 //!
-//! `planner` decides which scans get the node and wraps their paths
-//! (`restartable` says whether a statement may run twice);
-//! `plan_data` is what the plan carries to the executor; `node` is the
-//! executor node (begin/exec/end/rescan, EXPLAIN), which follows how far
-//! its scan got; `statement` runs the read protocol (`read/`) once per
-//! statement from the executor hooks, over the statement's `guards`
-//! (decoded once, and handed to their nodes as the executor starts:
-//! `starting`); `tree` puts one node over a partitioned table's
-//! MergeAppend instead of one per partition; `unguarded` splices the node
-//! out of executions that have no use for it; `attempts` runs an
-//! optimistic statement's attempts, and `buffer` holds its rows back until
-//! they are valid.
+//! The map of a statement's life through these modules, a glossary and
+//! where each rule lives: README.md in this folder.
+//!
+//! - plan time: `planner` (which reads are tails), `restartable`,
+//!   `plan_data`, `tree`;
+//! - executor start: `statement` (the hooks, the mode), `guards` (decoded
+//!   once; also the cut rules), `probe` (where a fenced read ends),
+//!   `starting`, `unguarded`, `hooks`;
+//! - the node: `node`, `position`, `runtime`;
+//! - validation: `attempts`, `buffer`;
+//! - EXPLAIN: `explain`, `report`; walks over plans: `plan_walk`.
 
 pub mod attempts;
 pub mod buffer;
