@@ -108,7 +108,7 @@ impl OpenScan {
                 if !old.is_null() {
                     pg_sys::index_endscan(old);
                 }
-                let s = crate::pg::index_scan::index_beginscan(heap, index.as_ptr(), snap, keys.len() as i32, 0);
+                let s = crate::pg::compat::index_beginscan(heap, index.as_ptr(), snap, keys.len() as i32, 0);
                 pg_sys::index_rescan(s, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
                 s
             })

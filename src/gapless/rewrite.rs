@@ -188,7 +188,7 @@ unsafe fn next_key_call(funcid: Oid, relid: Oid, typid: Oid) -> *mut Node {
 }
 
 /// What differs between majors in identity keys.
-#[cfg(all(feature = "pg_test", any(feature = "pg17", feature = "pg18")))]
+#[cfg(all(feature = "pg_test", identity_shared_with_partitions))]
 #[pgrx::pg_schema]
 mod tests {
     use pgrx::prelude::*;

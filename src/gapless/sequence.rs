@@ -111,34 +111,7 @@ pub fn gapless_key(relid: Oid) -> Option<(i16, String)> {
 }
 
 /// The identity sequence of column `attnum` of `relid`, or InvalidOid.
-///
-/// # Safety
-/// A transaction is open (catalog and relcache lookups).
-#[cfg(any(feature = "pg15", feature = "pg16"))]
-pub unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
-    // SAFETY: per contract.
-    unsafe { pg_sys::getIdentitySequence(relid, attnum, true) }
-}
-
-/// PG17 takes the relation (and answers for a partition with its root's
-/// sequence).  A relcache reference takes no lock, as the oid-only call
-/// did: a lock here could be upgraded by the ALTER TABLE that follows.
-///
-/// # Safety
-/// A transaction is open (catalog and relcache lookups).
-#[cfg(any(feature = "pg17", feature = "pg18"))]
-pub unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
-    // SAFETY: per contract; the reference is released before returning.
-    unsafe {
-        let rel = pg_sys::RelationIdGetRelation(relid);
-        if rel.is_null() {
-            return pg_sys::InvalidOid;
-        }
-        let seq = pg_sys::getIdentitySequence(rel, attnum, true);
-        pg_sys::RelationClose(rel);
-        seq
-    }
-}
+pub use crate::pg::compat::identity_sequence;
 
 /// The identity sequence of `relid`'s key column when `relid` is latched
 /// gapless (itself, or as a partition of a latched gapless tree: from

@@ -552,7 +552,7 @@ mod tests {
 
     /// PostgreSQL 18's NOT VALID not-null constraint leaves old NULLs in
     /// place though it sets attnotnull: the key is still nullable.
-    #[cfg(feature = "pg18")]
+    #[cfg(not_valid_not_null)]
     #[pg_test(error = "key column \"k\" of \"k_nv\" may be NULL")]
     fn keys_under_a_not_valid_not_null_are_refused() {
         Spi::run(
@@ -565,7 +565,7 @@ mod tests {
     }
 
     /// ... and once validated, it is not.
-    #[cfg(feature = "pg18")]
+    #[cfg(not_valid_not_null)]
     #[pg_test]
     fn keys_under_a_validated_not_null_are_taken() {
         Spi::run(

@@ -56,19 +56,13 @@ pub fn rls_applies(relid: Oid) -> bool {
     }
 }
 
-/// Whether `role` owns relation `relid` (PG16 folded pg_class_ownercheck
-/// into object_ownercheck).
+/// Whether `role` owns relation `relid`.
 ///
 /// # Safety
 /// A transaction is open (a syscache lookup; raises for a missing relation).
 pub unsafe fn owns(relid: Oid, role: Oid) -> bool {
     // SAFETY: per contract.
-    unsafe {
-        #[cfg(feature = "pg15")]
-        return pg_sys::pg_class_ownercheck(relid, role);
-        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
-        return pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, role);
-    }
+    unsafe { super::compat::class_ownercheck(relid, role) }
 }
 
 /// Whether the current user owns relation `relid`.

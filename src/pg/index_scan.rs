@@ -1,31 +1,11 @@
 //! Index scans outside the executor: one scan of an index under a given
 //! or a fresh MVCC snapshot, for reads that look at committed rows
 //! without a plan (the fenced probe, `wait_for`, `head_blockers`,
-//! `high_water`), and `index_beginscan` across majors.
+//! `high_water`).
 
+use super::compat::index_beginscan;
 use super::OpenRel;
 use pgrx::pg_sys;
-
-/// `index_beginscan` without instrumentation (PG18 added the
-/// `IndexScanInstrumentation *` argument before the key counts).
-///
-/// # Safety
-/// As `index_beginscan`: open, locked relations and a registered snapshot.
-pub unsafe fn index_beginscan(
-    heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    snap: pg_sys::Snapshot,
-    nkeys: i32,
-    norderbys: i32,
-) -> pg_sys::IndexScanDesc {
-    // SAFETY: per contract.
-    unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        return pg_sys::index_beginscan(heap, index, snap, nkeys, norderbys);
-        #[cfg(feature = "pg18")]
-        return pg_sys::index_beginscan(heap, index, snap, std::ptr::null_mut(), nkeys, norderbys);
-    }
-}
 
 /// Scans `index` of `heap` with `keys` under a fresh MVCC snapshot (rows
 /// committed now, whoever is still writing), handing each row to `visit`

@@ -7,65 +7,23 @@ use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::PgSqlErrorCode;
 use std::ffi::{CStr, CString};
 
-/// This backend's PGPROC number, or `None` without a PGPROC.
-#[cfg(any(feature = "pg15", feature = "pg16"))]
-pub fn my_proc_number() -> Option<i32> {
-    // SAFETY: plain read of a backend global; checked for NULL.
-    Some(unsafe { pg_sys::MyProc.as_ref() }?.pgprocno)
-}
-
-/// This backend's PGPROC number, or `None` without a PGPROC.  PG17 dropped
-/// PGPROC.pgprocno for the MyProcNumber global (the same index).
-#[cfg(any(feature = "pg17", feature = "pg18"))]
-pub fn my_proc_number() -> Option<i32> {
-    // SAFETY: plain reads of backend globals, set together.
-    unsafe { pg_sys::MyProc.as_ref() }?;
-    Some(unsafe { pg_sys::MyProcNumber })
-}
-
-/// get_ordering_op_properties: the btree family, input type and strategy
-/// number (BTLessStrategyNumber or BTGreaterStrategyNumber) of ordering
-/// operator `op`, or None when it is none.  PG18 answers with a CompareType,
-/// whose COMPARE_LT..COMPARE_GT equal the btree strategy numbers.
-///
-/// # Safety
-/// A transaction is open (a syscache lookup).
-#[allow(clippy::unnecessary_cast)]
-pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
-    let (mut family, mut intype) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-    let mut strategy = 0i16;
-    #[cfg(feature = "pg18")]
-    let mut strategy = pg_sys::CompareType::COMPARE_INVALID;
-    // SAFETY: per contract; the out-arguments are locals.
-    let known = unsafe { pg_sys::get_ordering_op_properties(op, &mut family, &mut intype, &mut strategy) };
-    known.then_some((family, intype, strategy as u32))
-}
-
-/// Whether pathkey `pk` sorts descending (by its btree strategy; PG18
-/// names it a CompareType, whose COMPARE_GT equals BTGreaterStrategyNumber).
-///
-/// # Safety
-/// `pk` is a valid PathKey.
-pub unsafe fn pathkey_descending(pk: *const pg_sys::PathKey) -> bool {
-    // SAFETY: per contract.
-    unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        return (*pk).pk_strategy as u32 == pg_sys::BTGreaterStrategyNumber;
-        #[cfg(feature = "pg18")]
-        return (*pk).pk_cmptype == pg_sys::CompareType::COMPARE_GT;
-    }
-}
-
 /// nodes/nodeFuncs.h's tree walkers and mutators, declared with the callback
 /// type Postgres calls (pgrx's bindings take an argument-less one).  PG16
 /// made the plain names macros over `*_impl` functions with typed callbacks.
 /// Call them only through `pg_sys::ffi::pg_guard_ffi_boundary`.
 pub mod acl;
 pub mod boundary;
+pub mod compat;
 pub mod index_scan;
 pub mod memcx;
 pub mod raw;
+
+pub use compat::{
+    copy_has_default_marker, copy_path_disabled_nodes, copy_plan_disabled_nodes, executor_run, form_attrs,
+    json_result_type, latest_completed_xid, local_xact_id, my_proc_number, ordering_op_properties, pathkey_descending,
+    row_compare_lower_bound,
+};
+use compat::{holds_no_null, lc_collate_is_c};
 
 /// A `timestamptz` from microseconds since the PostgreSQL epoch, as
 /// shared memory keeps times.
@@ -73,97 +31,6 @@ pub fn timestamptz(us: i64) -> Option<pgrx::datum::TimestampWithTimeZone> {
     use pgrx::FromDatum;
     // SAFETY: TimestampTz is a plain i64.
     unsafe { pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false) }
-}
-
-/// lc_collate_is_c as PG17 had it: false for InvalidOid (where
-/// pg_newlocale_from_collation raises), else the locale's flag.
-#[cfg(feature = "pg18")]
-unsafe fn lc_collate_is_c(collation: Oid) -> bool {
-    if collation == pg_sys::InvalidOid {
-        return false;
-    }
-    // SAFETY: a valid collation oid; the locale is cached for the backend.
-    unsafe { (*raw::pg_newlocale_from_collation(collation)).collate_is_c }
-}
-
-#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-use raw::lc_collate_is_c;
-
-/// The type a SQL/JSON query function (JSON_VALUE, JSON_QUERY, a typed
-/// JSON_TABLE column) coerces its result to.  From PostgreSQL 17 that
-/// coercion, a domain's CHECK included, runs inside the JsonExpr at run
-/// time: the tree holds no CoerceToDomain node for it.
-///
-/// # Safety
-/// `node` is a valid expression node.
-#[cfg(any(feature = "pg17", feature = "pg18"))]
-pub unsafe fn json_result_type(node: *mut pg_sys::Node) -> Option<Oid> {
-    // SAFETY: per contract; cast after its tag is checked.
-    unsafe {
-        if node_tag(node) != pg_sys::NodeTag::T_JsonExpr {
-            return None;
-        }
-        let returning = (*(node as *mut pg_sys::JsonExpr)).returning;
-        (!returning.is_null()).then(|| (*returning).typid)
-    }
-}
-
-/// Before PostgreSQL 17, SQL/JSON results are coerced by expressions the
-/// tree shows.
-///
-/// # Safety
-/// None: nothing is read.
-#[cfg(any(feature = "pg15", feature = "pg16"))]
-pub unsafe fn json_result_type(_node: *mut pg_sys::Node) -> Option<Oid> {
-    None
-}
-
-/// Whether a COPY's options name a DEFAULT marker (`WITH (DEFAULT '\D')`,
-/// PostgreSQL 16 on): a field holding it takes the column's default, even
-/// in a column the COPY lists.
-///
-/// # Safety
-/// `options` is a COPY statement's option list (DefElem nodes), or NIL.
-#[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
-pub unsafe fn copy_has_default_marker(options: *mut pg_sys::List) -> bool {
-    // SAFETY: per contract.
-    unsafe {
-        list_iter::<pg_sys::DefElem>(options)
-            .any(|d| !(*d).defname.is_null() && std::ffi::CStr::from_ptr((*d).defname).to_bytes() == b"default")
-    }
-}
-
-/// PostgreSQL 15's COPY has no DEFAULT option (it refuses the name itself).
-///
-/// # Safety
-/// None: nothing is read.
-#[cfg(feature = "pg15")]
-pub unsafe fn copy_has_default_marker(_options: *mut pg_sys::List) -> bool {
-    false
-}
-
-/// Carries how many disabled plan nodes (`enable_* = off`) a path holds to
-/// the path that wraps it: PostgreSQL 18 compares that count before cost,
-/// so a wrapper without it would win over the plans the user asked for.
-/// Before 18 a disabled node is part of the cost, which wrappers copy.
-pub fn copy_path_disabled_nodes(to: &mut pg_sys::Path, from: &pg_sys::Path) {
-    #[cfg(feature = "pg18")]
-    {
-        to.disabled_nodes = from.disabled_nodes;
-    }
-    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-    let _ = (to, from);
-}
-
-/// As [`copy_path_disabled_nodes`], for a plan node that wraps another
-/// (EXPLAIN shows the count on 18).
-pub fn copy_plan_disabled_nodes(to: &mut pg_sys::Plan, from: &pg_sys::Plan) {
-    #[cfg(feature = "pg18")]
-    {
-        to.disabled_nodes = from.disabled_nodes;
-    }
-    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-    let _ = (to, from);
 }
 
 /// Whether `coll` orders strings by their bytes ("C", "POSIX", ucs_basic, or
@@ -206,71 +73,6 @@ pub mod walk {
         let mut visit: &mut dyn FnMut(*mut Node) -> Option<bool> = &mut visit;
         // SAFETY: per contract.
         unsafe { step(node, &mut visit as *mut &mut dyn FnMut(*mut Node) -> Option<bool> as *mut c_void) }
-    }
-}
-
-/// The xid after the latest completed one, as the horizon computation
-/// starts from it (PG17 renamed ShmemVariableCache to TransamVariables).
-///
-/// # Safety
-/// The caller holds ProcArrayLock, under which the value is stable.
-pub unsafe fn latest_completed_xid() -> u32 {
-    // SAFETY: per contract; the variable is in shared memory from startup.
-    unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16"))]
-        return (*pg_sys::ShmemVariableCache).latestCompletedXid.value as u32;
-        #[cfg(any(feature = "pg17", feature = "pg18"))]
-        return (*pg_sys::TransamVariables).latestCompletedXid.value as u32;
-    }
-}
-
-/// This backend's local transaction id (PG17 moved it into PGPROC.vxid).
-pub fn local_xact_id() -> u32 {
-    // SAFETY: MyProc is set in every backend that runs SQL.
-    unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16"))]
-        return (*pg_sys::MyProc).lxid;
-        #[cfg(any(feature = "pg17", feature = "pg18"))]
-        return (*pg_sys::MyProc).vxid.lxid;
-    }
-}
-
-/// ExecutorRun forward for `count` rows (0: all).  PG18 dropped the
-/// execute_once argument; earlier majors are told the portal may run again.
-///
-/// # Safety
-/// As ExecutorRun: `qd` started, its snapshot active.
-pub unsafe fn executor_run(qd: *mut pg_sys::QueryDesc, count: u64) {
-    // SAFETY: per contract.
-    unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        pg_sys::ExecutorRun(qd, pg_sys::ScanDirection::ForwardScanDirection, count, false);
-        #[cfg(feature = "pg18")]
-        pg_sys::ExecutorRun(qd, pg_sys::ScanDirection::ForwardScanDirection, count);
-    }
-}
-
-/// Whether a row comparison bounds from below (`>`, `>=`: Some(true)) or
-/// from above (`<`, `<=`: Some(false)); None for `=`, `<>`.  PG18 replaced
-/// RowCompareType (rctype) with CompareType (cmptype).
-pub fn row_compare_lower_bound(rc: &pg_sys::RowCompareExpr) -> Option<bool> {
-    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-    {
-        use pg_sys::RowCompareType::*;
-        match rc.rctype {
-            ROWCOMPARE_GT | ROWCOMPARE_GE => Some(true),
-            ROWCOMPARE_LT | ROWCOMPARE_LE => Some(false),
-            _ => None,
-        }
-    }
-    #[cfg(feature = "pg18")]
-    {
-        use pg_sys::CompareType::*;
-        match rc.cmptype {
-            COMPARE_GT | COMPARE_GE => Some(true),
-            COMPARE_LT | COMPARE_LE => Some(false),
-            _ => None,
-        }
     }
 }
 
@@ -544,26 +346,6 @@ pub struct Attr {
     pub generated: u8,
 }
 
-/// The `pg_attribute` rows of `tupdesc`, as the C macro TupleDescAttr
-/// reaches them.
-///
-/// # Safety
-/// `tupdesc` is a valid tuple descriptor.
-pub unsafe fn form_attrs<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
-    // SAFETY: per contract.  PG18 keeps natts CompactAttributes first and
-    // the FormData_pg_attribute array right after them (TupleDescAttr).
-    unsafe {
-        let natts = (*tupdesc).natts as usize;
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        return (*tupdesc).attrs.as_slice(natts);
-        #[cfg(feature = "pg18")]
-        return std::slice::from_raw_parts(
-            (*tupdesc).compact_attrs.as_ptr().add(natts).cast::<pg_sys::FormData_pg_attribute>(),
-            natts,
-        );
-    }
-}
-
 /// Every attribute of `tupdesc`, dropped ones included (so that index i is
 /// attribute number i + 1).
 ///
@@ -588,30 +370,6 @@ pub unsafe fn tupdesc_attrs(tupdesc: pg_sys::TupleDesc) -> Vec<Attr> {
             })
             .collect()
     }
-}
-
-/// Whether attribute `i` of `tupdesc` can hold no NULL.
-///
-/// # Safety
-/// `a` is attribute `i` of the valid tuple descriptor `tupdesc`.
-#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-unsafe fn holds_no_null(_tupdesc: pg_sys::TupleDesc, _i: usize, a: &pg_sys::FormData_pg_attribute) -> bool {
-    a.attnotnull
-}
-
-/// PG18 sets attnotnull for a NOT VALID not-null constraint too, under
-/// which old rows may still be NULL: only a validated one counts.  The
-/// relcache resolves the constraint's validity into the compact attribute;
-/// a descriptor that left it unknown counts as nullable.
-///
-/// # Safety
-/// `a` is attribute `i` of the valid tuple descriptor `tupdesc`.
-#[cfg(feature = "pg18")]
-unsafe fn holds_no_null(tupdesc: pg_sys::TupleDesc, i: usize, a: &pg_sys::FormData_pg_attribute) -> bool {
-    // SAFETY: per contract; compact_attrs holds natts entries.
-    a.attnotnull
-        && unsafe { (*tupdesc).compact_attrs.as_slice((*tupdesc).natts as usize)[i].attnullability }
-            == pg_sys::ATTNULLABLE_VALID as std::ffi::c_char
 }
 
 /// A relation (table, index, sequence) opened with a lock, closed when
@@ -732,13 +490,8 @@ impl OpenRel {
     }
 
     pub fn primary_key_index(&self) -> Option<Oid> {
-        // SAFETY: an open relation; the call fills its index list.
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-        let oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(self.rel) };
-        // PG18 also tracks a deferrable primary key; before it rd_pkindex
-        // never named one, so ask for immediate ones only.
-        #[cfg(feature = "pg18")]
-        let oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(self.rel, false) };
+        // SAFETY: an open relation.
+        let oid = unsafe { compat::primary_key_index(self.rel) };
         (oid != pg_sys::InvalidOid).then_some(oid)
     }
 

@@ -29,7 +29,7 @@ extern "C-unwind" {
     pub fn LWLockRelease(lock: *mut pg_sys::LWLock);
     pub fn palloc0(size: usize) -> *mut std::ffi::c_void;
     pub fn standard_ExecutorStart(qd: *mut pg_sys::QueryDesc, eflags: i32);
-    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    #[cfg(pre_pg18)]
     pub fn standard_ExecutorRun(
         qd: *mut pg_sys::QueryDesc,
         dir: pg_sys::ScanDirection::Type,
@@ -37,7 +37,7 @@ extern "C-unwind" {
         execute_once: bool,
     );
     // PG18 dropped execute_once: see standard_ExecutorRun below.
-    #[cfg(feature = "pg18")]
+    #[cfg(pg18_up)]
     #[link_name = "standard_ExecutorRun"]
     fn standard_ExecutorRun_pg18(qd: *mut pg_sys::QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64);
     pub fn standard_ExecutorFinish(qd: *mut pg_sys::QueryDesc);
@@ -83,27 +83,27 @@ extern "C-unwind" {
     ) -> *mut pg_sys::List;
     // nodes/nodeFuncs.h: from PostgreSQL 16 the walkers are macros over
     // these `_impl` functions.
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_walker_impl")]
+    #[cfg_attr(pg16_up, link_name = "query_tree_walker_impl")]
     pub fn query_tree_walker(
         query: *mut pg_sys::Query,
         walker: Option<unsafe extern "C-unwind" fn(*mut pg_sys::Node, *mut std::ffi::c_void) -> bool>,
         context: *mut std::ffi::c_void,
         flags: i32,
     ) -> bool;
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "expression_tree_walker_impl")]
+    #[cfg_attr(pg16_up, link_name = "expression_tree_walker_impl")]
     pub fn expression_tree_walker(
         node: *mut pg_sys::Node,
         walker: Option<unsafe extern "C-unwind" fn(*mut pg_sys::Node, *mut std::ffi::c_void) -> bool>,
         context: *mut std::ffi::c_void,
     ) -> bool;
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "query_tree_mutator_impl")]
+    #[cfg_attr(pg16_up, link_name = "query_tree_mutator_impl")]
     pub fn query_tree_mutator(
         query: *mut pg_sys::Query,
         mutator: Option<unsafe extern "C-unwind" fn(*mut pg_sys::Node, *mut std::ffi::c_void) -> *mut pg_sys::Node>,
         context: *mut std::ffi::c_void,
         flags: i32,
     ) -> *mut pg_sys::Query;
-    #[cfg_attr(any(feature = "pg16", feature = "pg17", feature = "pg18"), link_name = "expression_tree_mutator_impl")]
+    #[cfg_attr(pg16_up, link_name = "expression_tree_mutator_impl")]
     pub fn expression_tree_mutator(
         node: *mut pg_sys::Node,
         mutator: Option<unsafe extern "C-unwind" fn(*mut pg_sys::Node, *mut std::ffi::c_void) -> *mut pg_sys::Node>,
@@ -135,11 +135,11 @@ extern "C-unwind" {
     ) -> bool;
     // utils/pg_locale.h; not in pgrx's bindings.  Called through
     // `pg::collation_is_bytewise`, which guards the FFI boundary.
-    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    #[cfg(pre_pg18)]
     pub fn lc_collate_is_c(collation: pg_sys::Oid) -> bool;
     // PG18 dropped lc_collate_is_c: the answer is a flag of the collation's
     // pg_locale_t.
-    #[cfg(feature = "pg18")]
+    #[cfg(pg18_up)]
     pub fn pg_newlocale_from_collation(collid: pg_sys::Oid) -> *const Pg18LocaleHead;
 }
 
@@ -149,7 +149,7 @@ extern "C-unwind" {
 ///
 /// # Safety
 /// As standard_ExecutorRun.
-#[cfg(feature = "pg18")]
+#[cfg(pg18_up)]
 #[inline(always)]
 #[allow(non_snake_case)]
 pub unsafe fn standard_ExecutorRun(
@@ -185,7 +185,7 @@ pub unsafe fn eval_expr(
 
 /// The head of PG18's `struct pg_locale_struct` (utils/pg_locale.h), up to
 /// the flag read here; not in pgrx's bindings.
-#[cfg(feature = "pg18")]
+#[cfg(pg18_up)]
 #[repr(C)]
 pub struct Pg18LocaleHead {
     pub provider: std::ffi::c_char,

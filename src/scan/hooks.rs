@@ -2,6 +2,7 @@
 //! standard function) is called as a plain C call, so an ERROR in it
 //! longjmps to the caller's jump buffer (pg/boundary.rs).
 
+use crate::pg::compat;
 use crate::pg::raw;
 use pgrx::pg_sys::{self, QueryDesc};
 
@@ -30,18 +31,12 @@ pub unsafe fn prev_start(qd: *mut QueryDesc, eflags: i32) {
 /// Calls the previous ExecutorRun hook, or the standard function.
 ///
 /// # Safety
-/// The arguments of ExecutorRun (`once` is dropped on PG18).
+/// The arguments of ExecutorRun (`once` is dropped where the hook has none).
 pub unsafe fn prev_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
     // SAFETY: chaining with the same arguments.
     unsafe {
-        #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
         match PREV_RUN {
-            Some(f) => f(qd, dir, count, once),
-            None => raw::standard_ExecutorRun(qd, dir, count, once),
-        }
-        #[cfg(feature = "pg18")]
-        match PREV_RUN {
-            Some(f) => f(qd, dir, count),
+            Some(f) => compat::call_run_hook(f, qd, dir, count, once),
             None => raw::standard_ExecutorRun(qd, dir, count, once),
         }
     }
@@ -75,17 +70,11 @@ pub unsafe fn prev_end(qd: *mut QueryDesc) {
     }
 }
 
-/// The executor's run hook: PG18's has no execute_once.
-#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-type RunHook = unsafe extern "C-unwind" fn(*mut QueryDesc, pg_sys::ScanDirection::Type, u64, bool);
-#[cfg(feature = "pg18")]
-type RunHook = unsafe extern "C-unwind" fn(*mut QueryDesc, pg_sys::ScanDirection::Type, u64);
-
 /// Installs the executor hooks, keeping the previous ones to chain to;
 /// called from `_PG_init`.
 pub fn install(
     start: unsafe extern "C-unwind" fn(*mut QueryDesc, i32),
-    run: RunHook,
+    run: compat::ExecutorRunHook,
     finish: unsafe extern "C-unwind" fn(*mut QueryDesc),
     end: unsafe extern "C-unwind" fn(*mut QueryDesc),
 ) {

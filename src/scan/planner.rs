@@ -152,14 +152,11 @@ unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16
     unsafe {
         let found = list_iter::<pg_sys::EquivalenceMember>((*ec).ec_members)
             .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum));
-        // PG18 keeps child rels' members (partitions, inheritance children)
-        // out of ec_members, in ec_childmembers indexed by relid.
-        #[cfg(feature = "pg18")]
-        if !found && !(*ec).ec_childmembers.is_null() && (rti as i32) < (*ec).ec_childmembers_size {
-            return list_iter::<pg_sys::EquivalenceMember>(*(*ec).ec_childmembers.add(rti as usize))
-                .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum));
-        }
+        // Child rels' members (partitions, inheritance children) may be
+        // kept apart (pg::compat).
         found
+            || list_iter::<pg_sys::EquivalenceMember>(crate::pg::compat::ec_child_members(ec, rti))
+                .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum))
     }
 }
 

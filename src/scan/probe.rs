@@ -181,7 +181,15 @@ unsafe fn limit_above(
                     if (*l).limitOption != pg_sys::LimitOption::LIMIT_OPTION_COUNT || (*l).limitCount.is_null() {
                         return None;
                     }
-                    let count = guards::count_at_start((*l).limitCount, params)?;
+                    // As for the index quals: the executor evaluates them again.
+                    if !same_at_every_snapshot((*l).limitCount) || !same_at_every_snapshot((*l).limitOffset) {
+                        return None;
+                    }
+                    // LIMIT NULL is no limit: nothing to probe up to.
+                    let count = match guards::value_at_start((*l).limitCount as *mut pg_sys::Expr, params)? {
+                        (_, true) => return None,
+                        (v, false) => (v.value() as i64).max(0) as u64,
+                    };
                     let offset = guards::count_at_start((*l).limitOffset, params)?;
                     return Some((count.saturating_add(offset), locks));
                 }
@@ -193,9 +201,10 @@ unsafe fn limit_above(
 }
 
 /// The scan keys of an index scan's `indexqual` (index columns on the
-/// left, as the planner leaves them), each a plain comparison with a value
-/// known before the statement runs; None for any other qual (a row
-/// comparison, `= ANY`, `IS NULL`, a value the statement computes).
+/// left, as the planner leaves them), each a plain comparison with a
+/// constant or a client's parameter; None for any other qual (a row
+/// comparison, `= ANY`, `IS NULL`, a value the statement computes, a
+/// function whose value may change with the snapshot).
 ///
 /// # Safety
 /// `indexqual` is the index quals of a scan of index `indexid`.
@@ -229,6 +238,9 @@ unsafe fn scan_keys(
                 &mut lefttype,
                 &mut righttype,
             );
+            if !same_at_every_snapshot(right as *mut Node) {
+                return None;
+            }
             let (value, isnull) = guards::value_at_start(right, params)?;
             let mut sk = pg_sys::ScanKeyData::default();
             pg_sys::ScanKeyEntryInitialize(
@@ -245,6 +257,24 @@ unsafe fn scan_keys(
         }
     }
     Some(out)
+}
+
+/// Whether expression `e` (or NULL) has one value whatever the snapshot:
+/// immutable functions of constants and a client's parameters.  A STABLE
+/// function may read a table, and the executor evaluates the expression
+/// again at the fresh snapshot the read ends at: the probe would have
+/// looked elsewhere.
+///
+/// # Safety
+/// `e` is a valid expression (or NULL).
+unsafe fn same_at_every_snapshot(e: *mut Node) -> bool {
+    // SAFETY: per contract; the walkers only read.
+    unsafe {
+        e.is_null()
+            || !pg_sys::contain_mutable_functions(e)
+                && !pg_sys::contain_subplans(e)
+                && super::plan_walk::param_ids(e, pg_sys::ParamKind::PARAM_EXEC).is_empty()
+    }
 }
 
 /// Probes every shape at snapshot `snap`: the spans of `gs` the read will

@@ -44,6 +44,7 @@ use super::starting;
 use super::unguarded;
 use crate::errors;
 use crate::pg::boundary;
+use crate::pg::compat;
 use crate::pg::raw;
 
 use crate::read::run::{self, CutRule, ReadDecision, ReadStrategy};
@@ -125,7 +126,7 @@ fn take_statement(qd: *mut QueryDesc) -> Option<Box<GuardedStatement>> {
 
 pub fn init() {
     unguarded::init();
-    hooks::install(executor_start, executor_run, executor_finish, executor_end);
+    hooks::install(executor_start, compat::executor_run_hook::<Run>, executor_finish, executor_end);
 }
 
 // ---- the hooks ---------------------------------------------------------------
@@ -445,18 +446,14 @@ unsafe fn adopt_for_transaction(base: &BaseSnapshot, rel: pgkvx_latch::RelId) {
 /// itself through SQL) passes through this frame at every level, so for
 /// statements that are not ours it is as small as a C hook's and calls on
 /// with a plain C call; it keeps no state, so an ERROR longjmps past it.
-#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
-    // SAFETY: the executor's arguments, passed on unchanged.
-    unsafe { executor_run_with(qd, dir, count, once) }
-}
+struct Run;
 
-/// PG18's ExecutorRun has no execute_once (the executor decides parallelism
-/// itself); `once` is threaded through unused and dropped by [`prev_run`].
-#[cfg(feature = "pg18")]
-unsafe extern "C-unwind" fn executor_run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64) {
-    // SAFETY: the executor's arguments, passed on unchanged.
-    unsafe { executor_run_with(qd, dir, count, true) }
+impl compat::ExecutorRun for Run {
+    #[inline(always)]
+    unsafe fn run(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, count: u64, once: bool) {
+        // SAFETY: the executor's arguments, passed on unchanged.
+        unsafe { executor_run_with(qd, dir, count, once) }
+    }
 }
 
 #[inline(always)]
@@ -616,7 +613,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
     }
 }
 
-/// ExecutorFinish; like [`executor_run`], as small as a C hook for
+/// ExecutorFinish; like ExecutorRun ([`Run`]), as small as a C hook for
 /// statements that are not ours.
 unsafe extern "C-unwind" fn executor_finish(qd: *mut QueryDesc) {
     // SAFETY: the executor's argument, passed on unchanged.
@@ -645,7 +642,7 @@ unsafe extern "C-unwind" fn guarded_finish(qd: *mut QueryDesc) {
     }
 }
 
-/// ExecutorEnd; like [`executor_run`], as small as a C hook for statements
+/// ExecutorEnd; like ExecutorRun ([`Run`]), as small as a C hook for statements
 /// that are not ours.
 unsafe extern "C-unwind" fn executor_end(qd: *mut QueryDesc) {
     // SAFETY: the executor's argument, passed on unchanged.
