@@ -85,7 +85,7 @@ pub(super) use super::raw::lc_collate_is_c;
 pub unsafe fn json_result_type(node: *mut pg_sys::Node) -> Option<Oid> {
     // SAFETY: per contract; cast after its tag is checked.
     unsafe {
-        if node_tag(node) != pg_sys::NodeTag::T_JsonExpr {
+        if super::node_tag(node) != pg_sys::NodeTag::T_JsonExpr {
             return None;
         }
         let returning = (*(node as *mut pg_sys::JsonExpr)).returning;
@@ -113,7 +113,7 @@ pub unsafe fn json_result_type(_node: *mut pg_sys::Node) -> Option<Oid> {
 pub unsafe fn copy_has_default_marker(options: *mut pg_sys::List) -> bool {
     // SAFETY: per contract.
     unsafe {
-        list_iter::<pg_sys::DefElem>(options)
+        super::list_iter::<pg_sys::DefElem>(options)
             .any(|d| !(*d).defname.is_null() && std::ffi::CStr::from_ptr((*d).defname).to_bytes() == b"default")
     }
 }
