@@ -39,9 +39,6 @@ pub trait Reader {
     fn probe(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {
         None
     }
-    /// The protocol took a fresh snapshot: what an earlier probe found no
-    /// longer holds.
-    fn snapshot_moved(&mut self) {}
 }
 
 /// When a read may stop before a later writer's first key.
@@ -205,7 +202,6 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn refresh_snapshot(&mut self) {
         self.base.release();
         self.base = BaseSnapshot::fresh();
-        self.reader.snapshot_moved();
     }
 
     fn probe(&mut self) -> Option<Footprint> {
@@ -217,13 +213,11 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
 /// when `may_cut` (asked only then) says its scans allow the rule; `rule`
 /// is the widest rule a cut of it has used, for applying the cut.  `probe`
 /// finds the spans it will return rows from at a snapshot (None: it cannot
-/// tell); `probed` says whether the last probe was at the snapshot the
-/// read ends at (what it found then still holds when the read runs).
+/// tell).
 pub struct Fenced<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> {
     pub may_cut: F,
     pub rule: Option<CutRule>,
     pub probe: P,
-    pub probed: bool,
 }
 impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Reader for Fenced<F, P> {
     fn read_buffered(&mut self, _base: &BaseSnapshot, _cut: &Footprint) -> Option<Footprint> {
@@ -236,12 +230,7 @@ impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Re
         self.cut_by(CutRule::LastResort, conflicts)
     }
     fn probe(&mut self, base: &BaseSnapshot) -> Option<Footprint> {
-        let found = (self.probe)(base);
-        self.probed = found.is_some();
-        found
-    }
-    fn snapshot_moved(&mut self) {
-        self.probed = false;
+        (self.probe)(base)
     }
 }
 impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Fenced<F, P> {
@@ -365,9 +354,6 @@ pub struct ScanFence {
     /// Keys the scan must stop before: writers in flight at the snapshot
     /// that it leaves out instead of waiting for them, and by which rule.
     pub cut: Option<(Footprint, CutRule)>,
-    /// The probe found where the scan ends, and the fence checked only up
-    /// to there.
-    pub probed: bool,
 }
 
 /// Fences a scan when it starts, at the statement's snapshot `base`, which
@@ -397,14 +383,12 @@ pub fn fence_at_scan(
         wait_us: 0,
         waited: Vec::new(),
         cut: None,
-        probed: false,
     };
     // Writers in D: perhaps only past the rows the scan returns (the
     // probe, as a fenced statement's: the latch core's `protocol`).
     let probed = if met.is_empty() { None } else { probe() };
     let fp = match probed {
         Some(ends) => {
-            fence.probed = true;
             fence.report.probes = 1;
             fence.report.validations += 1;
             met.clear();

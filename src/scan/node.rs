@@ -293,25 +293,6 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
     }
 }
 
-/// Makes the node of plan `cs` among `nodes` stop before key `end`: the
-/// fenced probe found its read ends before it, and rows past it (which row
-/// locks could pull in place of a row a concurrent writer deleted) would
-/// come from where the read did not wait.  No rule to check: at the
-/// snapshot the read ends there anyway, so stopping changes only which
-/// rows a lock skipped in favour of.
-///
-/// # Safety
-/// `nodes` are begun guard nodes.
-pub unsafe fn stop_at(nodes: &[*mut pg_sys::CustomScanState], cs: *mut pg_sys::CustomScan, end: pgkvx_latch::KeyBuf) {
-    // SAFETY: per contract; a node's plan is its CustomScan.
-    for &n in nodes.iter().filter(|&&n| unsafe { (*n).ss.ps.plan } == cs as *mut pg_sys::Plan) {
-        // SAFETY: per contract.
-        let rt = unsafe { runtime(n) };
-        rt.cut = Some(rt.cut.map_or(end, |c| c.min(end)));
-        rt.stopped = false;
-    }
-}
-
 /// Whether this node's scan can stop before a later writer's key by
 /// `rule`: strictly, leaving its statement a state some serial order
 /// produces (`guards::may_cut`); as a last resort, when it is a tail up
@@ -363,11 +344,9 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             let stmt = (*estate).es_plannedstmt;
             let may = |rule| can_stop_early(node, rule) && super::guards::statement_may_cut(stmt, sole_root, rule);
-            let mut stop_after = None;
             let probe = || {
-                let found = super::probe::probe_started(node, sole_root, base.snap)?;
-                stop_after = found.stop_after;
-                Some(found.spans.into_iter().map(|s| (rt.rel, s)).collect())
+                let spans = super::probe::probe_started(node, sole_root, base.snap)?;
+                Some(spans.into_iter().map(|s| (rt.rel, s)).collect())
             };
             let fence = run::fence_at_scan(fp, &base, probe, || {
                 if !snapshot::statement_chooses_snapshot() {
@@ -382,9 +361,6 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             });
             if let Some((cut, rule)) = &fence.cut {
                 apply_cut(&[node], cut, *rule);
-            }
-            if let Some(end) = stop_after.filter(|_| fence.probed) {
-                stop_at(&[node], (*node).ss.ps.plan as *mut pg_sys::CustomScan, end);
             }
             if let Some(st) = &rt.statement {
                 st.borrow_mut().record(fence.report, fence.wait_us, fence.waited);

@@ -14,28 +14,26 @@
 //!
 //! The probe must find the rows the scan will return, so it is taken only
 //! where that holds (a [`Shape`]): the guard sits on an index scan of the
-//! table's key index, forward, whose index quals are plain comparisons with
-//! values known before the statement runs, with no filter anywhere between
-//! the scan and a LIMIT of known count (only projections and subquery
-//! scans between).  Any filter (a qual, a row-level security policy) could
-//! make the scan go further than the probe did.  `FOR UPDATE` (LockRows
-//! between the LIMIT and the guard) may skip a row a concurrent writer
-//! deleted and pull the next one: there the node stops after the probe's
-//! last key ([`Probed::stop_after`]), returning fewer rows rather than one
-//! past a writer it did not wait for.  Everything else fences its declared
-//! span, as before.
+//! table's key index, forward, whose index quals compare with values that
+//! stay put (immutable functions of constants and a client's parameters),
+//! with no filter anywhere between the scan and a LIMIT of such a count
+//! (only projections and subquery scans between).  Any filter (a qual, a
+//! row-level security policy) could make the scan go further than the
+//! probe did.  Row locks (`FOR UPDATE` and the like) can too: LockRows
+//! re-checks a row a concurrent writer updated in a plan state of its own
+//! (EvalPlanQual) and hands up its new version, whose key may lie past the
+//! probe's end.  Everything else fences its declared span, as before.
 
 use super::guards::{self, Guard};
 use crate::keys::codec::KeyWriter;
 use crate::pg::index_scan::scan_at;
 use crate::pg::{list_iter, node_tag, OpenRel};
 use crate::read::span;
-use pgkvx_latch::{Footprint, KeyBuf, Span};
+use pgkvx_latch::{Footprint, Span};
 use pgrx::pg_sys::{self, Node};
 
-/// A guard whose read's end can be probed: its index scan's quals, the
-/// rows its LIMIT takes, and whether row locks sit between (the node then
-/// stops after the probe's last key).
+/// A guard whose read's end can be probed: its index scan's quals and the
+/// rows its LIMIT takes.
 pub struct Shape {
     /// Which of the statement's guards.
     guard: usize,
@@ -43,17 +41,6 @@ pub struct Shape {
     /// them.
     keys: Vec<pg_sys::ScanKeyData>,
     want: u64,
-    locks: bool,
-}
-
-/// What probing the guards found at one snapshot.
-pub struct Probed {
-    /// The spans the read will return rows from: what it fences.
-    pub footprint: Footprint,
-    /// Per guard (its index in the statement's guards): stop after this key
-    /// (the exclusive end just past the probe's last key), where row locks
-    /// could otherwise pull rows past it.
-    pub stop_after: Vec<(usize, KeyBuf)>,
 }
 
 /// The probeable guards of a statement, found once at executor start;
@@ -97,15 +84,15 @@ unsafe fn shape_of(stmt: *mut pg_sys::PlannedStmt, g: &Guard, params: pg_sys::Pa
     let latched = g.latched.as_deref()?;
     // SAFETY: per contract.
     unsafe {
-        let (indexqual, want, locks) = probeable(stmt, g.cs, &g.plan, latched, params)?;
+        let (indexqual, want) = probeable(stmt, g.cs, &g.plan, latched, params)?;
         let keys = scan_keys(latched.key.index, indexqual, params)?;
-        Some(Shape { guard: 0, keys, want, locks })
+        Some(Shape { guard: 0, keys, want })
     }
 }
 
 /// Whether the read of guard `cs` (planned as `plan`) over `latched` ends
-/// where a probe can find: the index quals of its scan, the rows its LIMIT
-/// takes, and whether row locks sit between them.
+/// where a probe can find: the index quals of its scan and the rows its
+/// LIMIT takes.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`; `params` its parameters.
@@ -115,7 +102,7 @@ unsafe fn probeable(
     plan: &super::plan_data::GuardPlan,
     latched: &crate::registry::Latched,
     params: pg_sys::ParamListInfo,
-) -> Option<(*mut pg_sys::List, u64, bool)> {
+) -> Option<(*mut pg_sys::List, u64)> {
     if plan.tree {
         return None;
     }
@@ -151,14 +138,13 @@ unsafe fn probeable(
         if indexid != latched.key.index || dir != pg_sys::ScanDirection::ForwardScanDirection || !(*p).qual.is_null() {
             return None;
         }
-        let (want, locks) = limit_above(stmt, cs, params)?;
-        Some((indexqual, want, locks))
+        let want = limit_above(stmt, cs, params)?;
+        Some((indexqual, want))
     }
 }
 
 /// The rows the LIMIT over guard `cs` takes (count plus offset), with only
-/// projections, subquery scans and row locks between them, and whether row
-/// locks are among them; None for anything else.
+/// projections and subquery scans between them; None for anything else.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`.
@@ -166,16 +152,19 @@ unsafe fn limit_above(
     stmt: *mut pg_sys::PlannedStmt,
     cs: *mut pg_sys::CustomScan,
     params: pg_sys::ParamListInfo,
-) -> Option<(u64, bool)> {
+) -> Option<u64> {
     // SAFETY: per contract.
     let path = unsafe { guards::path_in_statement(stmt, cs) }?;
-    let mut locks = false;
     // SAFETY: nodes of the statement's plan, cast after their tags are checked.
     unsafe {
         for &p in path.iter().rev() {
             match node_tag(p as *const Node) {
                 pg_sys::NodeTag::T_Result | pg_sys::NodeTag::T_SubqueryScan if (*p).qual.is_null() => {}
-                pg_sys::NodeTag::T_LockRows => locks = true,
+                // Row locks re-check a row a concurrent writer changed in
+                // a plan state of their own (EvalPlanQual), which can hand
+                // up its new version under a key past the probe's end:
+                // from where the read did not wait.
+                pg_sys::NodeTag::T_LockRows => return None,
                 pg_sys::NodeTag::T_Limit => {
                     let l = p as *mut pg_sys::Limit;
                     if (*l).limitOption != pg_sys::LimitOption::LIMIT_OPTION_COUNT || (*l).limitCount.is_null() {
@@ -191,7 +180,7 @@ unsafe fn limit_above(
                         (v, false) => (v.value() as i64).max(0) as u64,
                     };
                     let offset = guards::count_at_start((*l).limitOffset, params)?;
-                    return Some((count.saturating_add(offset), locks));
+                    return Some(count.saturating_add(offset));
                 }
                 _ => return None,
             }
@@ -278,13 +267,18 @@ unsafe fn same_at_every_snapshot(e: *mut Node) -> bool {
 }
 
 /// Probes every shape at snapshot `snap`: the spans of `gs` the read will
-/// return rows from, with where row locks must stop.
+/// return rows from, what it fences.
 ///
 /// # Safety
 /// `snap` is a registered MVCC snapshot; `shapes` are of `gs`, whose
 /// statement is starting; `params` its parameters.
-pub unsafe fn probe(gs: &[Guard], shapes: &[Shape], params: pg_sys::ParamListInfo, snap: pg_sys::Snapshot) -> Probed {
-    let mut out = Probed { footprint: Footprint::new(), stop_after: Vec::new() };
+pub unsafe fn probe(
+    gs: &[Guard],
+    shapes: &[Shape],
+    params: pg_sys::ParamListInfo,
+    snap: pg_sys::Snapshot,
+) -> Footprint {
+    let mut out = Footprint::new();
     for s in shapes {
         let g = &gs[s.guard];
         let Some(latched) = g.latched.as_deref() else { continue };
@@ -292,12 +286,8 @@ pub unsafe fn probe(gs: &[Guard], shapes: &[Shape], params: pg_sys::ParamListInf
         let (last, full) = unsafe { last_key(&s.keys, s.want, latched, snap) };
         // SAFETY: per contract.
         let d = unsafe { guards::declared_of(g, params) };
-        let spans = returned(&d, last.as_ref(), full);
         let rel = g.rel();
-        out.footprint.extend(spans.into_iter().map(|sp| (rel, sp)));
-        if let (true, Some(k)) = (s.locks, &last) {
-            out.stop_after.push((s.guard, Span::point(k.bytes()).end));
-        }
+        out.extend(returned(&d, last.as_ref(), full).into_iter().map(|sp| (rel, sp)));
     }
     out
 }
@@ -346,13 +336,6 @@ fn returned(d: &span::Declared, last: Option<&KeyWriter>, full: bool) -> Vec<Spa
     }
 }
 
-/// What probing one started scan found: the spans it will return rows
-/// from, and where it must stop when row locks sit above it.
-pub struct ProbedScan {
-    pub spans: Vec<Span>,
-    pub stop_after: Option<KeyBuf>,
-}
-
 /// Probes a guard node as its scan starts (a statement fenced when its
 /// scans start: its bounds come from an init plan or a CTE), at `snap`:
 /// its index scan's own keys, evaluated now, as the scan will use them.
@@ -366,7 +349,7 @@ pub unsafe fn probe_started(
     node: *mut pg_sys::CustomScanState,
     sole_root: Option<pg_sys::Oid>,
     snap: pg_sys::Snapshot,
-) -> Option<ProbedScan> {
+) -> Option<Vec<Span>> {
     // As for [`shapes`]: one latched table.
     sole_root?;
     // SAFETY: per contract; plan states are cast after their tags are
@@ -376,8 +359,7 @@ pub unsafe fn probe_started(
         let latched = rt.latched.clone()?;
         let estate = (*node).ss.ps.state;
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-        let (_, want, locks) =
-            probeable((*estate).es_plannedstmt, cs, &rt.plan, &latched, (*estate).es_param_list_info)?;
+        let (_, want) = probeable((*estate).es_plannedstmt, cs, &rt.plan, &latched, (*estate).es_param_list_info)?;
         let mut ps = rt.child;
         while node_tag(ps) == pg_sys::NodeTag::T_ResultState {
             ps = (*ps).lefttree;
@@ -409,7 +391,6 @@ pub unsafe fn probe_started(
         }
         let (last, full) = last_key(keys, want, &latched, snap);
         let d = rt.declared(node);
-        let stop_after = last.as_ref().filter(|_| locks).map(|k| Span::point(k.bytes()).end);
-        Some(ProbedScan { spans: returned(&d, last.as_ref(), full), stop_after })
+        Some(returned(&d, last.as_ref(), full))
     }
 }

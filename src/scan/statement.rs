@@ -260,7 +260,6 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
         let params = (*qd).params;
         // Found when the declared spans first meet writers, once.
         let mut shapes: Option<Option<Vec<probe::Shape>>> = None;
-        let mut stop_after: Vec<(usize, pgkvx_latch::KeyBuf)> = Vec::new();
         let mut fenced = run::Fenced {
             may_cut: |rule| {
                 guards.0.iter().all(|g| {
@@ -272,24 +271,14 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
             },
             rule: None,
             probe: |at: &BaseSnapshot| {
-                let found = probe::probe(
-                    &guards.0,
-                    shapes.get_or_insert_with(|| probe::shapes(stmt, &guards, params)).as_deref()?,
-                    params,
-                    at.snap,
-                );
-                stop_after = found.stop_after;
-                Some(found.footprint)
+                let shapes = shapes.get_or_insert_with(|| probe::shapes(stmt, &guards, params));
+                Some(probe::probe(&guards.0, shapes.as_deref()?, params, at.snap))
             },
-            probed: false,
         };
         let declared = || -> Footprint { guards.declared_at_start(params) };
         let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
         let ReadDecision::Stream { cut } = ran.decision else { unreachable!("fenced reads never buffer") };
         let rule = fenced.rule.unwrap_or(CutRule::Strict);
-        if !fenced.probed {
-            stop_after.clear();
-        }
         let mut b = ran.base;
         let swapped = b.snap != (*qd).snapshot;
         if swapped {
@@ -301,7 +290,7 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
             (*qd).snapshot = new;
         }
         b.release();
-        if cut.is_empty() && stop_after.is_empty() && start_unguarded(qd, eflags, &guards) {
+        if cut.is_empty() && start_unguarded(qd, eflags, &guards) {
             // Only a snapshot of ours needs the statement: it must be the
             // active one while the statement runs.
             if swapped {
@@ -311,9 +300,6 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
         }
         let nodes = start_executor(qd, eflags, &guards);
         node::apply_cut(&nodes, &cut, rule);
-        for (i, end) in stop_after {
-            node::stop_at(&nodes, guards.0[i].cs, end);
-        }
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
         (*st).report.borrow_mut().record(ran.report, ran.wait_us, ran.waited);
     }
