@@ -687,7 +687,10 @@ mod stress {
         // fast one, however the threads get scheduled (the round cap only
         // ends a run whose writers never get to publish).
         let mut rounds = 0u64;
-        while checked < 30_000 && rounds < 10_000_000 {
+        // Also until the writers have run a few hundred transactions: on a
+        // busy machine the reader can finish its checks while they starve.
+        let started = |pa: &Mutex<ProcArray>| pa.lock().unwrap().next - 100;
+        while (checked < 30_000 || started(&pa) < 300) && rounds < 10_000_000 {
             rounds += 1;
             // Take a snapshot: xmin registered atomically with it.
             let (xmax, xip) = {

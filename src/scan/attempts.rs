@@ -6,9 +6,8 @@
 //! of ours to free.
 
 use super::buffer::BufferDest;
-use super::guards;
+use super::cut;
 use super::hooks::prev_run;
-use super::node;
 use super::plan_walk;
 use super::runtime;
 use crate::guc;
@@ -205,8 +204,8 @@ impl OptimisticAttempts {
         // SAFETY: our statement's QueryDesc, started and run once: its
         // guard nodes have begun.
         let ok = unsafe {
-            plan_walk::guard_nodes(self.qd).iter().all(|&n| node::can_stop_early(n, rule))
-                && guards::statement_may_cut((*self.qd).plannedstmt, self.sole_root, rule)
+            plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, rule))
+                && cut::statement_may_cut((*self.qd).plannedstmt, self.sole_root, rule)
         };
         if !ok {
             return None;
@@ -243,7 +242,7 @@ impl Reader for OptimisticAttempts {
             let dest = (*self.buffer).as_dest();
             let q2 = start_second_executor(self.qd, base.snap, dest, self.eflags);
             if !cut.is_empty() {
-                node::apply_cut(&plan_walk::guard_nodes(q2), cut, self.rule());
+                cut::apply_cut(&plan_walk::guard_nodes(q2), cut, self.rule());
             }
             with_active((*(*q2).estate).es_snapshot, || {
                 boundary::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))

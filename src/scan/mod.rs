@@ -7,7 +7,8 @@
 //! - plan time: `planner` (which reads are tails), `restartable`,
 //!   `plan_data`, `tree`;
 //! - executor start: `statement` (the hooks, the mode), `guards` (decoded
-//!   once; also the cut rules), `probe` (where a fenced read ends),
+//!   once), `probe` (where a fenced read ends), `cut` (when a read may stop
+//!   before a later writer's key),
 //!   `starting`, `unguarded`, `hooks`;
 //! - the node: `node`, `position`, `runtime`;
 //! - validation: `attempts`, `buffer`;
@@ -15,6 +16,7 @@
 
 pub mod attempts;
 pub mod buffer;
+pub mod cut;
 pub mod explain;
 pub mod guards;
 pub mod hooks;

@@ -17,7 +17,7 @@ use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use super::position::{key_source_of, position_of, ScanPosition};
 use super::runtime::{drop_runtime, note_key, runtime, seen_for, FenceAtStart, NodeRuntime, NodeState, Seen};
 use crate::pg::raw;
-use crate::pg::{list_iter, list_nth, make_list, node_tag, rel_name};
+use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::read::run::CutRule;
 use crate::registry;
 use pgrx::pg_sys::{self, Node};
@@ -266,61 +266,6 @@ unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) 
     }
 }
 
-/// Gives the guard nodes of a started executor the protocol's cut: each
-/// stops before the first key `cut` leaves out of its table.  Raises 40001
-/// for a node that cannot stop early by `rule` (the protocol decided the
-/// cut from the plan, before the nodes existed).
-///
-/// # Safety
-/// `nodes` are begun guard nodes.
-pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint, rule: CutRule) {
-    for &n in nodes {
-        // SAFETY: per contract.
-        let rt = unsafe { runtime(n) };
-        let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
-        // SAFETY: per contract.
-        if !unsafe { can_stop_early(n, rule) } {
-            crate::read::run::serialization_error(
-                format!(
-                    "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan cannot stop before that write (it does not read up the key into a LIMIT or a cursor).",
-                    rel_name(pg_sys::Oid::from(rt.rel.rel()))
-                ),
-                "The statement might succeed if retried.",
-            );
-        }
-        rt.cut = Some(start);
-        rt.stopped = false;
-    }
-}
-
-/// Whether this node's scan can stop before a later writer's key by
-/// `rule`: strictly, leaving its statement a state some serial order
-/// produces (`guards::may_cut`); as a last resort, when it is a tail up
-/// the key from a bound left open above whose rows reach the client as
-/// rows (`guards::may_cut_last_resort`).
-///
-/// # Safety
-/// `node` is a begun guard node.
-pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) -> bool {
-    use super::guards::RowOrder;
-    // SAFETY: per contract.
-    unsafe {
-        let rt = runtime(node);
-        let Some(latched) = rt.latched.clone() else { return false };
-        let order = match (&rt.position, &rt.key_source) {
-            (ScanPosition::Ordered { forward: true, .. } | ScanPosition::Stream { forward: true, .. }, _) => {
-                RowOrder::Up
-            }
-            (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
-            _ => RowOrder::Other,
-        };
-        let open_above = super::guards::open_above(&rt.plan, &latched.key);
-        let stmt = (*(*node).ss.ps.state).es_plannedstmt;
-        let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-        super::guards::may_stop_early(stmt, cs, &latched.key, order, open_above, rule)
-    }
-}
-
 /// The first run of a scan whose statement fences when its scans start:
 /// its bounds are known now (init plans and CTEs they read from have run
 /// or run as they are evaluated).  The statement's snapshot cannot move any
@@ -343,7 +288,8 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             let stmt = (*estate).es_plannedstmt;
-            let may = |rule| can_stop_early(node, rule) && super::guards::statement_may_cut(stmt, sole_root, rule);
+            let may =
+                |rule| super::cut::can_stop_early(node, rule) && super::cut::statement_may_cut(stmt, sole_root, rule);
             let probe = || {
                 let spans = super::probe::probe_started(node, sole_root, base.snap)?;
                 Some(spans.into_iter().map(|s| (rt.rel, s)).collect())
@@ -360,7 +306,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
                 }
             });
             if let Some((cut, rule)) = &fence.cut {
-                apply_cut(&[node], cut, *rule);
+                super::cut::apply_cut(&[node], cut, *rule);
             }
             if let Some(st) = &rt.statement {
                 st.borrow_mut().record(fence.report, fence.wait_us, fence.waited);

@@ -175,3 +175,66 @@ pub unsafe fn param_ids(value: *mut Node, kind: pg_sys::ParamKind::Type) -> Vec<
     };
     ids
 }
+
+/// The plan nodes from the top of the statement's plan tree down to `cs`'s
+/// parent; None when `cs` is in a subplan.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+pub(super) unsafe fn path_to(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+) -> Option<Vec<*mut pg_sys::Plan>> {
+    let mut path = Vec::new();
+    // SAFETY: per contract.  Only the statement's own tree: a subplan's
+    // rows become a value (an array, a scalar, a test) that a prefix of
+    // them would change.
+    unsafe { find_in((*stmt).planTree, cs, &mut path).then_some(path) }
+}
+
+/// The plan nodes from the top of the plan tree or subplan holding `cs`
+/// down to `cs`'s parent; None when `cs` is the top of one.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn path_in_statement(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+) -> Option<Vec<*mut pg_sys::Plan>> {
+    let mut path = Vec::new();
+    // SAFETY: per contract.
+    unsafe {
+        if find_in((*stmt).planTree, cs, &mut path) {
+            return Some(path);
+        }
+        list_iter::<pg_sys::Plan>((*stmt).subplans).find(|&sp| find_in(sp, cs, &mut path)).map(|_| path)
+    }
+}
+
+/// Whether `cs` is in plan tree `p`; if so `path` holds the nodes from
+/// `p` down to its parent.
+///
+/// # Safety
+/// `p` is a valid plan tree (or NULL).
+unsafe fn find_in(p: *mut pg_sys::Plan, cs: *mut pg_sys::CustomScan, path: &mut Vec<*mut pg_sys::Plan>) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    if p == cs as *mut pg_sys::Plan {
+        return true;
+    }
+    path.push(p);
+    let mut found = false;
+    // SAFETY: a valid plan node.
+    unsafe {
+        for_each_child(p, &mut |child| {
+            if !found {
+                found = find_in(*child, cs, path);
+            }
+        })
+    };
+    if !found {
+        path.pop();
+    }
+    found
+}

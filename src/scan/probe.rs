@@ -154,7 +154,7 @@ unsafe fn limit_above(
     params: pg_sys::ParamListInfo,
 ) -> Option<u64> {
     // SAFETY: per contract.
-    let path = unsafe { guards::path_in_statement(stmt, cs) }?;
+    let path = unsafe { super::plan_walk::path_in_statement(stmt, cs) }?;
     // SAFETY: nodes of the statement's plan, cast after their tags are checked.
     unsafe {
         for &p in path.iter().rev() {

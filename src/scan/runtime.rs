@@ -55,7 +55,7 @@ pub struct FenceAtStart {
     /// The statement's snapshot.
     pub after: pgkvx_latch::Xid,
     /// The one latched table the statement's guards read
-    /// (`Guards::sole_root`), for `guards::reads_only_guarded`.
+    /// (`Guards::sole_root`), for `cut::reads_only_guarded`.
     pub sole_root: Option<pg_sys::Oid>,
 }
 

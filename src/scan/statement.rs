@@ -33,9 +33,9 @@ use super::attempts::{
     self, end_second_executor, start_second_executor, with_active, FirstAttempt, OptimisticAttempts,
 };
 use super::buffer::HeldRows;
+use super::cut;
 use super::guards::{self, Guards};
 use super::hooks::{self, prev_end, prev_finish, prev_run, prev_start};
-use super::node;
 use super::plan_walk;
 use super::probe;
 use super::report::{ReadPath, StatementReport};
@@ -264,10 +264,10 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
             may_cut: |rule| {
                 guards.0.iter().all(|g| {
                     g.latched.as_ref().is_some_and(|l| {
-                        let (order, open_above) = (guards::order_by_plan(g), guards::open_above(&g.plan, &l.key));
-                        guards::may_stop_early(stmt, g.cs, &l.key, order, open_above, rule)
+                        let (order, open_above) = (cut::order_by_plan(g), guards::open_above(&g.plan, &l.key));
+                        cut::may_stop_early(stmt, g.cs, &l.key, order, open_above, rule)
                     })
-                }) && guards::statement_may_cut(stmt, guards.sole_root(), rule)
+                }) && cut::statement_may_cut(stmt, guards.sole_root(), rule)
             },
             rule: None,
             probe: |at: &BaseSnapshot| {
@@ -299,7 +299,7 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
             return;
         }
         let nodes = start_executor(qd, eflags, &guards);
-        node::apply_cut(&nodes, &cut, rule);
+        cut::apply_cut(&nodes, &cut, rule);
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
         (*st).report.borrow_mut().record(ran.report, ran.wait_us, ran.waited);
     }
@@ -588,7 +588,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
                 }
                 let q2 = start_second_executor(qd, base.snap, (*qd).dest, eflags);
                 if !cut.is_empty() {
-                    node::apply_cut(&plan_walk::guard_nodes(q2), &cut, reader.rule());
+                    cut::apply_cut(&plan_walk::guard_nodes(q2), &cut, reader.rule());
                 }
                 RowSource::Second(q2)
             }

@@ -1,0 +1,329 @@
+//! The cut: when a guarded scan may stop before a later writer's first key
+//! (the latch core's `protocol` decides that it should; this says whether
+//! the statement's answer allows it), and applying it to the nodes.  One
+//! rule per question: whether one guard's rows reach the top as a prefix
+//! in key order ([`may_stop_early`]), whether nothing else the statement
+//! reads could show ahead of the rows left out ([`statement_may_cut`]),
+//! and whether a begun node may ([`can_stop_early`]).  The node applies
+//! the cut row by row (`node.rs`, `cut_rows`).
+
+use super::guards::Guard;
+use super::plan_walk::{path_to, walk_plans};
+use super::position::ScanPosition;
+use super::runtime::runtime;
+use crate::pg::{list_iter, node_tag, rel_name};
+use crate::read::run::CutRule;
+use crate::registry;
+use pgrx::pg_sys::{self, Node};
+
+/// How a guard's rows come, for [`may_cut`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowOrder {
+    /// Up the key (an index scan in key order, an ordered partition stream).
+    Up,
+    /// Down the key, or in no order a Sort above could restore.
+    Other,
+    /// In no order, from a scan of the table itself: a Sort by the key
+    /// directly above restores key order.
+    Unordered,
+}
+
+/// Whether the guard `cs` of `stmt` may stop before a later writer's first
+/// key (the protocol's cut) and still hand its readers a state some serial
+/// order produces:
+/// - its rows come up the key (or unordered, sorted by the key right
+///   above) from a span open above (`open_above`);
+/// - every node from it up to the top of the statement's plan passes a
+///   prefix of them on as a prefix: LIMIT, Result, SubqueryScan, Material,
+///   Unique, LockRows, Append and MergeAppend -- no aggregate, join,
+///   window or sort by anything else, which would turn a shorter prefix
+///   into another answer, and no subplan, whose rows become a value.
+///
+/// The statement-wide half (what else it reads) is [`reads_only_guarded`].
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn may_cut(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+    key: &crate::keys::KeyDesc,
+    order: RowOrder,
+    open_above: bool,
+) -> bool {
+    if !open_above || order == RowOrder::Other {
+        return false;
+    }
+    // SAFETY: per contract.
+    let Some(path) = (unsafe { path_to(stmt, cs) }) else { return false };
+    let mut sorted = order == RowOrder::Up;
+    // From the guard up: the first node may be a Sort by the key.
+    for (i, &p) in path.iter().rev().enumerate() {
+        // SAFETY: nodes of the statement's plan, checked by tag.
+        let ok = unsafe {
+            match node_tag(p as *const Node) {
+                pg_sys::NodeTag::T_Limit
+                | pg_sys::NodeTag::T_Result
+                | pg_sys::NodeTag::T_SubqueryScan
+                | pg_sys::NodeTag::T_Material
+                | pg_sys::NodeTag::T_Unique
+                | pg_sys::NodeTag::T_LockRows
+                | pg_sys::NodeTag::T_Append
+                | pg_sys::NodeTag::T_MergeAppend => true,
+                pg_sys::NodeTag::T_Sort if i == 0 && sorts_by_key(p as *mut pg_sys::Sort, cs, key) => {
+                    sorted = true;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if !ok {
+            return false;
+        }
+    }
+    sorted
+}
+
+/// Whether the guard `cs` of `stmt` may stop before a later writer's first
+/// key by `rule`: strictly ([`may_cut`]), or as a last resort
+/// ([`may_cut_last_resort`]) when its rows come up the key, or unordered,
+/// from a span open above.  The statement-wide half is
+/// [`statement_may_cut`].
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn may_stop_early(
+    stmt: *mut pg_sys::PlannedStmt,
+    cs: *mut pg_sys::CustomScan,
+    key: &crate::keys::KeyDesc,
+    order: RowOrder,
+    open_above: bool,
+    rule: CutRule,
+) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        match rule {
+            CutRule::Strict => may_cut(stmt, cs, key, order, open_above),
+            CutRule::LastResort => open_above && order != RowOrder::Other && may_cut_last_resort(stmt, cs),
+        }
+    }
+}
+
+/// The statement-wide half of a cut by `rule`: strictly, it reads nothing
+/// that could show ahead of the rows left out ([`reads_only_guarded`]); as
+/// a last resort, its guards read one latched table or tree (`sole_root`):
+/// two would each be cut at their own keys.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; `sole_root` is [`super::guards::Guards::sole_root`] of
+/// its guards.
+pub unsafe fn statement_may_cut(stmt: *mut pg_sys::PlannedStmt, sole_root: Option<pg_sys::Oid>, rule: CutRule) -> bool {
+    match rule {
+        // SAFETY: per contract.
+        CutRule::Strict => unsafe { reads_only_guarded(stmt, sole_root) },
+        CutRule::LastResort => sole_root.is_some(),
+    }
+}
+
+/// Whether the guard `cs` of `stmt` may stop before a later writer's first
+/// key as a last resort (`CutRule::LastResort`): its rows reach the top of
+/// the statement's plan, through joins and sorts too, but through no
+/// aggregate, window or set operation, whose answer over fewer rows would
+/// be another answer, and not from a subplan, whose rows become a value.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+pub unsafe fn may_cut_last_resort(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> bool {
+    // SAFETY: per contract.
+    let Some(path) = (unsafe { path_to(stmt, cs) }) else { return false };
+    // SAFETY: nodes of the statement's plan, read by tag only.
+    path.iter().all(|&p| unsafe {
+        !matches!(
+            node_tag(p as *const Node),
+            pg_sys::NodeTag::T_Agg
+                | pg_sys::NodeTag::T_WindowAgg
+                | pg_sys::NodeTag::T_Group
+                | pg_sys::NodeTag::T_SetOp
+                | pg_sys::NodeTag::T_RecursiveUnion
+        )
+    })
+}
+
+/// Whether `sort`, right above guard `cs`, sorts by the key: its leading
+/// sort columns are the key's columns, in key order (ascending encoding),
+/// under the key's operator families and collations.
+///
+/// # Safety
+/// `sort` and `cs` are valid plan nodes, `cs` the sort's child.
+unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key: &crate::keys::KeyDesc) -> bool {
+    // SAFETY: per contract; arrays hold numCols entries; target entries and
+    // their expressions are checked by tag.
+    unsafe {
+        if (*sort).plan.lefttree != cs as *mut pg_sys::Plan || ((*sort).numCols as usize) < key.cols.len() {
+            return false;
+        }
+        let tlist = (*cs).scan.plan.targetlist;
+        key.cols.iter().enumerate().all(|(i, col)| {
+            let resno = *(*sort).sortColIdx.add(i);
+            let Some(te) = crate::pg::list_nth::<pg_sys::TargetEntry>(tlist, (resno - 1) as usize) else {
+                return false;
+            };
+            let e = (*te).expr;
+            if e.is_null() || node_tag(e as *const Node) != pg_sys::NodeTag::T_Var {
+                return false;
+            }
+            if (*(e as *mut pg_sys::Var)).varattno != col.attnum {
+                return false;
+            }
+            let op = *(*sort).sortOperators.add(i);
+            let up = if col.desc { pg_sys::BTGreaterStrategyNumber } else { pg_sys::BTLessStrategyNumber };
+            crate::pg::ordering_op_properties(op)
+                .is_some_and(|(family, _, strategy)| family == col.opfamily && strategy == up)
+                && col.orders_like_key(*(*sort).collations.add(i))
+        })
+    }
+}
+
+/// Whether nothing else `stmt` reads could show ahead of rows a cut leaves
+/// out: it guards one latched table (or one partitioned tree), it reads no
+/// other table -- a watermark written after reading the stream would show
+/// beside a stream cut short of it, and a second latched table is cut at
+/// its own keys, not at the same point in time -- except rows it locks for
+/// update (a consumer group's own offsets row, `FOR UPDATE`), and it calls
+/// no function that may read tables (none that is not immutable, no
+/// function in FROM).
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt; `sole_root` is [`super::guards::Guards::sole_root`] of
+/// its guards.
+pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, sole_root: Option<pg_sys::Oid>) -> bool {
+    // SAFETY: per contract; range table entries, row marks and plan nodes
+    // are read only.
+    unsafe {
+        let marked: Vec<u32> = list_iter::<pg_sys::PlanRowMark>((*stmt).rowMarks)
+            .filter(|&m| {
+                matches!(
+                    (*m).markType,
+                    pg_sys::RowMarkType::ROW_MARK_EXCLUSIVE | pg_sys::RowMarkType::ROW_MARK_NOKEYEXCLUSIVE
+                )
+            })
+            .map(|m| (*m).rti)
+            .collect();
+        let Some(root) = sole_root else { return false };
+        let tables =
+            list_iter::<pg_sys::RangeTblEntry>((*stmt).rtable).enumerate().all(|(i, rte)| match (*rte).rtekind {
+                pg_sys::RTEKind::RTE_RELATION => {
+                    (*rte).relkind as u8 == pg_sys::RELKIND_VIEW
+                        || marked.contains(&(i as u32 + 1))
+                        || registry::lookup((*rte).relid).is_some_and(|l| l.root == root)
+                }
+                pg_sys::RTEKind::RTE_FUNCTION | pg_sys::RTEKind::RTE_TABLEFUNC => false,
+                _ => true,
+            });
+        if !tables {
+            return false;
+        }
+        let mut pure = true;
+        let impure = |e: *mut Node| pg_sys::contain_mutable_functions(e) || super::restartable::hides_volatile(e);
+        let mut check = |p: *mut pg_sys::Plan| {
+            pure = pure && !impure((*p).targetlist as *mut Node) && !impure((*p).qual as *mut Node);
+            pure
+        };
+        walk_plans((*stmt).planTree, &mut check);
+        for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
+            walk_plans(sp, &mut check);
+        }
+        pure
+    }
+}
+
+/// How guard `g`'s rows come, by its plan (before its node begins, which
+/// checks it: [`apply_cut`]).
+pub fn order_by_plan(g: &Guard) -> RowOrder {
+    if g.plan.tree {
+        return match &g.plan.stream {
+            Some(s) if s.forward => RowOrder::Up,
+            _ => RowOrder::Other,
+        };
+    }
+    // SAFETY: our plan node's child list; nodes are checked by tag.
+    unsafe {
+        let mut p = crate::pg::list_nth::<pg_sys::Plan>((*g.cs).custom_plans, 0).unwrap_or(std::ptr::null_mut());
+        while !p.is_null() && node_tag(p as *const Node) == pg_sys::NodeTag::T_Result && !(*p).lefttree.is_null() {
+            p = (*p).lefttree;
+        }
+        if p.is_null() {
+            return RowOrder::Other;
+        }
+        let forward = |dir: pg_sys::ScanDirection::Type| {
+            if dir == pg_sys::ScanDirection::ForwardScanDirection {
+                RowOrder::Up
+            } else {
+                RowOrder::Other
+            }
+        };
+        match node_tag(p as *const Node) {
+            pg_sys::NodeTag::T_IndexScan => forward((*(p as *mut pg_sys::IndexScan)).indexorderdir),
+            pg_sys::NodeTag::T_IndexOnlyScan => forward((*(p as *mut pg_sys::IndexOnlyScan)).indexorderdir),
+            pg_sys::NodeTag::T_SeqScan
+            | pg_sys::NodeTag::T_SampleScan
+            | pg_sys::NodeTag::T_BitmapHeapScan
+            | pg_sys::NodeTag::T_TidScan
+            | pg_sys::NodeTag::T_TidRangeScan => RowOrder::Unordered,
+            _ => RowOrder::Other,
+        }
+    }
+}
+
+/// Gives the guard nodes of a started executor the protocol's cut: each
+/// stops before the first key `cut` leaves out of its table.  Raises 40001
+/// for a node that cannot stop early by `rule` (the protocol decided the
+/// cut from the plan, before the nodes existed).
+///
+/// # Safety
+/// `nodes` are begun guard nodes.
+pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint, rule: CutRule) {
+    for &n in nodes {
+        // SAFETY: per contract.
+        let rt = unsafe { runtime(n) };
+        let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
+        // SAFETY: per contract.
+        if !unsafe { can_stop_early(n, rule) } {
+            crate::read::run::serialization_error(
+                format!(
+                    "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan cannot stop before that write (it does not read up the key into a LIMIT or a cursor).",
+                    rel_name(pg_sys::Oid::from(rt.rel.rel()))
+                ),
+                "The statement might succeed if retried.",
+            );
+        }
+        rt.cut = Some(start);
+        rt.stopped = false;
+    }
+}
+
+/// Whether this node's scan can stop before a later writer's key by
+/// `rule`: strictly, leaving its statement a state some serial order
+/// produces ([`may_cut`]); as a last resort, when it is a tail up
+/// the key from a bound left open above whose rows reach the client as
+/// rows ([`may_cut_last_resort`]).
+///
+/// # Safety
+/// `node` is a begun guard node.
+pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) -> bool {
+    // SAFETY: per contract.
+    unsafe {
+        let rt = runtime(node);
+        let Some(latched) = rt.latched.clone() else { return false };
+        let order = match (&rt.position, &rt.key_source) {
+            (ScanPosition::Ordered { forward: true, .. } | ScanPosition::Stream { forward: true, .. }, _) => {
+                RowOrder::Up
+            }
+            (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
+            _ => RowOrder::Other,
+        };
+        let open_above = super::guards::open_above(&rt.plan, &latched.key);
+        let stmt = (*(*node).ss.ps.state).es_plannedstmt;
+        let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+        may_stop_early(stmt, cs, &latched.key, order, open_above, rule)
+    }
+}
