@@ -248,22 +248,18 @@ unsafe fn scan_keys(
     Some(out)
 }
 
-/// Whether expression `e` (or NULL) has one value whatever the snapshot:
-/// immutable functions of constants and a client's parameters.  A STABLE
-/// function may read a table, and the executor evaluates the expression
-/// again at the fresh snapshot the read ends at: the probe would have
-/// looked elsewhere.
+/// Whether expression `e` (or NULL) calls nothing but immutable
+/// functions.  A STABLE function may read a table, and the executor
+/// evaluates the expression again at the fresh snapshot the read ends at:
+/// the probe would have looked elsewhere.  What the statement computes
+/// (an init plan's result, a subplan, a Var) `guards::value_at_start`
+/// refuses, which every caller asks next.
 ///
 /// # Safety
 /// `e` is a valid expression (or NULL).
 unsafe fn same_at_every_snapshot(e: *mut Node) -> bool {
-    // SAFETY: per contract; the walkers only read.
-    unsafe {
-        e.is_null()
-            || !pg_sys::contain_mutable_functions(e)
-                && !pg_sys::contain_subplans(e)
-                && super::plan_walk::param_ids(e, pg_sys::ParamKind::PARAM_EXEC).is_empty()
-    }
+    // SAFETY: per contract; the walker only reads.
+    e.is_null() || !unsafe { pg_sys::contain_mutable_functions(e) }
 }
 
 /// Probes every shape at snapshot `snap`: the spans of `gs` the read will
