@@ -8,6 +8,7 @@ use super::inspect::{LatchInfo, RangeInfo, Usage};
 use super::locks::LockSet;
 use super::queue::Action;
 use super::region::RelId;
+use super::rest::Rest;
 use super::snapshot::ReadSnapshot;
 use super::span::Span;
 use super::stats::{Stat, NSTATS};
@@ -163,6 +164,18 @@ impl<'t, L: LockSet> Writer<'t, L> {
         self.0.last_beat()
     }
 
+    /// After making work for the maintainer (releasing latches, crowding a
+    /// range): the waker of a maintainer resting meanwhile, taken, for the
+    /// caller to wake it (rest.rs).
+    pub fn take_waker(self) -> Option<u64> {
+        self.0.take_waker()
+    }
+
+    /// Whether a maintainer rests: alive, and woken when work comes.
+    pub fn maintainer_resting(self) -> bool {
+        self.0.resting()
+    }
+
     /// Adds `n` to counter `stat` of backend `slot`.
     pub fn count(self, slot: u32, stat: Stat, n: u64) {
         self.0.count(slot, stat, n)
@@ -213,6 +226,17 @@ impl<L: LockSet> Maintainer<'_, L> {
     /// A maintenance worker is alive at `now_us`.
     pub fn beat(self, now_us: i64) {
         self.0.beat(now_us)
+    }
+
+    /// Publishes `waker` and checks whether the table is at rest, where
+    /// only a writer makes work; withdraws the waker when it is not.
+    pub fn rest(self, waker: u64) -> Rest {
+        self.0.rest(waker)
+    }
+
+    /// Up again: writers need not wake it.
+    pub fn stop_resting(self) {
+        self.0.stop_resting()
     }
 
     /// Publishes the xid horizon: tombstones of holders that precede it can

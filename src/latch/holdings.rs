@@ -131,11 +131,20 @@ pub struct Holdings {
     pub(crate) sub: u32,
     /// No latch recorded here is tagged with a later subtransaction.
     pub(crate) max_sub: u32,
+    /// Escalation withdrew latches since [`Holdings::take_withdrawn`] was
+    /// last asked: work for the maintainer (their ranges thin out).
+    pub(crate) withdrawn: bool,
 }
 
 impl Holdings {
     pub fn new() -> Holdings {
         Holdings::default()
+    }
+
+    /// Whether escalation withdrew latches since the last call: the
+    /// caller wakes a resting maintainer (rest.rs).
+    pub fn take_withdrawn(&mut self) -> bool {
+        std::mem::take(&mut self.withdrawn)
     }
 
     /// Latch entries the transaction holds.

@@ -10,7 +10,8 @@
 //! `face` (the four faces callers take), `validate` (conflict checks),
 //! `protocol` (the reader's fenced/optimistic protocol), `queue` (the
 //! maintenance queue and what a worker does with a range), `maint` (reclaim,
-//! coalesce, split, merge, purge), `inspect` (views), `stats` (counters),
+//! coalesce, split, merge, purge), `rest` (a maintainer
+//! sleeping until a writer makes work), `inspect` (views), `stats` (counters),
 //! `rng` (the tests' and benchmarks' generator); `tests` (unit and property
 //! tests) and `sim` (a simulated database running the read protocol under a
 //! seeded scheduler) are test-only.
@@ -23,6 +24,7 @@ mod maint;
 pub mod protocol;
 mod queue;
 mod region;
+mod rest;
 pub mod rng;
 mod snapshot;
 mod span;
@@ -44,6 +46,7 @@ pub use locks::{LockId, LockSet, Mode};
 pub use protocol::{ReadMode, ReadOutcome, ReadParams, ReadReport};
 pub use queue::{Action, QueueState};
 pub use region::{Config, RelId, State};
+pub use rest::Rest;
 pub use snapshot::ReadSnapshot;
 pub use span::{KeyBuf, Span, KEY_MAX};
 pub use stats::{Stat, NSTATS};

@@ -19,7 +19,7 @@
 //! are processed at once.
 
 use super::locks::LockSet;
-use super::region::guard::{Directory, RangeAccess};
+use super::region::guard::{DirRead, Directory, RangeAccess};
 use super::table::LatchTable;
 use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -96,7 +96,10 @@ pub(crate) fn finish(state: &AtomicU32) -> bool {
 /// What processing did to a range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
+    /// Nothing changed: the range waits for its holders or the horizon.
     Nothing,
+    /// Tombstones the horizon had passed were freed, and nothing else.
+    Reclaimed,
     Split,
     Merged,
     Coalesced,
@@ -224,19 +227,11 @@ impl<L: LockSet> LatchTable<'_, L> {
         let mut queued = 0;
         let mut d = self.mem.dir_read();
         for r in 0..self.config().max_ranges {
-            let meta = *d.meta(r);
-            if !meta.in_use {
+            if !d.meta(r).in_use {
                 continue;
             }
-            let (tombstones, load) = {
-                let g = d.range_read(r);
-                let b = g.body();
-                (b.tombstones + b.summary.count, b.live + b.tombstones)
-            };
-            let small =
-                load < limit / MERGE_DIVISOR && !(meta.lo == super::span::KeyBuf::EMPTY && meta.hi.is_infinite());
             let (contended, seen) = self.contended_since(r);
-            if load > limit || tombstones > 0 || contended >= CONTENTION_SPLIT || small {
+            if self.needs_attention(&mut d, r, limit, contended) {
                 queued += u32::from(self.enqueue(r));
             } else {
                 // Looked at: the next sweep counts waits from here.
@@ -246,25 +241,60 @@ impl<L: LockSet> LatchTable<'_, L> {
         queued
     }
 
+    /// Whether any range in use needs a worker (what [`Self::sweep`] would
+    /// queue), without queueing it.
+    pub(crate) fn any_needs_attention(&self) -> bool {
+        let limit = self.range_max_latches();
+        let mut d = self.mem.dir_read();
+        (0..self.config().max_ranges)
+            .any(|r| d.meta(r).in_use && self.needs_attention(&mut d, r, limit, self.contended_since(r).0))
+    }
+
+    /// The sweep's rule: range `r` (in use) is crowded, contended, holds
+    /// tombstones, or could merge: it and a neighbour are both small (a
+    /// small range between big ones stays until one thins out, and is no
+    /// work meanwhile).
+    fn needs_attention(&self, d: &mut DirRead<'_, L>, r: u32, limit: u32, contended: u64) -> bool {
+        let (tombstones, load) = {
+            let g = d.range_read(r);
+            let b = g.body();
+            (b.tombstones + b.summary.count, b.live + b.tombstones)
+        };
+        let small = |d: &mut DirRead<'_, L>, n: u32| {
+            let g = d.range_read(n);
+            g.body().live + g.body().tombstones < limit / MERGE_DIVISOR
+        };
+        let mergeable = load < limit / MERGE_DIVISOR && {
+            let ranges = d.ranges_of(d.meta(r).table);
+            let ranges = ranges.as_slice();
+            let p = ranges.iter().position(|&x| x == r);
+            // Both stay queued (and their contention counted) until they merge.
+            let left = p.and_then(|p| p.checked_sub(1)).map(|p| ranges[p]);
+            let right = p.and_then(|p| ranges.get(p + 1).copied());
+            [left, right].into_iter().flatten().any(|n| small(d, n))
+        };
+        load > limit || tombstones > 0 || contended >= CONTENTION_SPLIT || mergeable
+    }
+
     /// Processes one claimed range: reclaim, then split, merge or coalesce
     /// as its state asks.  Finishes the claim; returns what it did and
     /// whether the range must be looked at again.
     pub(crate) fn maintain(&self, slot: u32, r: u32) -> (Action, bool) {
         let limit = self.range_max_latches();
-        {
+        let reclaimed = {
             let mut d = self.mem.dir_read();
-            self.reclaim(&mut d.range_write(r), slot, u32::MAX);
-        }
+            let mut g = d.range_write(r);
+            self.reclaim(&mut g, slot, u32::MAX)
+        };
         let (contended, seen) = self.contended_since(r);
         seen.fetch_add(contended, Relaxed);
         let load = self.load(r);
         let action = if load > limit || (contended >= CONTENTION_SPLIT && load >= 32) {
             if self.split(slot, r).is_some() {
                 Action::Split
-            } else if load > limit {
+            } else if load > limit && self.coalesce(slot, r) > 0 {
                 // Cannot split (a wide latch spans it, or no free range):
                 // keep its size in check by folding tombstones.
-                self.coalesce(slot, r);
                 Action::Coalesced
             } else {
                 Action::Nothing
@@ -288,6 +318,10 @@ impl<L: LockSet> LatchTable<'_, L> {
             }
         } else {
             Action::Nothing
+        };
+        let action = match action {
+            Action::Nothing if reclaimed > 0 => Action::Reclaimed,
+            a => a,
         };
         let again = self.finish_counted(r);
         (action, again)
@@ -386,6 +420,33 @@ mod tests {
         assert!(actions.contains(&Action::Split) && actions.contains(&Action::Merged), "{actions:?}");
         assert_eq!(t.ranges_of(REL).len(), 1, "empty ranges merge back into one");
         assert_eq!(t.usage().entries_used, 0);
+    }
+
+    #[test]
+    fn a_small_range_beside_a_big_one_is_no_work() {
+        let t = heap_table(Config { max_entries: 4096, max_ranges: 64, max_tables: 4, max_backends: 4 });
+        t.set_range_max_latches(64);
+        for i in 0..120u64 {
+            let slot = u32::from(i >= 60);
+            let h = Holder { xid: Xid(100 + slot), pid: 1, now_us: 0, owner: 0, role: 0 };
+            t.acquire(slot, REL, &Span::point(&i.to_be_bytes()), &h).unwrap();
+        }
+        work(t, 5);
+        assert!(t.ranges_of(REL).len() > 1);
+        // The second writer rolls back: its ranges thin out, and merge
+        // while a neighbour is small too; the rest stays as it is.
+        t.release_all(1, TxEnd::Aborted);
+        work(t, 20);
+        let loads: Vec<u32> = t.ranges_of(REL).iter().map(|&r| t.load(r)).collect();
+        assert!(
+            loads.len() > 1 && loads.windows(2).all(|w| w[0] >= 64 / MERGE_DIVISOR || w[1] >= 64 / MERGE_DIVISOR),
+            "no two small neighbours are left: {loads:?}"
+        );
+        assert!(loads.iter().any(|&l| l < 64 / MERGE_DIVISOR), "a small range is left beside a big one: {loads:?}");
+        assert_eq!(t.sweep(), 0, "it needs no worker");
+        assert!(!t.any_needs_attention());
+        assert!(work(t, 3).iter().all(|&a| a == Action::Nothing));
+        t.release_all(0, TxEnd::Aborted);
     }
 
     /// Sweeps and lets one worker process everything queued, `rounds` times.

@@ -97,6 +97,9 @@ pub(crate) struct Header {
     /// range's tombstone list or freed: a lock-free stack (see table.rs).
     pub released: AtomicU32,
     pub released_count: AtomicU32,
+    /// A resting maintainer's waker plus one (0: none is resting); see
+    /// rest.rs.
+    pub rest: AtomicU64,
     dir: UnsafeCell<DirCounts>,
 }
 
@@ -443,6 +446,7 @@ unsafe fn write_header(at: *mut Header, cfg: &Config) {
         worker_beat: AtomicI64::new(0),
         released: AtomicU32::new(NIL),
         released_count: AtomicU32::new(0),
+        rest: AtomicU64::new(0),
         dir: UnsafeCell::new(DirCounts { free_range: 0, ranges_used: 0, tables_used: 0 }),
     };
     // SAFETY: per the steps' contract.

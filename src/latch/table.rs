@@ -517,6 +517,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             published?;
         }
         self.withdraw(slot, &old);
+        held.withdrawn = true;
         let th = held.table(rel);
         th.points.clear();
         th.point_subs.clear();

@@ -10,11 +10,15 @@
 //! it starts up to `pgkvx.maintenance_concurrency - 1` helpers (dynamic
 //! workers, never restarted), each of which claims ranges until the queue
 //! has stayed empty for [`HELPER_IDLE`] and then exits.  A round that found
-//! nothing to do doubles the launcher's pause, up to [`IDLE_TICK`]: an idle
-//! server costs it a few wake-ups a second.
+//! nothing to do doubles the launcher's pause, up to [`IDLE_TICK`]; past
+//! that, once the latch table is at rest (nothing released, queued or
+//! waiting for the horizon), it sleeps until a writer wakes it (the latch
+//! crate's rest.rs), or until the idle-table sweep is due: an idle server
+//! costs it nothing.
 
 use crate::guc;
 use crate::shmem::{backend, table};
+use pgkvx_latch::{Action, Rest};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, DynamicBackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -93,7 +97,10 @@ fn launch() -> i32 {
     let mut pause = TICK;
     // Set when a range came back queued: the next round starts at once.
     let mut more = false;
-    while BackgroundWorker::wait_latch(Some(if more { Duration::ZERO } else { pause })) {
+    let mut wait = Some(TICK);
+    while BackgroundWorker::wait_latch(wait) {
+        // Woken by a writer, a signal or the clock: up, until it rests again.
+        m.stop_resting();
         let hurried = std::mem::take(&mut more);
         reload_settings();
         // SAFETY: reading the clock.
@@ -106,7 +113,9 @@ fn launch() -> i32 {
         // ticks do (it reads the whole proc array).
         backend::refresh_horizon(!hurried);
         if last_sweep.elapsed() >= SWEEP {
-            worked |= m.sweep() > 0;
+            // What it queues is processed below: progress there is work,
+            // a range waiting for its holders or the horizon is not.
+            m.sweep();
             last_sweep = Instant::now();
         }
         if last_gc.elapsed() >= IDLE_TABLE {
@@ -127,7 +136,21 @@ fn launch() -> i32 {
             return 1;
         }
         pause = if worked { TICK } else { (pause * 2).min(IDLE_TICK) };
+        wait = if more {
+            Some(Duration::ZERO)
+        } else if pause < IDLE_TICK {
+            Some(pause)
+        } else {
+            // Idle for a while: sleep until a writer makes work, or until
+            // the idle-table sweep is due while table slots remain.
+            match m.rest(backend::my_waker()) {
+                Rest::Busy => Some(pause),
+                Rest::Resting { tables: 0 } => None,
+                Rest::Resting { .. } => Some(IDLE_TABLE.saturating_sub(last_gc.elapsed())),
+            }
+        };
     }
+    m.stop_resting();
     1
 }
 
@@ -171,9 +194,9 @@ fn help() -> i32 {
 
 /// What one pass over the queue did.
 enum Processed {
-    /// The queue was empty.
+    /// The queue was empty, or nothing in it could progress.
     None,
-    /// It processed ranges until the queue was empty.
+    /// It processed ranges until the queue was empty, and changed some.
     Some,
     /// Writers enqueued a range while it was processed: go round at once --
     /// beat, drain released latches, refresh the horizon -- and claim from
@@ -189,8 +212,12 @@ fn process_queue(slot: u32) -> Processed {
     let m = table().maintainer();
     let mut done = Processed::None;
     while let Some(r) = m.claim_next() {
-        let (_, again) = m.maintain(slot, r);
-        done = Processed::Some;
+        let (action, again) = m.maintain(slot, r);
+        // A range that waits for its holders or the horizon is looked at
+        // again by the next sweep; only progress keeps the pace up.
+        if action != Action::Nothing {
+            done = Processed::Some;
+        }
         pg_sys::check_for_interrupts!();
         if BackgroundWorker::sigterm_received() {
             return Processed::Terminated;

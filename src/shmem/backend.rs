@@ -145,6 +145,7 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     let slot = my_slot();
     if t.holds_any(slot) {
         t.release_all(slot, TxEnd::Aborted);
+        wake_maintenance();
     }
     forget_holdings();
 }
@@ -254,6 +255,7 @@ fn release_subxact(sub: u32) {
     let released =
         HOLDINGS.with(|h| h.try_borrow_mut().map_or(0, |mut h| t.writer().release_subxact(slot, &mut h, sub)));
     if released > 0 {
+        wake_maintenance();
         // The row trigger skips a key it latched last in this transaction;
         // that latch may just have gone, so the next write of the key must
         // latch it again.  An invalid xid matches no transaction.
@@ -293,12 +295,14 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => {
             if t.holds_any(slot) {
                 t.release_all(slot, TxEnd::Committed);
+                wake_maintenance();
                 refresh_horizon(false);
             }
             forget_holdings();
             super::drawn::forget();
             for (_, rel) in PENDING_PURGE.with(|p| std::mem::take(&mut *p.borrow_mut())) {
                 t.purge_table(slot, rel);
+                wake_maintenance();
                 // Its wait_for callers wake to find it gone.
                 super::wakeups::table_gone(rel);
             }
@@ -306,6 +310,7 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
             if t.holds_any(slot) {
                 t.release_all(slot, TxEnd::Aborted);
+                wake_maintenance();
             }
             forget_holdings();
             super::drawn::forget();
@@ -359,10 +364,15 @@ const WORKER_GONE_US: i64 = 1_000_000;
 /// latches: a split does not thin one writer's latches, escalation does.
 pub fn back_off_if_crowded(rel: RelId, span: &Span, load: u32) {
     let t = table().writer();
+    let running = workers_running();
+    if load > t.range_max_latches() {
+        // The latch queued its range for a split.
+        wake_maintenance();
+    }
     let limit = t.range_max_latches().saturating_mul(BACK_PRESSURE_FACTOR);
     let own = HOLDINGS.with(|held| held.borrow().points_on(rel));
     let crowded = |load: u32| load.saturating_sub(own) > limit;
-    if !crowded(load) || !workers_running() {
+    if !crowded(load) || !running {
         return;
     }
     for _ in 0..BACK_PRESSURE_MAX_MS {
@@ -388,9 +398,40 @@ fn now_us() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
-/// Whether a maintenance worker has ticked lately.
+/// Whether a maintenance worker has ticked lately, or rests until woken.
 pub fn workers_running() -> bool {
-    guc::MAINTENANCE_CONCURRENCY.get() > 0 && now_us() - table().writer().last_beat() < WORKER_GONE_US
+    let t = table().writer();
+    guc::MAINTENANCE_CONCURRENCY.get() > 0 && (t.maintainer_resting() || now_us() - t.last_beat() < WORKER_GONE_US)
+}
+
+/// Wakes the maintenance launcher if it rests: called after this backend
+/// made it work (released latches, crowded a range).  Costs a fence and a
+/// load of a word that is nearly always 0.
+pub fn wake_maintenance() {
+    let Some(t) = super::table_if_attached() else { return };
+    if let Some(latch) = t.writer().take_waker() {
+        // SAFETY: the launcher published the address of its process latch
+        // (`MyLatch`, its PGPROC's latch), which lives in shared memory at
+        // the same address in every backend (all are forked from the
+        // postmaster) for the server's life.  Should the launcher have
+        // exited since, the latch belongs to whichever process took its
+        // PGPROC, and a spurious SetLatch is something every latch user
+        // tolerates.
+        unsafe { pg_sys::SetLatch(latch as usize as *mut pg_sys::Latch) };
+    }
+}
+
+/// Escalation thinned the ranges it withdrew latches from: they may merge.
+fn wake_if_escalated() {
+    if HOLDINGS.with(|held| held.borrow_mut().take_withdrawn()) {
+        wake_maintenance();
+    }
+}
+
+/// The waker a resting maintenance process publishes: its latch.
+pub fn my_waker() -> u64 {
+    // SAFETY: reads this process's latch pointer, set at its start.
+    unsafe { pg_sys::MyLatch as usize as u64 }
 }
 
 /// The limits a transaction's latches are held to.  Escalation comes
@@ -492,6 +533,7 @@ pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
         t.relieve_pressure(slot);
         result = HOLDINGS.with(|held| t.latch(slot, &mut held.borrow_mut(), rel, span, &h, &l));
     }
+    wake_if_escalated();
     match result {
         Ok(Latched::Published { max_load }) => back_off_if_crowded(rel, span, max_load),
         Ok(Latched::Covered) => {}
@@ -523,6 +565,7 @@ pub fn after_draw(relid: pg_sys::Oid, span: &Span, h: &Holder, published: Latche
     let t = table().writer();
     let rel = rel_id(relid);
     let r = HOLDINGS.with(|held| t.enforce_limits(my_slot(), &mut held.borrow_mut(), rel, h, &limits()));
+    wake_if_escalated();
     if let Err(e) = r {
         raise_acquire_error(e);
     }

@@ -1,8 +1,11 @@
 """The maintenance launcher comes back after it is terminated, holds the
-only worker slot pgkvx takes while the server is idle, and writers never
-wait for splits from workers that are not running."""
+only worker slot pgkvx takes while the server is idle, sleeps until a
+writer wakes it, and writers never wait for splits from workers that are
+not running."""
 import os
 import signal
+
+import pytest
 
 from conftest import SCRATCH, connect, wait_until
 
@@ -51,6 +54,64 @@ def test_idle_pgkvx_holds_one_worker_slot_and_parallel_queries_get_the_rest(db, 
         return f"Workers Planned: {want}" in plans[-1] and f"Workers Launched: {want}" in plans[-1]
     wait_until(launched_all, "a parallel query to launch every worker it planned", timeout=60)
     conn.execute("DROP TABLE par_probe")
+
+
+def switches(pid):
+    """How often process `pid` has gone to sleep (and so woken)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no context switch count for {pid}")
+
+
+# The system calls a latch wait sleeps in (PostgreSQL waits with epoll on
+# Linux), by machine, and which argument is the timeout.
+EPOLL_WAITS = {"x86_64": {232, 281}, "aarch64": {22}}
+
+
+def sleeps_without_timeout(pid):
+    """Whether `pid` sleeps in epoll_wait with no timeout (-1): nothing but
+    a signal or a SetLatch can wake it.  /proc/PID/syscall names the call
+    a sleeping process is in, with its arguments."""
+    import platform
+    calls = EPOLL_WAITS.get(platform.machine())
+    if calls is None:
+        pytest.skip(f"no epoll system call numbers known for {platform.machine()}")
+    with open(f"/proc/{pid}/syscall") as f:
+        fields = f.read().split()
+    if not fields or not fields[0].isdigit() or int(fields[0]) not in calls:
+        return False
+    return int(fields[4], 16) & 0xFFFFFFFF == 0xFFFFFFFF
+
+
+def stat(conn, name):
+    return conn.execute("SELECT value FROM pgkvx.stats() WHERE stat = %s", (name,)).fetchone()[0]
+
+
+def test_an_idle_launcher_sleeps_until_a_writer_wakes_it(db, conn, table_name):
+    """Idle -- nothing latched, no tombstone, no table slot left for the
+    idle-table sweep -- the launcher sleeps with no timeout (it used to
+    tick five times a second).  Then only a writer can wake it: the commit
+    of a latched write does, it moves the released latch on until it is
+    reclaimed, and sleeps again."""
+    conn.execute(f"CREATE TABLE {table_name} (k int PRIMARY KEY)")
+    conn.execute("SELECT pgkvx.enable(%s)", (table_name,))
+    wait_until(lambda: len(workers("")) == 1, "helpers to exit once the queue is empty", timeout=60)
+    (pid,) = workers()
+
+    def asleep():
+        return (stat(conn, "tables_used") == 0 and stat(conn, "latch_entries_used") == 0
+                and sleeps_without_timeout(pid))
+    try:
+        wait_until(asleep, "the idle launcher to sleep with no timeout", timeout=90)
+        before = switches(pid)
+        conn.execute(f"INSERT INTO {table_name} VALUES (1)")
+        wait_until(lambda: switches(pid) > before, "the commit to wake the launcher", timeout=30)
+        wait_until(lambda: stat(conn, "latch_entries_used") == 0, "the released latch to be reclaimed", timeout=30)
+        wait_until(asleep, "the launcher to sleep again with no timeout", timeout=90)
+    finally:
+        conn.execute(f"DROP TABLE {table_name}")
 
 
 def test_terminated_workers_come_back():
