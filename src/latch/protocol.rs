@@ -18,7 +18,10 @@
 //!   then read and stream.  When D meets writers, the read first asks
 //!   where it will end at the current snapshot (the probe: a LIMIT read
 //!   returns the first rows of D, and a writer past the last of them can
-//!   never be among them) and checks only up to there.
+//!   never be among them) and checks only up to there.  Writers that
+//!   started after the first snapshot it never chases: where it cannot
+//!   stop before them, those past the last row it will return (the later
+//!   probe, even of a span bounded beyond it) are not waited for.
 //! - REPEATABLE READ / SERIALIZABLE: the snapshot cannot change.  Waiting
 //!   still helps when a holder aborts; a holder that committed is a conflict
 //!   waiting cannot repair → serialization failure (40001).
@@ -148,6 +151,13 @@ pub trait Env {
     fn probe(&mut self) -> Option<Footprint> {
         None
     }
+    /// Fenced, for writers that started after the first snapshot: the part
+    /// of the declared footprint up to the last row the read will return
+    /// at the current snapshot, even where the span is bounded past it
+    /// (the later probe), or None when that cannot be known before reading.
+    fn later_ends(&mut self) -> Option<Footprint> {
+        None
+    }
     /// Waits until transaction `xid` has ended.
     fn wait(&mut self, xid: Xid);
     /// Replaces the snapshot with a new one (never called when the
@@ -255,6 +265,15 @@ pub fn run<E: Env>(
                 report.cuts += 1;
                 continue;
             }
+            // A reader never chases writers that started after it.  A read
+            // bounded past its last row cannot stop before them (it would
+            // look complete), but those whose keys lie past every row it
+            // returns are no more its business than writers yet to start:
+            // a range read that reaches past the head gets their rows no
+            // more than those of writers that start after it.
+            if clean_up_to_last_row(env, &cut, &mut conflicts, report) {
+                return clean_outcome(mode, cut);
+            }
             later_rounds += 1;
             if later_rounds > MAX_LATER_ROUNDS {
                 // Stopping short still beats failing a read the snapshot
@@ -279,6 +298,27 @@ pub fn run<E: Env>(
             }
         }
     }
+}
+
+/// Later writers only: whether the read is clean up to the last row it
+/// will return (the later probe); if not, `conflicts` are those met there.
+fn clean_up_to_last_row<E: Env>(
+    env: &mut E,
+    cut: &Footprint,
+    conflicts: &mut Vec<Conflict>,
+    report: &mut ReadReport,
+) -> bool {
+    let Some(ends) = env.later_ends() else { return false };
+    report.probes += 1;
+    let narrowed = without(&ends, cut);
+    conflicts.clear();
+    report.validations += 1;
+    if env.check(&narrowed, conflicts).clean() {
+        report.checked = Some(narrowed);
+        return true;
+    }
+    dedup(conflicts);
+    false
 }
 
 /// Optimistic with `declared_first`: checks the declared footprint `d`
@@ -387,6 +427,8 @@ mod tests {
         /// What a fenced read's probe finds (None: it cannot probe).
         probe: Option<Footprint>,
         probed: u32,
+        /// What its later probe finds.
+        later: Option<Footprint>,
     }
 
     fn span(a: u8, b: u8) -> Span {
@@ -425,6 +467,9 @@ mod tests {
             self.probed += 1;
             self.probe.clone()
         }
+        fn later_ends(&mut self) -> Option<Footprint> {
+            self.later.clone()
+        }
     }
 
     fn upward(conflicts: &[Conflict]) -> Footprint {
@@ -443,6 +488,7 @@ mod tests {
             waited: Vec::new(),
             probe: None,
             probed: 0,
+            later: None,
         }
     }
 
@@ -531,6 +577,43 @@ mod tests {
             );
             assert!(!matches!(out, ReadOutcome::SerializationFailure { .. }), "{mode:?}: {out:?}");
         }
+    }
+
+    #[test]
+    fn a_bounded_read_does_not_chase_later_writers_past_its_last_row() {
+        for mode in [ReadMode::Optimistic, ReadMode::Fenced] {
+            // A later writer at key 5 of a read bounded at 9.
+            // (case, what the later probe finds, fails, rounds waited)
+            let cases = [
+                ("its last row is before the writer: not waited for", Some(span(1, 5)), false, 0),
+                ("its last row is past the writer: waited for, then 40001", Some(span(1, 7)), true, MAX_LATER_ROUNDS),
+                ("the end cannot be probed: waited for, then 40001", None, true, MAX_LATER_ROUNDS),
+            ];
+            for (case, later, fails, rounds) in cases {
+                let mut env = scripted(u32::MAX, 150, false);
+                env.later = later.map(|s| vec![(RelId::new(1, 1), s)]);
+                let mut report = ReadReport::default();
+                let out =
+                    run(&mut env, &mut || vec![(RelId::new(1, 1), span(1, 9))], &params(mode, false), &mut report);
+                assert_eq!(matches!(out, ReadOutcome::SerializationFailure { .. }), fails, "{mode:?}, {case}: {out:?}");
+                assert_eq!(env.refreshed, rounds, "{mode:?}, {case}");
+                if !fails {
+                    assert_eq!(report.checked, Some(vec![(RelId::new(1, 1), span(1, 5))]), "{mode:?}, {case}");
+                }
+            }
+        }
+        // Writers in flight at the first snapshot are waited for across the
+        // whole bounded span: no later probe for them.
+        let mut env = scripted(1, 50, false);
+        env.later = Some(vec![(RelId::new(1, 1), span(1, 5))]);
+        let out = run(
+            &mut env,
+            &mut || vec![(RelId::new(1, 1), span(1, 9))],
+            &params(ReadMode::Fenced, false),
+            &mut ReadReport::default(),
+        );
+        assert!(matches!(out, ReadOutcome::Stream { .. }), "{out:?}");
+        assert_eq!(env.waited, vec![Xid(50)]);
     }
 
     #[test]

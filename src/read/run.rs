@@ -39,6 +39,12 @@ pub trait Reader {
     fn probe(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {
         None
     }
+    /// Fenced: the spans it will return rows from at `base` for writers
+    /// that started after its first snapshot, up to its last row even
+    /// where its span is bounded further (the protocol's `later_ends`).
+    fn later_ends(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {
+        None
+    }
 }
 
 /// When a read may stop before a later writer's first key.
@@ -207,19 +213,33 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn probe(&mut self) -> Option<Footprint> {
         self.reader.probe(&self.base)
     }
+
+    fn later_ends(&mut self) -> Option<Footprint> {
+        self.reader.later_ends(&self.base)
+    }
 }
 
 /// A fenced read that may stop before the first latch met in each table
 /// when `may_cut` (asked only then) says its scans allow the rule; `rule`
 /// is the widest rule a cut of it has used, for applying the cut.  `probe`
 /// finds the spans it will return rows from at a snapshot (None: it cannot
-/// tell).
-pub struct Fenced<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> {
+/// tell); asked with `later`, up to its last row even where its span is
+/// bounded further.
+pub struct Fenced<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot, Later) -> Option<Footprint>> {
     pub may_cut: F,
     pub rule: Option<CutRule>,
     pub probe: P,
 }
-impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Reader for Fenced<F, P> {
+/// Which probe a fenced read asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Later {
+    /// Against every writer: a bounded span stays whole.
+    No,
+    /// Against writers that started after the first snapshot.
+    Yes,
+}
+
+impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot, Later) -> Option<Footprint>> Reader for Fenced<F, P> {
     fn read_buffered(&mut self, _base: &BaseSnapshot, _cut: &Footprint) -> Option<Footprint> {
         unreachable!("fenced reads never buffer")
     }
@@ -230,10 +250,13 @@ impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Re
         self.cut_by(CutRule::LastResort, conflicts)
     }
     fn probe(&mut self, base: &BaseSnapshot) -> Option<Footprint> {
-        (self.probe)(base)
+        (self.probe)(base, Later::No)
+    }
+    fn later_ends(&mut self, base: &BaseSnapshot) -> Option<Footprint> {
+        (self.probe)(base, Later::Yes)
     }
 }
-impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot) -> Option<Footprint>> Fenced<F, P> {
+impl<F: FnMut(CutRule) -> bool, P: FnMut(&BaseSnapshot, Later) -> Option<Footprint>> Fenced<F, P> {
     fn cut_by(&mut self, rule: CutRule, conflicts: &[Conflict]) -> Option<Footprint> {
         if !(self.may_cut)(rule) {
             return None;

@@ -153,8 +153,18 @@ impl Declared {
     /// every other interval whole: a range or a list in an OR beside the
     /// tail was read to its bound.  Where it is bounded, all of it.
     pub fn ran_out(&self, last: Option<&KeyWriter>, forward: bool) -> Vec<Span> {
-        if !self.open_toward(forward) || self.spans.is_empty() {
+        if !self.open_toward(forward) {
             return self.spans.clone();
+        }
+        self.up_to_last(last, forward)
+    }
+
+    /// What a read of it up the key (`forward`) or down returns rows from
+    /// when its last row is `last` (None: no row): its far interval only
+    /// up to `last`, bounded or not; every other interval whole.
+    pub fn up_to_last(&self, last: Option<&KeyWriter>, forward: bool) -> Vec<Span> {
+        if self.spans.is_empty() {
+            return Vec::new();
         }
         let far = if forward { self.spans.len() - 1 } else { 0 };
         let mut out = Vec::with_capacity(self.spans.len());
@@ -638,6 +648,10 @@ mod unit {
         // A tail alone: up to the last key, none of it without a row.
         assert_eq!(tail.ran_out(Some(&key(120)), true), vec![upto(101, 120)]);
         assert_eq!(tail.ran_out(None, true), Vec::<Span>::new());
+        // Up to the last row, bounded or not.
+        assert_eq!(range.up_to_last(Some(&key(15)), true), vec![upto(13, 15)]);
+        assert_eq!(range.up_to_last(None, true), Vec::<Span>::new());
+        assert_eq!(d.up_to_last(Some(&key(15)), true), vec![iv(13, Some(20))]);
     }
 
     #[test]

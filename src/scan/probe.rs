@@ -23,11 +23,19 @@
 //! re-checks a row a concurrent writer updated in a plan state of its own
 //! (EvalPlanQual) and hands up its new version, whose key may lie past the
 //! probe's end.  Everything else fences its declared span, as before.
+//!
+//! A read with no LIMIT returns every row of its span, so against the
+//! writers in flight at its first snapshot it fences its span whole (a
+//! range consumer may move its cursor to the bound).  Against writers that
+//! started after that snapshot, which a reader never chases, the probe
+//! (asked with [`Later::Yes`]) finds its last row by reading the same scan
+//! backward, one row: a later writer past it is not waited for.
 
 use super::guards::{self, Guard};
 use crate::keys::codec::KeyWriter;
 use crate::pg::index_scan::scan_at;
 use crate::pg::{list_iter, node_tag, OpenRel};
+use crate::read::run::Later;
 use crate::read::span;
 use pgkvx_latch::{Footprint, Span};
 use pgrx::pg_sys::{self, Node};
@@ -40,7 +48,8 @@ pub struct Shape {
     /// The scan keys of its index scan, as `ExecIndexBuildScanKeys` makes
     /// them.
     keys: Vec<pg_sys::ScanKeyData>,
-    want: u64,
+    /// The rows its LIMIT takes; None: no LIMIT, it reads to its bound.
+    want: Option<u64>,
 }
 
 /// The probeable guards of a statement, found once at executor start;
@@ -102,7 +111,7 @@ unsafe fn probeable(
     plan: &super::plan_data::GuardPlan,
     latched: &crate::registry::Latched,
     params: pg_sys::ParamListInfo,
-) -> Option<(*mut pg_sys::List, u64)> {
+) -> Option<(*mut pg_sys::List, Option<u64>)> {
     if plan.tree {
         return None;
     }
@@ -144,7 +153,9 @@ unsafe fn probeable(
 }
 
 /// The rows the LIMIT over guard `cs` takes (count plus offset), with only
-/// projections and subquery scans between them; None for anything else.
+/// projections and subquery scans between them; Some(None) when nothing
+/// but those lies above it (no LIMIT: it reads to its bound); None for
+/// anything else.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`.
@@ -152,7 +163,7 @@ unsafe fn limit_above(
     stmt: *mut pg_sys::PlannedStmt,
     cs: *mut pg_sys::CustomScan,
     params: pg_sys::ParamListInfo,
-) -> Option<u64> {
+) -> Option<Option<u64>> {
     // SAFETY: per contract.
     let path = unsafe { super::plan_walk::path_in_statement(stmt, cs) }?;
     // SAFETY: nodes of the statement's plan, cast after their tags are checked.
@@ -180,13 +191,13 @@ unsafe fn limit_above(
                         (v, false) => (v.value() as i64).max(0) as u64,
                     };
                     let offset = guards::count_at_start((*l).limitOffset, params)?;
-                    return Some(count.saturating_add(offset));
+                    return Some(Some(count.saturating_add(offset)));
                 }
                 _ => return None,
             }
         }
     }
-    None
+    Some(None)
 }
 
 /// The scan keys of an index scan's `indexqual` (index columns on the
@@ -263,7 +274,11 @@ unsafe fn same_at_every_snapshot(e: *mut Node) -> bool {
 }
 
 /// Probes every shape at snapshot `snap`: the spans of `gs` the read will
-/// return rows from, what it fences.
+/// return rows from, what it fences.  Against writers that started after
+/// the first snapshot (`later`), up to the last row even where the span is
+/// bounded further (the latch core's `protocol`: a reader never chases
+/// them); against every writer a bounded span stays whole, and a read with
+/// no LIMIT is not probed (None).
 ///
 /// # Safety
 /// `snap` is a registered MVCC snapshot; `shapes` are of `gs`, whose
@@ -273,19 +288,33 @@ pub unsafe fn probe(
     shapes: &[Shape],
     params: pg_sys::ParamListInfo,
     snap: pg_sys::Snapshot,
-) -> Footprint {
+    later: Later,
+) -> Option<Footprint> {
+    if later == Later::No && shapes.iter().any(|s| s.want.is_none()) {
+        return None;
+    }
     let mut out = Footprint::new();
     for s in shapes {
         let g = &gs[s.guard];
         let Some(latched) = g.latched.as_deref() else { continue };
         // SAFETY: per contract.
-        let (last, full) = unsafe { last_key(&s.keys, s.want, latched, snap) };
-        // SAFETY: per contract.
         let d = unsafe { guards::declared_of(g, params) };
+        let spans = match s.want {
+            // SAFETY: per contract.
+            None => d.up_to_last(unsafe { last_of_all(&s.keys, latched, snap) }.as_ref(), true),
+            Some(want) => {
+                // SAFETY: per contract.
+                let (last, full) = unsafe { last_key(&s.keys, want, latched, snap) };
+                match later {
+                    Later::Yes if !full => d.up_to_last(last.as_ref(), true),
+                    _ => returned(&d, last.as_ref(), full),
+                }
+            }
+        };
         let rel = g.rel();
-        out.extend(returned(&d, last.as_ref(), full).into_iter().map(|sp| (rel, sp)));
+        out.extend(spans.into_iter().map(|sp| (rel, sp)));
     }
-    out
+    Some(out)
 }
 
 /// The key of the last row of the first `want` rows an index scan of
@@ -322,6 +351,32 @@ unsafe fn last_key(
     (last, n >= want)
 }
 
+/// The key of the last row an index scan of `latched`'s key index with
+/// `keys` returns at `snap` (None: no row): the first row of the same scan
+/// backward.
+///
+/// # Safety
+/// As [`last_key`].
+unsafe fn last_of_all(
+    keys: &[pg_sys::ScanKeyData],
+    latched: &crate::registry::Latched,
+    snap: pg_sys::Snapshot,
+) -> Option<KeyWriter> {
+    let lock = pg_sys::AccessShareLock;
+    let heap = OpenRel::open(latched.key.relid, lock).keeping_lock();
+    let index = OpenRel::open(latched.key.index, lock).keeping_lock();
+    let mut keys = keys.to_vec();
+    let mut last = None;
+    // SAFETY: per contract; both relations are open and locked.
+    unsafe {
+        scan_at(snap, &heap, &index, &mut keys, pg_sys::ScanDirection::BackwardScanDirection, |slot| {
+            last = Some(latched.key.encode_slot(slot));
+            false
+        });
+    }
+    last
+}
+
 /// The spans of `d` a read up the key returns rows from when its scan's
 /// last row is `last`, `full` when that filled its LIMIT: nothing past it;
 /// else as an optimistic read that ran out of rows (runtime.rs, T).
@@ -356,6 +411,8 @@ pub unsafe fn probe_started(
         let estate = (*node).ss.ps.state;
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
         let (_, want) = probeable((*estate).es_plannedstmt, cs, &rt.plan, &latched, (*estate).es_param_list_info)?;
+        // A read with no LIMIT fences its declared span.
+        let want = want?;
         let mut ps = rt.child;
         while node_tag(ps) == pg_sys::NodeTag::T_ResultState {
             ps = (*ps).lefttree;

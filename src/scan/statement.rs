@@ -270,9 +270,9 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
                 }) && cut::statement_may_cut(stmt, guards.sole_root(), rule)
             },
             rule: None,
-            probe: |at: &BaseSnapshot| {
+            probe: |at: &BaseSnapshot, later| {
                 let shapes = shapes.get_or_insert_with(|| probe::shapes(stmt, &guards, params));
-                Some(probe::probe(&guards.0, shapes.as_deref()?, params, at.snap))
+                probe::probe(&guards.0, shapes.as_deref()?, params, at.snap, later)
             },
         };
         let declared = || -> Footprint { guards.declared_at_start(params) };
