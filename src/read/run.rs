@@ -45,6 +45,8 @@ pub trait Reader {
     fn later_ends(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {
         None
     }
+    /// The snapshot moved: what it knew of the last attempt is stale.
+    fn snapshot_moved(&mut self) {}
 }
 
 /// When a read may stop before a later writer's first key.
@@ -208,6 +210,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn refresh_snapshot(&mut self) {
         self.base.release();
         self.base = BaseSnapshot::fresh();
+        self.reader.snapshot_moved();
     }
 
     fn probe(&mut self) -> Option<Footprint> {

@@ -37,6 +37,8 @@ pub(super) unsafe fn with_active<R>(snap: pg_sys::Snapshot, f: impl FnOnce() -> 
 pub(super) struct FirstAttempt {
     pub(super) buffer: *mut BufferDest,
     pub(super) footprint: Option<Footprint>,
+    /// Its footprint against writers that started after its snapshot.
+    pub(super) later: Footprint,
 }
 
 /// Runs an optimistic statement's own executor into a new buffer, at the
@@ -59,8 +61,14 @@ pub(super) unsafe fn first_attempt(
     unsafe {
         let buffer = new_buffer(qd);
         run_into(qd, (*buffer).as_dest(), once);
-        let footprint = (!(*buffer).overflowed()).then(|| footprint_of(nodes));
-        FirstAttempt { buffer, footprint }
+        let (footprint, later) = match (*buffer).overflowed() {
+            true => (None, Footprint::new()),
+            false => {
+                let (t, later) = footprint_of(nodes);
+                (Some(t), later)
+            }
+        };
+        FirstAttempt { buffer, footprint, later }
     }
 }
 
@@ -168,35 +176,38 @@ pub(super) struct OptimisticAttempts {
     pub(super) first: Option<Option<Footprint>>,
     /// The widest rule a cut of this read has used (for applying it).
     pub(super) rule: Option<CutRule>,
+    /// The latest attempt's footprint against later writers, until the
+    /// snapshot moves (a fenced fallback reads at another).
+    pub(super) later: Option<Footprint>,
 }
 
 /// The footprint of the guarded scans of a started executor that has run.
 ///
 /// # Safety
 /// `qd` has been started (and run).
-unsafe fn footprint(qd: *mut QueryDesc) -> Footprint {
+unsafe fn footprint(qd: *mut QueryDesc) -> (Footprint, Footprint) {
     // SAFETY: per contract.
     unsafe { footprint_of(&plan_walk::guard_nodes(qd)) }
 }
 
-/// The footprint of `nodes`, the guarded scans of an executor that has run.
+/// The footprint of `nodes`, the guarded scans of an executor that has
+/// run, and that footprint against writers that started after its snapshot.
 ///
 /// # Safety
 /// `nodes` are the guard nodes of a started executor.
 #[inline(never)]
-unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> Footprint {
-    let mut fp = Footprint::new();
+unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> (Footprint, Footprint) {
+    let (mut fp, mut later) = (Footprint::new(), Footprint::new());
     // SAFETY: per contract.
     unsafe {
         for &n in nodes {
             let rt = runtime::runtime(n);
             let rel = rt.rel;
-            for s in rt.touched(n) {
-                fp.push((rel, s));
-            }
+            fp.extend(rt.touched(n).into_iter().map(|s| (rel, s)));
+            later.extend(rt.touched_later(n).into_iter().map(|s| (rel, s)));
         }
     }
-    fp
+    (fp, later)
 }
 
 impl OptimisticAttempts {
@@ -229,6 +240,14 @@ impl Reader for OptimisticAttempts {
         self.cut_by(CutRule::LastResort, conflicts)
     }
 
+    fn later_ends(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {
+        self.later.clone()
+    }
+
+    fn snapshot_moved(&mut self) {
+        self.later = None;
+    }
+
     fn read_buffered(&mut self, base: &BaseSnapshot, cut: &Footprint) -> Option<Footprint> {
         // The protocol's first read of an optimistic statement is the one
         // already run, at the statement's own snapshot.
@@ -247,8 +266,9 @@ impl Reader for OptimisticAttempts {
             with_active((*(*q2).estate).es_snapshot, || {
                 boundary::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
             });
-            let fp = footprint(q2);
+            let (fp, later) = footprint(q2);
             end_second_executor(q2, false);
+            self.later = Some(later);
             fp
         };
         self.attempts += 1;

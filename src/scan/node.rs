@@ -137,6 +137,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             started: false,
             last: std::ptr::null_mut(),
             touched: Vec::new(),
+            touched_later: Vec::new(),
             statement: None,
             fence_at_start: None,
             cut: None,

@@ -79,6 +79,11 @@ pub struct NodeRuntime {
     /// node does.
     pub(super) last: *mut pg_sys::TupleTableSlot,
     pub(super) touched: Vec<Span>,
+    /// T against writers that started after the statement's first
+    /// snapshot: where a read bounded in its direction ran out of rows,
+    /// only up to the last key it examined (the latch core's `protocol`:
+    /// a reader never chases them); elsewhere as `touched`.
+    pub(super) touched_later: Vec<Span>,
     /// The statement's protocol outcome, for EXPLAIN.
     pub(super) statement: Option<Rc<RefCell<StatementReport>>>,
     /// A fenced statement whose bounds are known only once it runs: the
@@ -131,7 +136,9 @@ pub(super) unsafe fn note_key(rt: &mut NodeRuntime, slot: *mut pg_sys::TupleTabl
 }
 
 /// How a node over `position` remembers what it examined ([`Seen`]):
-/// only where D may be left open in the direction it reads.
+/// where D may be left open in the direction it reads, and wherever an
+/// index scan reads in key order (for T against later writers,
+/// `touched_later`, also where D is bounded).
 ///
 /// # Safety
 /// `position` and `key_source` are of a begun node's child.
@@ -146,6 +153,14 @@ pub(super) unsafe fn seen_for(
     unsafe {
         match position {
             ScanPosition::Ordered { scan, attnos, forward, .. } if may_open(*forward) => {
+                let slot = (**scan).ss_ScanTupleSlot;
+                if node_tag(*scan as *mut pg_sys::PlanState) == pg_sys::NodeTag::T_IndexScanState {
+                    Seen::Tid { slot, tid: pg_sys::ItemPointerData::default() }
+                } else {
+                    Seen::Key { slot, attnos: attnos.clone(), greatest: false, key: None }
+                }
+            }
+            ScanPosition::Ordered { scan, attnos, .. } => {
                 let slot = (**scan).ss_ScanTupleSlot;
                 if node_tag(*scan as *mut pg_sys::PlanState) == pg_sys::NodeTag::T_IndexScanState {
                     Seen::Tid { slot, tid: pg_sys::ItemPointerData::default() }
@@ -263,7 +278,8 @@ impl NodeRuntime {
         let stmt = unsafe { (*(*node).ss.ps.state).es_plannedstmt };
         // SAFETY: the child's scan keys (evaluated for this execution), its
         // slots and the row it handed up last, all live for the scan.
-        let t: Vec<Span> = unsafe {
+        let (t, t_later): (Vec<Span>, Vec<Span>) = unsafe {
+            let both = |t: Vec<Span>| (t.clone(), t);
             match &self.position {
                 ScanPosition::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
                     let sks: &[pg_sys::ScanKeyData] =
@@ -276,12 +292,12 @@ impl NodeRuntime {
                     }
                     let slot = (**scan).ss_ScanTupleSlot;
                     match row_key(key, slot, attnos) {
-                        Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
+                        Some(k) => both(d.within(&span::up_to(&k, *forward)).collect()),
                         None => self.ran_out(stmt, &d, *forward, *scan, attnos),
                     }
                 }
                 ScanPosition::Stream { attnos, forward } => match row_key(key, self.last, attnos) {
-                    Some(k) => d.within(&span::up_to(&k, *forward)).collect(),
+                    Some(k) => both(d.within(&span::up_to(&k, *forward)).collect()),
                     None => self.ran_out(stmt, &d, *forward, std::ptr::null_mut(), attnos),
                 },
                 // A scan in no key order that ran out looked at every row,
@@ -290,7 +306,7 @@ impl NodeRuntime {
                     if is_empty(self.last) {
                         self.ran_out(stmt, &d, true, std::ptr::null_mut(), &[])
                     } else {
-                        d.spans.clone()
+                        both(d.spans.clone())
                     }
                 }
             }
@@ -301,17 +317,23 @@ impl NodeRuntime {
         if let Seen::Tid { tid, .. } = &mut self.seen {
             *tid = pg_sys::ItemPointerData::default();
         }
+        // Keys past the cut were left out: the read does not depend on them.
+        let cut = |t: Span| match self.cut {
+            Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
+            None => t,
+        };
+        let (t, t_later): (Vec<Span>, Vec<Span>) =
+            (t.into_iter().map(cut).collect(), t_later.into_iter().map(cut).collect());
         for t in t {
-            // Keys past the cut were left out: the read does not depend on them.
-            let t = match self.cut {
-                Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
-                None => t,
-            };
-            self.add_touched(t);
+            add_span(&mut self.touched, t);
+        }
+        for t in t_later {
+            add_span(&mut self.touched_later, t);
         }
     }
 
-    /// T of an execution that ran out of rows ([`Declared::ran_out`]): all
+    /// T of an execution that ran out of rows, and T against later writers
+    /// (see `touched_later`; [`Declared::up_to_last`]): all
     /// of D where D is bounded in the direction it read (a range read may
     /// move its cursor to the bound); else D's open interval only up to
     /// the last key it examined -- rows past the last visible key are rows
@@ -331,26 +353,24 @@ impl NodeRuntime {
         forward: bool,
         scan: *mut pg_sys::ScanState,
         attnos: &[i32],
-    ) -> Vec<Span> {
-        if !d.open_toward(forward) {
-            return d.spans.clone();
-        }
-        let Some(latched) = self.latched.as_deref() else { return d.spans.clone() };
+    ) -> (Vec<Span>, Vec<Span>) {
+        let all = || (d.spans.clone(), d.spans.clone());
+        let Some(latched) = self.latched.as_deref() else { return all() };
         // SAFETY: per contract.
         if !unsafe { self.reads_one_table(stmt) } {
-            return d.spans.clone();
+            return all();
         }
         let last = match &self.seen {
-            Seen::Off => return d.spans.clone(),
+            Seen::Off => return all(),
             Seen::Tid { tid, .. } if tid.ip_posid == 0 => None,
             // SAFETY: per contract.
             Seen::Tid { tid, .. } => match unsafe { key_at_tid(scan, *tid, &latched.key, attnos) } {
                 Some(k) => Some(k),
-                None => return d.spans.clone(),
+                None => return all(),
             },
             Seen::Key { key, .. } => *key,
         };
-        d.ran_out(last.as_ref(), forward)
+        (d.ran_out(last.as_ref(), forward), d.up_to_last(last.as_ref(), forward))
     }
 
     /// Whether statement `stmt` guards one latched table (or tree), found
@@ -368,25 +388,6 @@ impl NodeRuntime {
         one
     }
 
-    fn add_touched(&mut self, t: Span) {
-        if t.is_empty() {
-            return;
-        }
-        if let Some(last) = self.touched.last_mut() {
-            if last.overlaps(&t) || last.end == t.start || t.end == last.start {
-                *last = last.hull(&t);
-                return;
-            }
-        }
-        self.touched.push(t);
-        if self.touched.len() > MAX_SPANS {
-            // Many scattered executions (an inner loop): one span over
-            // them all is wider, never narrower.
-            let all = self.touched.iter().fold(Span::EMPTY, |a, s| a.hull(s));
-            self.touched = vec![all];
-        }
-    }
-
     /// Every span this node's executions touched, including the current one.
     ///
     /// # Safety
@@ -397,6 +398,16 @@ impl NodeRuntime {
         self.touched.clone()
     }
 
+    /// Every span its executions touched, against later writers.
+    ///
+    /// # Safety
+    /// `node` is this runtime's node.
+    pub unsafe fn touched_later(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<Span> {
+        // SAFETY: per contract.
+        unsafe { self.fold(node) };
+        self.touched_later.clone()
+    }
+
     /// D as known before the statement runs (for fenced reads).
     ///
     /// # Safety
@@ -404,6 +415,26 @@ impl NodeRuntime {
     pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Rc<Declared> {
         // SAFETY: per contract.
         unsafe { self.static_declared(node) }
+    }
+}
+
+/// Adds span `t` of one execution to `spans`.
+fn add_span(spans: &mut Vec<Span>, t: Span) {
+    if t.is_empty() {
+        return;
+    }
+    if let Some(last) = spans.last_mut() {
+        if last.overlaps(&t) || last.end == t.start || t.end == last.start {
+            *last = last.hull(&t);
+            return;
+        }
+    }
+    spans.push(t);
+    if spans.len() > MAX_SPANS {
+        // Many scattered executions (an inner loop): one span over them
+        // all is wider, never narrower.
+        let all = spans.iter().fold(Span::EMPTY, |a, s| a.hull(s));
+        *spans = vec![all];
     }
 }
 

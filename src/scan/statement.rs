@@ -553,6 +553,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
             buffer: first.buffer,
             first: Some(first.footprint),
             rule: None,
+            later: Some(first.later),
         };
         // Only a read that falls back to fenced needs its declared spans.
         let guards = &(*st).guards;
