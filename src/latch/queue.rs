@@ -264,15 +264,8 @@ impl<L: LockSet> LatchTable<'_, L> {
             let g = d.range_read(n);
             g.body().live + g.body().tombstones < limit / MERGE_DIVISOR
         };
-        let mergeable = load < limit / MERGE_DIVISOR && {
-            let ranges = d.ranges_of(d.meta(r).table);
-            let ranges = ranges.as_slice();
-            let p = ranges.iter().position(|&x| x == r);
-            // Both stay queued (and their contention counted) until they merge.
-            let left = p.and_then(|p| p.checked_sub(1)).map(|p| ranges[p]);
-            let right = p.and_then(|p| ranges.get(p + 1).copied());
-            [left, right].into_iter().flatten().any(|n| small(d, n))
-        };
+        // Both stay queued (and their contention counted) until they merge.
+        let mergeable = load < limit / MERGE_DIVISOR && neighbours(d, r).into_iter().flatten().any(|n| small(d, n));
         load > limit || tombstones > 0 || contended >= CONTENTION_SPLIT || mergeable
     }
 
@@ -329,16 +322,20 @@ impl<L: LockSet> LatchTable<'_, L> {
 
     /// The range right of `r` in the same table, if any.
     fn right_neighbour(&self, r: u32) -> Option<u32> {
-        let d = self.mem.dir_read();
-        let meta = *d.meta(r);
-        if !meta.in_use || meta.hi.is_infinite() {
-            return None;
-        }
-        let ranges = d.ranges_of(meta.table);
-        let ranges = ranges.as_slice();
-        let pos = ranges.iter().position(|&x| x == r)?;
-        ranges.get(pos + 1).copied()
+        neighbours(&self.mem.dir_read(), r)[1]
     }
+}
+
+/// The ranges left and right of range `r` in the same table (none for a
+/// range not in use).
+fn neighbours<'t>(d: &impl Directory<'t>, r: u32) -> [Option<u32>; 2] {
+    if !d.meta(r).in_use {
+        return [None, None];
+    }
+    let ranges = d.ranges_of(d.meta(r).table);
+    let ranges = ranges.as_slice();
+    let Some(p) = ranges.iter().position(|&x| x == r) else { return [None, None] };
+    [p.checked_sub(1).map(|p| ranges[p]), ranges.get(p + 1).copied()]
 }
 
 #[cfg(test)]

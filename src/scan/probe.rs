@@ -332,17 +332,10 @@ unsafe fn last_key(
     if want == 0 {
         return (None, true);
     }
-    let lock = pg_sys::AccessShareLock;
-    // The executor holds the table's lock already and takes (or took) the
-    // index's: both are kept to the end of the transaction, as it keeps them.
-    let heap = OpenRel::open(latched.key.relid, lock).keeping_lock();
-    let index = OpenRel::open(latched.key.index, lock).keeping_lock();
-    // index_rescan copies the keys in; ours stay as they are.
-    let mut keys = keys.to_vec();
     let (mut n, mut last) = (0u64, None);
-    // SAFETY: per contract; both relations are open and locked.
+    // SAFETY: per contract.
     unsafe {
-        scan_at(snap, &heap, &index, &mut keys, pg_sys::ScanDirection::ForwardScanDirection, |slot| {
+        scan_key_index(keys, latched, snap, pg_sys::ScanDirection::ForwardScanDirection, |slot| {
             n += 1;
             last = Some(latched.key.encode_slot(slot));
             n < want
@@ -362,19 +355,38 @@ unsafe fn last_of_all(
     latched: &crate::registry::Latched,
     snap: pg_sys::Snapshot,
 ) -> Option<KeyWriter> {
-    let lock = pg_sys::AccessShareLock;
-    let heap = OpenRel::open(latched.key.relid, lock).keeping_lock();
-    let index = OpenRel::open(latched.key.index, lock).keeping_lock();
-    let mut keys = keys.to_vec();
     let mut last = None;
-    // SAFETY: per contract; both relations are open and locked.
+    // SAFETY: per contract.
     unsafe {
-        scan_at(snap, &heap, &index, &mut keys, pg_sys::ScanDirection::BackwardScanDirection, |slot| {
+        scan_key_index(keys, latched, snap, pg_sys::ScanDirection::BackwardScanDirection, |slot| {
             last = Some(latched.key.encode_slot(slot));
             false
         });
     }
     last
+}
+
+/// Scans `latched`'s key index with `keys` at `snap` in `direction`,
+/// handing each visible row to `visit` until it says stop.
+///
+/// # Safety
+/// As [`last_key`].
+unsafe fn scan_key_index(
+    keys: &[pg_sys::ScanKeyData],
+    latched: &crate::registry::Latched,
+    snap: pg_sys::Snapshot,
+    direction: pg_sys::ScanDirection::Type,
+    visit: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
+) {
+    let lock = pg_sys::AccessShareLock;
+    // The executor holds the table's lock already and takes (or took) the
+    // index's: both are kept to the end of the transaction, as it keeps them.
+    let heap = OpenRel::open(latched.key.relid, lock).keeping_lock();
+    let index = OpenRel::open(latched.key.index, lock).keeping_lock();
+    // index_rescan copies the keys in; ours stay as they are.
+    let mut keys = keys.to_vec();
+    // SAFETY: per contract; both relations are open and locked.
+    unsafe { scan_at(snap, &heap, &index, &mut keys, direction, visit) };
 }
 
 /// The spans of `d` a read up the key returns rows from when its scan's
