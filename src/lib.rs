@@ -2,7 +2,7 @@
 //! never skip a row committed late, and projected columns shipped as Arrow.
 //!
 //! `_PG_init` wires the parts together; every part lives in its own folder
-//! (see README.md, "Development").
+//! (see docs/development.md).
 
 use pgrx::prelude::*;
 
