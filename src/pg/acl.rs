@@ -61,7 +61,8 @@ pub fn rls_applies(relid: Oid) -> bool {
 /// # Safety
 /// A transaction is open (a syscache lookup; raises for a missing relation).
 pub unsafe fn owns(relid: Oid, role: Oid) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: a syscache lookup inside the transaction the caller keeps open, which is all
+    // class_ownercheck asks.
     unsafe { super::compat::class_ownercheck(relid, role) }
 }
 

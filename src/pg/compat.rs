@@ -40,7 +40,8 @@ pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
     let mut strategy = 0i16;
     #[cfg(pg18_up)]
     let mut strategy = pg_sys::CompareType::COMPARE_INVALID;
-    // SAFETY: per contract; the out-arguments are locals.
+    // SAFETY: a syscache lookup inside the transaction the caller keeps open; the three out-arguments
+    // are locals that outlive the call.
     let known = unsafe { pg_sys::get_ordering_op_properties(op, &mut family, &mut intype, &mut strategy) };
     known.then_some((family, intype, strategy as u32))
 }
@@ -51,7 +52,7 @@ pub unsafe fn ordering_op_properties(op: Oid) -> Option<(Oid, Oid, u32)> {
 /// # Safety
 /// `pk` is a valid PathKey.
 pub unsafe fn pathkey_descending(pk: *const pg_sys::PathKey) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes a valid PathKey; only its strategy (PG18: compare type) field is read.
     unsafe {
         #[cfg(pre_pg18)]
         return (*pk).pk_strategy as u32 == pg_sys::BTGreaterStrategyNumber;
@@ -83,9 +84,10 @@ pub(super) use super::raw::lc_collate_is_c;
 /// `node` is a valid expression node.
 #[cfg(pg17_up)]
 pub unsafe fn json_result_type(node: *mut pg_sys::Node) -> Option<Oid> {
-    // SAFETY: per contract; cast after its tag is checked.
+    // SAFETY: the caller passes a valid expression node; it is cast to JsonExpr only after its tag
+    // says so, and `returning` is checked for NULL before it is read.
     unsafe {
-        if super::node_tag(node) != pg_sys::NodeTag::T_JsonExpr {
+        if super::list::node_tag(node) != pg_sys::NodeTag::T_JsonExpr {
             return None;
         }
         let returning = (*(node as *mut pg_sys::JsonExpr)).returning;
@@ -111,9 +113,10 @@ pub unsafe fn json_result_type(_node: *mut pg_sys::Node) -> Option<Oid> {
 /// `options` is a COPY statement's option list (DefElem nodes), or NIL.
 #[cfg(pg16_up)]
 pub unsafe fn copy_has_default_marker(options: *mut pg_sys::List) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes a COPY option list, which holds only DefElem nodes (NIL yields none);
+    // `defname` is checked for NULL before it is read as a C string.
     unsafe {
-        super::list_iter::<pg_sys::DefElem>(options)
+        super::list::list_iter::<pg_sys::DefElem>(options)
             .any(|d| !(*d).defname.is_null() && std::ffi::CStr::from_ptr((*d).defname).to_bytes() == b"default")
     }
 }
@@ -157,7 +160,8 @@ pub fn copy_plan_disabled_nodes(to: &mut pg_sys::Plan, from: &pg_sys::Plan) {
 /// # Safety
 /// The caller holds ProcArrayLock, under which the value is stable.
 pub unsafe fn latest_completed_xid() -> u32 {
-    // SAFETY: per contract; the variable is in shared memory from startup.
+    // SAFETY: the caller holds ProcArrayLock, under which latestCompletedXid is stable; the variable
+    // cache is set up in shared memory at startup and never moves.
     unsafe {
         #[cfg(pre_pg17)]
         return (*pg_sys::ShmemVariableCache).latestCompletedXid.value as u32;
@@ -183,7 +187,8 @@ pub fn local_xact_id() -> u32 {
 /// # Safety
 /// As ExecutorRun: `qd` started, its snapshot active.
 pub unsafe fn executor_run(qd: *mut pg_sys::QueryDesc, count: u64) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's `qd` has been started by ExecutorStart and its snapshot is active, which
+    // is what ExecutorRun asks of its arguments.
     unsafe {
         #[cfg(pre_pg18)]
         pg_sys::ExecutorRun(qd, pg_sys::ScanDirection::ForwardScanDirection, count, false);
@@ -220,10 +225,10 @@ pub fn row_compare_lower_bound(rc: &pg_sys::RowCompareExpr) -> Option<bool> {
 /// reaches them.
 ///
 /// # Safety
-/// `tupdesc` is a valid tuple descriptor.
+/// `tupdesc` is a valid tuple descriptor that stays valid and unchanged for `'a`.
 pub unsafe fn form_attrs<'a>(tupdesc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
-    // SAFETY: per contract.  PG18 keeps natts CompactAttributes first and
-    // the FormData_pg_attribute array right after them (TupleDescAttr).
+    // SAFETY: the caller passes a valid descriptor, alive for `'a`, with natts attributes; PG18 keeps
+    // natts CompactAttributes first and the FormData_pg_attribute array right after them (TupleDescAttr).
     unsafe {
         let natts = (*tupdesc).natts as usize;
         #[cfg(pre_pg18)]
@@ -254,7 +259,8 @@ pub(super) unsafe fn holds_no_null(_tupdesc: pg_sys::TupleDesc, _i: usize, a: &p
 /// `a` is attribute `i` of the valid tuple descriptor `tupdesc`.
 #[cfg(pg18_up)]
 pub(super) unsafe fn holds_no_null(tupdesc: pg_sys::TupleDesc, i: usize, a: &pg_sys::FormData_pg_attribute) -> bool {
-    // SAFETY: per contract; compact_attrs holds natts entries.
+    // SAFETY: the caller passes a valid descriptor; its compact_attrs array holds natts entries, and
+    // indexing the slice checks `i` against them.
     a.attnotnull
         && unsafe { (*tupdesc).compact_attrs.as_slice((*tupdesc).natts as usize)[i].attnullability }
             == pg_sys::ATTNULLABLE_VALID as std::ffi::c_char
@@ -272,7 +278,8 @@ pub unsafe fn index_beginscan(
     nkeys: i32,
     norderbys: i32,
 ) -> pg_sys::IndexScanDesc {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes open, locked relations and a registered snapshot, as index_beginscan
+    // requires; PG18's instrumentation argument may be NULL.
     unsafe {
         #[cfg(pre_pg18)]
         return pg_sys::index_beginscan(heap, index, snap, nkeys, norderbys);
@@ -287,7 +294,8 @@ pub unsafe fn index_beginscan(
 /// A transaction is open (catalog and relcache lookups).
 #[cfg(pre_pg17)]
 pub unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
-    // SAFETY: per contract.
+    // SAFETY: a catalog lookup inside the transaction the caller keeps open; missing_ok gives
+    // InvalidOid for a column without an identity sequence.
     unsafe { pg_sys::getIdentitySequence(relid, attnum, true) }
 }
 
@@ -299,7 +307,8 @@ pub unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
 /// A transaction is open (catalog and relcache lookups).
 #[cfg(pg17_up)]
 pub unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
-    // SAFETY: per contract; the reference is released before returning.
+    // SAFETY: relcache and catalog lookups inside the caller's open transaction; the relcache
+    // reference is checked for NULL and released by RelationClose before returning.
     unsafe {
         let rel = pg_sys::RelationIdGetRelation(relid);
         if rel.is_null() {
@@ -317,7 +326,8 @@ pub unsafe fn identity_sequence(relid: Oid, attnum: i16) -> Oid {
 /// # Safety
 /// A transaction is open (a syscache lookup; raises for a missing relation).
 pub unsafe fn class_ownercheck(relid: Oid, role: Oid) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: a syscache lookup inside the transaction the caller keeps open; a missing relation
+    // raises an ERROR.
     unsafe {
         #[cfg(pre_pg16)]
         return pg_sys::pg_class_ownercheck(relid, role);
@@ -333,7 +343,8 @@ pub unsafe fn class_ownercheck(relid: Oid, role: Oid) -> bool {
 /// # Safety
 /// `rel` is an open relation (the call fills its index list).
 pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> Oid {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes an open relation, whose relcache entry RelationGetPrimaryKeyIndex may
+    // fill in (its index list).
     unsafe {
         #[cfg(pre_pg18)]
         return pg_sys::RelationGetPrimaryKeyIndex(rel);
@@ -350,7 +361,8 @@ pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> Oid {
 /// `ec` is a valid EquivalenceClass of the current planning step.
 pub unsafe fn ec_child_members(ec: *mut pg_sys::EquivalenceClass, relid: u32) -> *mut pg_sys::List {
     #[cfg(pg18_up)]
-    // SAFETY: per contract; ec_childmembers holds ec_childmembers_size lists.
+    // SAFETY: the caller passes a valid EquivalenceClass of this planning step; its ec_childmembers
+    // array holds ec_childmembers_size lists, and `relid` is checked against that size first.
     unsafe {
         if !(*ec).ec_childmembers.is_null() && (relid as i32) < (*ec).ec_childmembers_size {
             return *(*ec).ec_childmembers.add(relid as usize);
@@ -421,7 +433,8 @@ pub unsafe fn call_run_hook(
     count: u64,
     once: bool,
 ) {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes ExecutorRun's own arguments and a run hook `f`: this is the call the
+    // executor itself makes (PG18's hook has no `once`).
     unsafe {
         #[cfg(pre_pg18)]
         f(qd, dir, count, once);

@@ -38,9 +38,9 @@ pub unsafe fn scan_at(
     direction: pg_sys::ScanDirection::Type,
     mut visit: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
 ) {
-    // SAFETY: per contract; relation and index are open and locked; the
-    // keys (and the row members they point to) outlive the scan; the slot
-    // belongs to the relation and is dropped before the scan ends.
+    // SAFETY: `snap` is a registered MVCC snapshot that outlives the call (the caller's contract); the
+    // OpenRels keep relation and index open and locked; the keys (and the row members they point to)
+    // are borrowed for the whole scan; the slot belongs to the relation and is dropped before the scan ends.
     unsafe {
         let scan = index_beginscan(heap.as_ptr(), index.as_ptr(), snap, keys.len() as i32, 0);
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);

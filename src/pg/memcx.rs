@@ -37,7 +37,8 @@ pub unsafe fn on_reset_with(
     func: OnReset,
     arg: *mut std::ffi::c_void,
 ) {
-    // SAFETY: per contract; registering cannot raise.
+    // SAFETY: the caller passes a live `cx` and a writable `cb` that lives as long as `cx`, so the
+    // record stays valid until the callback runs; registering only links it in and cannot raise.
     unsafe {
         (*cb).func = Some(func);
         (*cb).arg = arg;
@@ -51,7 +52,8 @@ pub unsafe fn on_reset_with(
 /// # Safety
 /// As [`on_reset_with`].
 pub unsafe fn on_reset(cx: pg_sys::MemoryContext, func: OnReset, arg: *mut std::ffi::c_void) {
-    // SAFETY: per contract; the record lives exactly as long as `cx`.
+    // SAFETY: the caller passes a live `cx`; the record is allocated zeroed in `cx` itself, so it lives
+    // exactly as long as the context it is registered on.
     unsafe {
         let cb = pg_sys::MemoryContextAllocZero(cx, std::mem::size_of::<pg_sys::MemoryContextCallback>())
             as *mut pg_sys::MemoryContextCallback;

@@ -158,7 +158,8 @@ pub unsafe fn standard_ExecutorRun(
     count: u64,
     _execute_once: bool,
 ) {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes standard_ExecutorRun's own arguments; PG18's takes the same ones less
+    // `execute_once`.
     unsafe { standard_ExecutorRun_pg18(qd, dir, count) }
 }
 
@@ -172,7 +173,8 @@ pub unsafe fn eval_expr(
     econtext: *mut pg_sys::ExprContext,
     isnull: &mut bool,
 ) -> pg_sys::Datum {
-    // SAFETY: per contract; what the C inline function does.
+    // SAFETY: `state` was built by ExecInitExpr, which always sets evalfunc, and `econtext` is live (the
+    // caller's contract); as ExecEvalExprSwitchContext, it evaluates in the per-tuple context and restores.
     unsafe {
         let old = pg_sys::CurrentMemoryContext;
         pg_sys::CurrentMemoryContext = (*econtext).ecxt_per_tuple_memory;
