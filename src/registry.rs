@@ -102,6 +102,63 @@ unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
     });
 }
 
+/// A latched table a call acts on, resolved once at the call's start --
+/// its oid, latch identity and registration (key, gapless, exposure) --
+/// and handed down to every step of the call, as `nodeIndexscan.c`
+/// derives its state once, instead of each step asking the registry again.
+#[derive(Clone, Debug)]
+pub struct Table {
+    pub relid: Oid,
+    /// The identity its writers latch and wake under (a partition's is its
+    /// latched parent's).
+    pub latch_id: RelId,
+    pub latched: Rc<Latched>,
+}
+
+/// [`Table::nowait`] found the table's registration behind someone
+/// else's lock; its latch identity, from the catalogs alone, is known.
+pub struct Locked {
+    pub latch_id: RelId,
+}
+
+impl Table {
+    /// `relid`, which must be latched (itself or through a parent):
+    /// raises [`not_latched`] otherwise.  May wait for the table's lock the
+    /// first time this backend reads its registration.
+    pub fn require(relid: Oid) -> Table {
+        let latched = require(relid);
+        Table { relid, latch_id: latched.latch_id(), latched }
+    }
+
+    /// [`Table::require`] for monitoring, which never waits on a table
+    /// lock: [`Locked`] when the registration is not cached and the table,
+    /// an ancestor or its key index is locked by someone else.
+    pub fn nowait(relid: Oid) -> Result<Table, Locked> {
+        let latch_id = latch_id_unlocked(relid);
+        match lookup_nowait(relid) {
+            Some(Some(latched)) => Ok(Table { relid, latch_id, latched }),
+            Some(None) => not_latched(relid),
+            None => Err(Locked { latch_id }),
+        }
+    }
+
+    pub fn key(&self) -> &KeyDesc {
+        &self.latched.key
+    }
+
+    /// Its name, for messages (its oid once it is dropped).
+    pub fn name(&self) -> String {
+        rel_name(self.relid)
+    }
+
+    /// The same table as the registry says now: a call that slept, or
+    /// released the table's lock, may find it disabled (raises
+    /// [`not_latched`]) or enabled again with another key.
+    pub fn now(&self) -> Table {
+        Table::require(self.relid)
+    }
+}
+
 /// The latched table `relid`, or `None` when it is not latched.
 pub fn lookup(relid: Oid) -> Option<Rc<Latched>> {
     if let Some(hit) = LATCHED_CACHE.with(|c| c.borrow().get(&relid).map(|(l, _)| l.clone())) {

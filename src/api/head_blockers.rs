@@ -258,9 +258,12 @@ fn head_blocker_list(
                     format!("permission denied for table {}", rel_name(relid)),
                 );
             }
-            // A partition's latches are its latched parent's.
-            let latch_id = registry::latch_id_unlocked(relid);
-            let latched = registry::lookup_nowait(relid).flatten();
+            // Resolved once, without waiting for a lock (a partition's
+            // latches are its latched parent's); handed down.
+            let (latch_id, latched) = match registry::Table::nowait(relid) {
+                Ok(t) => (t.latch_id, Some(t.latched)),
+                Err(locked) => (locked.latch_id, None),
+            };
             if after.is_some() && latched.is_none() {
                 errors::raise(
                     PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,

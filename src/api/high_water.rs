@@ -45,14 +45,11 @@ fn high_water(rel: Regclass) -> Option<String> {
             "pgkvx.high_water shows a key: it needs SELECT on every row of the key (no row level security applying to you).",
         );
     }
-    let latched = match registry::lookup_nowait(relid) {
-        Some(Some(l)) => l,
-        Some(None) => registry::not_latched(relid),
-        None => locked(relid),
-    };
+    // Resolved once, without waiting for a lock; handed down.
+    let table = registry::Table::nowait(relid).unwrap_or_else(|_| locked(relid));
     let mut base = BaseSnapshot::fresh();
-    let lowest = lowest_in_flight(&latched, &base);
-    let found = greatest_below(relid, &latched, base.snap, lowest.as_ref());
+    let lowest = lowest_in_flight(&table, &base);
+    let found = greatest_below(relid, &table.latched, base.snap, lowest.as_ref());
     base.release();
     found.map(|(_, text)| text)
 }
@@ -67,10 +64,10 @@ fn locked(relid: Oid) -> ! {
 
 /// The lowest key latched by a writer in flight at `base` (its own
 /// transaction's latches aside), None when there is none.
-fn lowest_in_flight(latched: &Latched, base: &BaseSnapshot) -> Option<KeyBuf> {
+fn lowest_in_flight(latched: &registry::Table, base: &BaseSnapshot) -> Option<KeyBuf> {
     let view = base.view();
     let mut lowest: Option<KeyBuf> = None;
-    table().reader().check_footprint(&[(latched.latch_id(), Span::ALL)], &view, &snapshot::committed, &mut |c| {
+    table().reader().check_footprint(&[(latched.latch_id, Span::ALL)], &view, &snapshot::committed, &mut |c| {
         if lowest.is_none_or(|l| c.at.start < l) {
             lowest = Some(c.at.start);
         }
@@ -143,8 +140,9 @@ unsafe fn key_text(key: &KeyDesc, slot: *mut pg_sys::TupleTableSlot) -> String {
         .iter()
         .map(|c| {
             let mut isnull = false;
-            // SAFETY: per contract; a key column is never NULL in a row the
-            // key index holds; the output function is the type's own.
+            // SAFETY: the caller's slot holds a row of the keyed table, so attribute `c.attnum` is key
+            // column `c`, NOT NULL (checked when the KeyDesc was resolved): `d` is a value of `c.typid`,
+            // which the type's own output function turns into a palloc'd C string, freed after the copy.
             unsafe {
                 let d = pg_sys::slot_getattr(slot, i32::from(c.attnum), &mut isnull);
                 let (mut out, mut varlena) = (pg_sys::InvalidOid, false);

@@ -75,7 +75,8 @@ fn wait_for(
             format!("permission denied for table {}", rel_name(relid)),
         );
     }
-    let latched = registry::require(relid);
+    // Resolved once; every step below is handed it.
+    let table = registry::Table::require(relid);
     // With row_security off Postgres raises its own 42501 here, as for a
     // query.
     if acl::rls_applies(relid) {
@@ -84,7 +85,7 @@ fn wait_for(
         // cannot see them would be woken to nothing, again and again.
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("pgkvx.wait_for() does not support \"{}\": row level security applies to you", rel_name(relid)),
+            format!("pgkvx.wait_for() does not support \"{}\": row level security applies to you", table.name()),
             "Wait as a role that row level security does not filter (the owner, or BYPASSRLS), or poll.",
         );
     }
@@ -121,7 +122,7 @@ fn wait_for(
     let cursor = after.or(before);
     // Checked now; parsed again at every look, with the key as it is then.
     if let Some(t) = cursor {
-        cursor::parse_after(&latched.key, t);
+        cursor::parse_after(table.key(), t);
     }
     // SAFETY: a function call's FunctionCallInfo has its FmgrInfo.
     let fn_oid = unsafe {
@@ -132,9 +133,8 @@ fn wait_for(
         }
     };
     let may_drop_xmin = sole_statement(fn_oid);
-    refuse_holding_locks(relid, may_drop_xmin);
-    drop(latched);
-    wait(relid, cursor, backward, timeout_us, may_drop_xmin)
+    refuse_holding_locks(&table, may_drop_xmin);
+    wait(&table, cursor, backward, timeout_us, may_drop_xmin)
 }
 
 /// Refuses to sleep in a transaction that holds what a writer may wait for:
@@ -148,12 +148,12 @@ fn wait_for(
 /// on the table across the sleep); anything else (a transaction block, a
 /// function, a DO block) is looked at in pg_locks.  Advisory locks are the
 /// application's own protocol, and not looked at.
-fn refuse_holding_locks(relid: Oid, sole: bool) {
+fn refuse_holding_locks(table: &registry::Table, sole: bool) {
     let holds = backend::my_xid_if_any().is_valid()
         || !sole
             && {
-                let mut tables = registry::partitions::members(relid);
-                tables.push(relid);
+                let mut tables = registry::partitions::members(table.relid);
+                tables.push(table.relid);
                 let list = tables.iter().map(|o| o.to_u32().to_string()).collect::<Vec<_>>().join(",");
                 // The oids are numbers we print ourselves: nothing of the caller's
                 // reaches the text.
@@ -186,7 +186,13 @@ fn now_us() -> i64 {
 
 /// Registers, then looks and sleeps until a key past `cursor` is
 /// committed or the time is up.
-fn wait(relid: Oid, cursor: Option<&str>, backward: bool, timeout_us: Option<i64>, may_drop_xmin: bool) -> bool {
+fn wait(
+    table: &registry::Table,
+    cursor: Option<&str>,
+    backward: bool,
+    timeout_us: Option<i64>,
+    may_drop_xmin: bool,
+) -> bool {
     let start = now_us();
     let deadline = timeout_us.map(|t| start.saturating_add(t));
     // Only commits past the cursor wake us: the cursor as the key is now
@@ -194,13 +200,12 @@ fn wait(relid: Oid, cursor: Option<&str>, backward: bool, timeout_us: Option<i64
     let pass = match cursor {
         None => Pass::Any,
         Some(t) => {
-            let latched = registry::require(relid);
-            let a = cursor::parse_after(&latched.key, t);
+            let a = cursor::parse_after(table.key(), t);
             Pass::of_cursor(&a.bytes, a.truncated, backward)
         }
     };
     // Writers of a partition are noted under its latched parent.
-    let waiting = Waiting::register(registry::latch_id(relid), pass);
+    let waiting = Waiting::register(table.latch_id, pass);
     let mut spurious = 0u64;
     let mut slept = false;
     let mut woken = false;
@@ -211,7 +216,7 @@ fn wait(relid: Oid, cursor: Option<&str>, backward: bool, timeout_us: Option<i64
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
         // An interrupt that set the latch before the reset is served now.
         pgrx::check_for_interrupts!();
-        if look(relid, cursor, backward) {
+        if look(table, cursor, backward) {
             break if slept { Outcome::Woken } else { Outcome::Immediate };
         }
         if woken {
@@ -327,26 +332,26 @@ fn sole_statement(fn_oid: Oid) -> bool {
 }
 
 /// One look for a committed key past `cursor` in the table waited on, as
-/// it is now: a table dropped, disabled or no longer in a database with
-/// pgkvx ends the wait with its error (their commits wake the waiters), and
-/// a key changed by disable and enable is parsed anew.
-fn look(relid: Oid, cursor: Option<&str>, backward: bool) -> bool {
-    let Some(heap) = OpenRel::try_open(relid, pg_sys::AccessShareLock) else {
+/// it is now -- the one step that asks the registry again, since the call
+/// sleeps between looks: a table dropped, disabled or no longer in a
+/// database with pgkvx ends the wait with its error (their commits wake
+/// the waiters), and a key changed by disable and enable is parsed anew.
+fn look(table: &registry::Table, cursor: Option<&str>, backward: bool) -> bool {
+    let Some(heap) = OpenRel::try_open(table.relid, pg_sys::AccessShareLock) else {
         errors::raise(
             PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
-            format!("relation with OID {} was dropped while pgkvx.wait_for() waited on it", relid.to_u32()),
+            format!("relation with OID {} was dropped while pgkvx.wait_for() waited on it", table.relid.to_u32()),
         )
     };
-    let latched = registry::require(relid);
-    let after = cursor.map(|t| cursor::parse_after(&latched.key, t));
-    drop(latched);
-    committed_past(heap, after.as_ref(), backward)
+    let now = table.now();
+    let after = cursor.map(|t| cursor::parse_after(now.key(), t));
+    committed_past(heap, &now.latched, after.as_ref(), backward)
 }
 
 /// Whether a row with a key past `after` (before it when `backward`; any
 /// row when None) is visible to a fresh snapshot: one index probe of the
 /// key index (of each leaf, for a partitioned table).
-fn committed_past(heap: OpenRel, after: Option<&After>, backward: bool) -> bool {
+fn committed_past(heap: OpenRel, latched: &registry::Latched, after: Option<&After>, backward: bool) -> bool {
     let relid = heap.oid();
     if heap.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE {
         // One probe per leaf partition; a partition dropped or detached
@@ -356,11 +361,10 @@ fn committed_past(heap: OpenRel, after: Option<&After>, backward: bool) -> bool 
             // SAFETY: a syscache probe.
             let leaf = unsafe { pg_sys::get_rel_relkind(m) as u8 == pg_sys::RELKIND_RELATION };
             leaf && OpenRel::try_open(m, pg_sys::AccessShareLock)
-                .filter(|_| registry::lookup(m).is_some())
-                .is_some_and(|h| committed_past(h, after, backward))
+                .and_then(|h| registry::lookup(m).map(|leaf| (h, leaf)))
+                .is_some_and(|(h, leaf)| committed_past(h, &leaf, after, backward))
         });
     }
-    let Some(latched) = registry::lookup(relid) else { return false };
     let key = &latched.key;
     if key.index == pg_sys::InvalidOid {
         // A partition without an index on the key cannot be probed: say

@@ -37,6 +37,7 @@ pub use xact::in_live_transaction;
 #[pgrx::pg_schema]
 mod tests {
     use super::*;
+    use pgrx::pg_sys::Oid;
     use pgrx::prelude::*;
 
     const AWKWARD: &[&str] = &["plain", "Mixed Case", "with \"quotes\"", "select", "it's", "back\\slash", "é", ""];

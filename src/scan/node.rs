@@ -15,7 +15,7 @@
 use super::explain::explain;
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use super::position::{key_source_of, position_of, ScanPosition};
-use super::runtime::{drop_runtime, note_key, runtime, seen_for, FenceAtStart, NodeRuntime, NodeState, Seen};
+use super::runtime::{note_key, runtime, runtime_ptr, seen_for, FenceAtStart, NodeRuntime, NodeState, Seen};
 use crate::pg::raw;
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::read::run::CutRule;
@@ -54,14 +54,8 @@ pub fn register() {
 
 /// A plain old frame, like [`exec`]: palloc0's ERROR passes straight on.
 unsafe extern "C-unwind" fn create_state(cscan: *mut pg_sys::CustomScan) -> *mut Node {
-    // SAFETY: allocating and tagging our state node as the executor expects.
-    unsafe {
-        let ns = raw::palloc0(std::mem::size_of::<NodeState>()) as *mut NodeState;
-        (*ns).css.ss.ps.type_ = pg_sys::NodeTag::T_CustomScanState;
-        (*ns).css.flags = (*cscan).flags;
-        (*ns).css.methods = &EXEC_METHODS.0;
-        ns as *mut Node
-    }
+    // SAFETY: the executor passes our own plan node; the methods are static.
+    unsafe { NodeState::alloc(cscan, &EXEC_METHODS.0) }
 }
 
 // ---- begin -----------------------------------------------------------------
@@ -79,7 +73,6 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
     // SAFETY (whole body): executor-initialisation protocol; the plan is our
     // CustomScan, built by the planner with one child and our private list.
     unsafe {
-        let ns = node as *mut NodeState;
         let ps = &raw mut (*node).ss.ps;
         let cs = (*ps).plan as *mut pg_sys::CustomScan;
         let (plan, latched) = super::starting::claim(cs, node, estate).unwrap_or_else(|| {
@@ -124,31 +117,29 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             Some(l) => seen_for(&position, key_source.as_ref(), &plan, &l.key),
             None => Seen::Off,
         };
-        let rt = (*ns).runtime.write(NodeRuntime {
-            seen,
-            key_source,
-            rel: super::guards::latch_rel(&plan, latched.as_deref()),
-            plan,
-            latched,
-            child,
-            position,
-            bounds: None,
-            static_declared: None,
-            started: false,
-            last: std::ptr::null_mut(),
-            touched: Vec::new(),
-            touched_later: Vec::new(),
-            statement: None,
-            fence_at_start: None,
-            cut: None,
-            stopped: false,
-            one_table: std::cell::Cell::new(None),
-        });
-        let rt: *mut NodeRuntime = rt;
-        // The context create_state allocated the node in.
-        let (cx, cb) = (pg_sys::CurrentMemoryContext, &raw mut (*ns).drop_cb);
-        crate::pg::memcx::on_reset_with(cx, cb, drop_runtime, rt as *mut std::ffi::c_void);
-        (*ns).rt = rt;
+        let rt = NodeState::start(
+            node,
+            NodeRuntime {
+                seen,
+                key_source,
+                rel: super::guards::latch_rel(&plan, latched.as_deref()),
+                plan,
+                latched,
+                child,
+                position,
+                bounds: None,
+                static_declared: None,
+                started: false,
+                last: std::ptr::null_mut(),
+                touched: Vec::new(),
+                touched_later: Vec::new(),
+                statement: None,
+                fence_at_start: None,
+                cut: None,
+                stopped: false,
+                one_table: std::cell::Cell::new(None),
+            },
+        );
         // A bound with a subquery of its own joins the node's subplans as
         // its state is built: built now, as every other node's, so that
         // rescans and plan-state walks see it from the start.
@@ -190,7 +181,7 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
     // SAFETY: our node, set up by begin(); the child's ExecProcNode is the
     // function the executor installed for it (ExecInitNode always sets one).
     unsafe {
-        let rt = (*(node as *mut NodeState)).rt;
+        let rt = runtime_ptr(node);
         if (*rt).fence_at_start.is_some() {
             fence_at_start(node);
         }
@@ -331,7 +322,7 @@ unsafe fn rescan_child(child: *mut pg_sys::PlanState) {
 unsafe extern "C-unwind" fn end(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node; the child was initialised in begin().  The Rust
     // runtime itself is dropped with the executor's memory context.
-    unsafe { raw::ExecEndNode((*(*(node as *mut NodeState)).rt).child) };
+    unsafe { raw::ExecEndNode((*runtime_ptr(node)).child) };
 }
 
 // ---- rescan ----------------------------------------------------------------
@@ -342,7 +333,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
     // its scan moves back to the start.
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
-            let rt = &mut *(*(node as *mut NodeState)).rt;
+            let rt = runtime(node);
             rt.fold(node);
             rt.stopped = false;
             let child = rt.child;
@@ -363,7 +354,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
 #[pg_guard]
 unsafe extern "C-unwind" fn mark_pos(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node; offered only over a child that supports marking.
-    unsafe { raw::ExecMarkPos((*(*(node as *mut NodeState)).rt).child) };
+    unsafe { raw::ExecMarkPos((*runtime_ptr(node)).child) };
 }
 
 #[pg_guard]
@@ -372,7 +363,7 @@ unsafe extern "C-unwind" fn restr_pos(node: *mut pg_sys::CustomScanState) {
     // back; it goes on from the mark, so it has still started.
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
-            let rt = &mut *(*(node as *mut NodeState)).rt;
+            let rt = runtime(node);
             rt.fold(node);
             rt.started = true;
             let child = rt.child;

@@ -24,14 +24,62 @@ const MAX_SPANS: usize = 32;
 
 /// The executor state: Postgres's part first, then ours, all in the
 /// executor's memory: no allocation of our own per statement.
+/// Its fields are this file's: the rest of `scan/` reaches the state only
+/// through [`NodeState::alloc`], [`NodeState::start`], [`runtime_ptr`] and
+/// [`runtime`].
 #[repr(C)]
 pub struct NodeState {
-    pub(super) css: pg_sys::CustomScanState,
+    css: pg_sys::CustomScanState,
     /// Points at `runtime` once the node has begun.
-    pub(super) rt: *mut NodeRuntime,
-    pub(super) runtime: std::mem::MaybeUninit<NodeRuntime>,
+    rt: *mut NodeRuntime,
+    runtime: std::mem::MaybeUninit<NodeRuntime>,
     /// Drops `runtime` when the executor's memory goes.
-    pub(super) drop_cb: pg_sys::MemoryContextCallback,
+    drop_cb: pg_sys::MemoryContextCallback,
+}
+
+impl NodeState {
+    /// A zeroed state node for `cscan`, tagged and given our methods, in
+    /// the current memory context (CreateCustomScanState).  A plain old
+    /// frame: palloc0's ERROR passes straight on.
+    ///
+    /// # Safety
+    /// `cscan` is a PgkvxLimitScan plan node; `methods` lives for ever.
+    pub(super) unsafe fn alloc(
+        cscan: *mut pg_sys::CustomScan,
+        methods: *const pg_sys::CustomExecMethods,
+    ) -> *mut pg_sys::Node {
+        // SAFETY: palloc0 returns zeroed memory of NodeState's size (or
+        // raises), and a zeroed NodeState is valid with `rt` NULL (not begun);
+        // `cscan` is a live plan node by the caller's contract.
+        unsafe {
+            let ns = crate::pg::raw::palloc0(std::mem::size_of::<NodeState>()) as *mut NodeState;
+            (*ns).css.ss.ps.type_ = pg_sys::NodeTag::T_CustomScanState;
+            (*ns).css.flags = (*cscan).flags;
+            (*ns).css.methods = methods;
+            ns as *mut pg_sys::Node
+        }
+    }
+
+    /// Moves `rt` into the node's own memory, arranges for it to be
+    /// dropped when that memory goes (also after an ERROR, when
+    /// EndCustomScan never runs), and marks the node begun.
+    ///
+    /// # Safety
+    /// `node` was made by [`NodeState::alloc`] in the current memory context
+    /// and has not begun.
+    pub(super) unsafe fn start(node: *mut pg_sys::CustomScanState, rt: NodeRuntime) -> *mut NodeRuntime {
+        // SAFETY: `node` is a NodeState (the caller's contract) whose
+        // `runtime` is still uninitialised, so writing it drops nothing; the
+        // callback lives in the node, in the context it is registered with.
+        unsafe {
+            let ns = node as *mut NodeState;
+            let rt: *mut NodeRuntime = (*ns).runtime.write(rt);
+            let (cx, cb) = (pg_sys::CurrentMemoryContext, &raw mut (*ns).drop_cb);
+            crate::pg::memcx::on_reset_with(cx, cb, drop_runtime, rt as *mut std::ffi::c_void);
+            (*ns).rt = rt;
+            rt
+        }
+    }
 }
 
 /// What an execution remembers of the rows it examined, for when it runs
@@ -108,7 +156,7 @@ pub struct NodeRuntime {
 /// ERROR (when EndCustomScan never runs).  The memory itself goes with the
 /// context, after its callbacks.
 #[pg_guard]
-pub(super) unsafe extern "C-unwind" fn drop_runtime(arg: *mut std::ffi::c_void) {
+unsafe extern "C-unwind" fn drop_runtime(arg: *mut std::ffi::c_void) {
     // SAFETY: `arg` is the runtime begin() wrote, dropped only here.
     unsafe { std::ptr::drop_in_place(arg as *mut NodeRuntime) };
 }
@@ -438,11 +486,24 @@ fn add_span(spans: &mut Vec<Span>, t: Span) {
     }
 }
 
-/// The runtime of a node of ours.
+/// The runtime of a node of ours, as a pointer: for the per-row path and
+/// the callbacks that call back into code which borrows it itself.
 ///
 /// # Safety
 /// `node` is a `PgkvxLimitScan` state that has begun.
+pub(super) unsafe fn runtime_ptr(node: *mut pg_sys::CustomScanState) -> *mut NodeRuntime {
+    // SAFETY: `node` is a NodeState (every PgkvxLimitScan state is made by
+    // NodeState::alloc) that has begun, so `rt` points at its runtime.
+    unsafe { (*(node as *mut NodeState)).rt }
+}
+
+/// The runtime of a node of ours.
+///
+/// # Safety
+/// `node` is a `PgkvxLimitScan` state that has begun, and no other
+/// reference to its runtime is used while this one is.
 pub unsafe fn runtime<'a>(node: *mut pg_sys::CustomScanState) -> &'a mut NodeRuntime {
-    // SAFETY: per contract.
-    unsafe { &mut *(*(node as *mut NodeState)).rt }
+    // SAFETY: the caller's contract: `rt` points at the begun node's
+    // runtime, which lives as long as the executor's memory.
+    unsafe { &mut *runtime_ptr(node) }
 }
