@@ -386,7 +386,8 @@ unsafe fn line_pointer(page: *const u8, item: u16) -> Option<ItemId> {
 /// `page` is a pinned, share-locked heap page.
 #[inline(always)]
 unsafe fn page_all_visible(page: *const u8) -> bool {
-    // SAFETY: per the contract.
+    // SAFETY: `page` is a pinned, share-locked heap page (the caller's contract), so
+    // its header, where pd_flags lives, is readable and stable.
     u32::from(unsafe { (*(page as *const pg_sys::PageHeaderData)).pd_flags }) & pg_sys::PD_ALL_VISIBLE != 0
 }
 

@@ -93,7 +93,8 @@ impl InContext {
     /// # Safety
     /// `cx` is a live memory context.
     unsafe fn switch_to(cx: pg_sys::MemoryContext) -> InContext {
-        // SAFETY: per the contract.
+        // SAFETY: `cx` is a live memory context (the caller's contract); the old one
+        // comes back when the guard drops.
         InContext(unsafe { pg_sys::MemoryContextSwitchTo(cx) })
     }
 }

@@ -16,7 +16,9 @@ use std::ffi::CStr;
 /// # Safety
 /// `d` is a non-null datum of type `typid`, and `typid` suits `kind`.
 pub unsafe fn encode_value(kind: KeyKind, desc: bool, typid: Oid, d: Datum, w: &mut KeyWriter) {
-    // SAFETY (whole match): the datum has type `typid`, per contract.
+    // SAFETY (whole match): the caller passes a non-null datum of type `typid`, which suits `kind`: the
+    // integer, bool, date and timestamp kinds are by value, a uuid points to 16 bytes, the rest are
+    // varlenas.
     match kind {
         KeyKind::Int => {
             let v = match typid {
@@ -111,7 +113,8 @@ impl KeyDesc {
         let mut w = KeyWriter::new();
         for (i, &a) in attnos.iter().enumerate().take(self.cols.len()) {
             let mut isnull = false;
-            // SAFETY: per the contract.
+            // SAFETY: `slot` holds a row whose attribute `a` is key column `i` (the caller's
+            // contract); slot_getattr deforms up to it.
             let d = unsafe { pg_sys::slot_getattr(slot, a, &mut isnull) };
             if isnull {
                 break; // cannot happen for a NOT NULL key; a prefix is conservative

@@ -30,7 +30,8 @@ pub unsafe fn list_nth<T>(list: *mut pg_sys::List, n: usize) -> Option<*mut T> {
 /// # Safety
 /// `list` is NIL or a valid `List`.
 pub unsafe fn list_len(list: *mut pg_sys::List) -> usize {
-    // SAFETY: per the contract.
+    // SAFETY: `list` is NIL or a valid List (the caller's contract), whose `length`
+    // is its number of cells.
     if list.is_null() {
         0
     } else {
@@ -44,7 +45,8 @@ pub unsafe fn list_len(list: *mut pg_sys::List) -> usize {
 /// `list` is NIL or a valid `OidList`, neither changed nor freed while the
 /// iterator is in use.
 pub unsafe fn list_oids(list: *mut pg_sys::List) -> impl Iterator<Item = Oid> {
-    // SAFETY: per the contract.
+    // SAFETY: `list` is NIL or a valid OidList (the caller's contract), not changed
+    // while the cells are read.
     let cells: &[pg_sys::ListCell] = unsafe { list_cells(list, pg_sys::NodeTag::T_OidList) };
     // SAFETY: the cells of an OidList hold oids.
     cells.iter().map(|c| unsafe { c.oid_value })
@@ -56,7 +58,8 @@ pub unsafe fn list_oids(list: *mut pg_sys::List) -> impl Iterator<Item = Oid> {
 /// `list` is NIL or a valid `IntList`, neither changed nor freed while the
 /// iterator is in use.
 pub unsafe fn list_ints(list: *mut pg_sys::List) -> impl Iterator<Item = i32> {
-    // SAFETY: per the contract.
+    // SAFETY: `list` is NIL or a valid IntList (the caller's contract), not changed
+    // while the cells are read.
     let cells: &[pg_sys::ListCell] = unsafe { list_cells(list, pg_sys::NodeTag::T_IntList) };
     // SAFETY: the cells of an IntList hold ints.
     cells.iter().map(|c| unsafe { c.int_value })
@@ -107,6 +110,7 @@ pub fn make_list<T>(items: impl IntoIterator<Item = *mut T>) -> *mut pg_sys::Lis
 /// # Safety
 /// `n` points to a Postgres node: every node starts with its tag.
 pub unsafe fn node_tag<T>(n: *const T) -> pg_sys::NodeTag {
-    // SAFETY: per the contract.
+    // SAFETY: `n` points to a Postgres node (the caller's contract), and every node
+    // starts with its NodeTag.
     unsafe { (*(n as *const pg_sys::Node)).type_ }
 }

@@ -11,7 +11,8 @@ use pgrx::pg_sys;
 /// `cxt` is a live memory context.
 #[inline(always)]
 pub unsafe fn reset_if_used(cxt: pg_sys::MemoryContext) {
-    // SAFETY: per the contract.
+    // SAFETY: `cxt` is a live memory context (the caller's contract): its header
+    // fields are readable, and resetting it is what its owner allows.
     unsafe {
         if !(*cxt).isReset || !(*cxt).firstchild.is_null() {
             pg_sys::MemoryContextReset(cxt);

@@ -10,7 +10,8 @@ use std::ffi::{CStr, CString};
 /// # Safety
 /// `p` is NULL or a NUL-terminated string.
 pub(super) unsafe fn owned(p: *const std::ffi::c_char) -> Option<String> {
-    // SAFETY: per the contract.
+    // SAFETY: `p` is NULL (checked) or a NUL-terminated string (the caller's
+    // contract), read before anything frees it.
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 

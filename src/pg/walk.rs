@@ -30,6 +30,7 @@ pub unsafe fn any_node(node: *mut Node, mut visit: impl FnMut(*mut Node) -> Opti
         }
     }
     let mut visit: &mut dyn FnMut(*mut Node) -> Option<bool> = &mut visit;
-    // SAFETY: per contract.
+    // SAFETY: `node` is a valid expression or NULL (the caller's contract), and the visitor lives on
+    // this frame for the whole walk, which is all `step` reads through `cx`.
     unsafe { step(node, &mut visit as *mut &mut dyn FnMut(*mut Node) -> Option<bool> as *mut c_void) }
 }

@@ -225,7 +225,8 @@ unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) 
     let Some(cut) = rt.cut else { return slot };
     let Some(latched) = rt.latched.clone() else { return slot };
     let key = &latched.key;
-    // SAFETY: per contract; the child's slots are live until it runs again.
+    // SAFETY: `rt` is begun with a cut and an ordered position (the caller's contract), and `slot` is
+    // what its child returned last: the child's slots are live until it runs again.
     unsafe {
         loop {
             if rt.stopped {

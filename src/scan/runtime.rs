@@ -170,7 +170,8 @@ unsafe extern "C-unwind" fn drop_runtime(arg: *mut std::ffi::c_void) {
 pub(super) unsafe fn note_key(rt: &mut NodeRuntime, slot: *mut pg_sys::TupleTableSlot) {
     let Some(latched) = rt.latched.as_deref() else { return };
     let Seen::Key { slot: from, attnos, greatest, key } = &mut rt.seen else { return };
-    // SAFETY: per contract; the scan's slot holds the row it examined last.
+    // SAFETY: `rt` is begun (the caller's contract), so `from` is its child's scan slot, which holds
+    // the row the scan examined last until the child runs again, and `attnos` are its key columns.
     unsafe {
         if is_empty(slot) {
             return;
@@ -197,7 +198,8 @@ pub(super) unsafe fn seen_for(
     key: &KeyDesc,
 ) -> Seen {
     let may_open = |up: bool| super::guards::may_be_open(plan, key, up);
-    // SAFETY: per contract; the scan states are live.
+    // SAFETY: `position` and `key_source` come from the begun node's child (the caller's contract):
+    // the scan states they point at live as long as the executor's memory.
     unsafe {
         match position {
             ScanPosition::Ordered { scan, attnos, forward, .. } if may_open(*forward) => {
@@ -262,7 +264,8 @@ impl NodeRuntime {
         if self.latched.is_none() {
             return Rc::new(Declared::all());
         }
-        // SAFETY: per contract.
+        // SAFETY: `node` is this runtime's begun node (the caller's contract): its plan node and
+        // expression context, which the bounds are evaluated in, are live.
         let states = unsafe { self.bound_states(node) };
         let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Rc::new(Declared::all()) };
         // SAFETY: expression states of this node, evaluated in its per-tuple
@@ -294,8 +297,8 @@ impl NodeRuntime {
         if let Some(b) = &self.bounds {
             return b.clone();
         }
-        // SAFETY: per contract: our plan node's expressions, initialised for
-        // our plan state in its executor's query context.
+        // SAFETY: `node` is this runtime's node (the caller's contract): our plan node's
+        // expressions, initialised for our plan state in its executor's query context.
         let b: Vec<_> = unsafe {
             let ps = &raw mut (*node).ss.ps;
             let cs = (*ps).plan as *mut pg_sys::CustomScan;
@@ -318,7 +321,8 @@ impl NodeRuntime {
             return;
         }
         self.started = false;
-        // SAFETY: per contract.
+        // SAFETY: `node` is this runtime's node (the caller's contract), so its child's scan state and
+        // slots, which the execution's span is read from, are live.
         let d = unsafe { self.static_declared(node) };
         let Some(latched) = self.latched.clone() else { return };
         let key = &latched.key;
@@ -404,14 +408,15 @@ impl NodeRuntime {
     ) -> (Vec<Span>, Vec<Span>) {
         let all = || (d.spans.clone(), d.spans.clone());
         let Some(latched) = self.latched.as_deref() else { return all() };
-        // SAFETY: per contract.
+        // SAFETY: `stmt` is this node's statement (the caller's contract), live while it runs.
         if !unsafe { self.reads_one_table(stmt) } {
             return all();
         }
         let last = match &self.seen {
             Seen::Off => return all(),
             Seen::Tid { tid, .. } if tid.ip_posid == 0 => None,
-            // SAFETY: per contract.
+            // SAFETY: `scan` is this node's scan, run out of rows, and `attnos` its key columns (the
+            // caller's contract); `tid` is a row that scan returned, read back through its relation.
             Seen::Tid { tid, .. } => match unsafe { key_at_tid(scan, *tid, &latched.key, attnos) } {
                 Some(k) => Some(k),
                 None => return all(),
@@ -430,7 +435,7 @@ impl NodeRuntime {
         if let Some(one) = self.one_table.get() {
             return one;
         }
-        // SAFETY: per contract.
+        // SAFETY: `stmt` is this node's statement (the caller's contract), live while it runs.
         let one = unsafe { super::guards::guards_one_table(stmt) };
         self.one_table.set(Some(one));
         one
@@ -441,7 +446,7 @@ impl NodeRuntime {
     /// # Safety
     /// `node` is this runtime's node.
     pub unsafe fn touched(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<Span> {
-        // SAFETY: per contract.
+        // SAFETY: `node` is this runtime's node (the caller's contract).
         unsafe { self.fold(node) };
         self.touched.clone()
     }
@@ -451,7 +456,7 @@ impl NodeRuntime {
     /// # Safety
     /// `node` is this runtime's node.
     pub unsafe fn touched_later(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<Span> {
-        // SAFETY: per contract.
+        // SAFETY: `node` is this runtime's node (the caller's contract).
         unsafe { self.fold(node) };
         self.touched_later.clone()
     }
@@ -461,7 +466,7 @@ impl NodeRuntime {
     /// # Safety
     /// `node` is this runtime's node.
     pub unsafe fn declared(&mut self, node: *mut pg_sys::CustomScanState) -> Rc<Declared> {
-        // SAFETY: per contract.
+        // SAFETY: `node` is this runtime's node (the caller's contract).
         unsafe { self.static_declared(node) }
     }
 }
