@@ -1,6 +1,7 @@
 //! The `PgkvxLimitScan` executor node: begin, exec, end, rescan (in that
-//! order, as in Postgres's own node*.c files), then mark/restore and
-//! EXPLAIN.
+//! order, as in Postgres's own node*.c files), then mark/restore.  Its
+//! EXPLAIN output is `explain.rs`'s, its state `runtime.rs`'s, and the cut
+//! it applies to rows `cut.rs`'s rule.
 //!
 //! The node sits on top of the scan the planner chose for a latched table
 //! and passes its rows on untouched.  What it adds is bookkeeping: after an
@@ -372,5 +373,3 @@ unsafe extern "C-unwind" fn restr_pos(node: *mut pg_sys::CustomScanState) {
         })
     }
 }
-
-// ---- explain ---------------------------------------------------------------

@@ -86,14 +86,13 @@ unsafe extern "C-unwind" fn planner_hook(
     cursor_options: i32,
     params: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
-    // SAFETY: the Query about to be planned; identity draws into gapless
-    // tables become pgkvx.next_key calls before anything reads it.
+    // SAFETY: the Query about to be planned; identity draws into gapless tables become pgkvx.next_key calls
+    // before anything reads it.
     let parse = unsafe { crate::gapless::rewrite::draw_through_next_key(parse) };
     // SAFETY: the planner's own arguments, read before planning changes them.
     let restartable = unsafe { super::restartable::statement(parse, cursor_options) };
-    // SAFETY: chaining the previous hook (or the standard planner) with the
-    // same arguments, as plain C calls: an ERROR in planning (constant
-    // folding runs user functions) passes on as raised, once the planning
+    // SAFETY: chaining the previous hook (or the standard planner) with the same arguments, as plain C calls:
+    // an ERROR in planning (constant folding runs user functions) passes on as raised, once the planning
     // frame is popped (pg/boundary.rs).
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
@@ -148,7 +147,8 @@ unsafe fn is_column(e: *mut Node, rti: u32, attnum: i16) -> bool {
 /// # Safety
 /// `ec` is a valid EquivalenceClass of the current planning step.
 unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16) -> bool {
-    // SAFETY: per contract; members are EquivalenceMembers.
+    // SAFETY: `ec` is a live EquivalenceClass of this planning step (the caller's contract); its ec_members
+    // holds only EquivalenceMember nodes (pathnodes.h).
     unsafe {
         let found = list_iter::<pg_sys::EquivalenceMember>((*ec).ec_members)
             .any(|em| is_column((*em).em_expr as *mut Node, rti, attnum));
@@ -165,7 +165,8 @@ unsafe fn ec_has_column(ec: *mut pg_sys::EquivalenceClass, rti: u32, attnum: i16
 /// # Safety
 /// `root` is the planner state of the current level.
 unsafe fn fixed_by_equality(root: *mut PlannerInfo, rti: u32, attnum: i16) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: `root` is the live PlannerInfo of this level (the caller's contract); its eq_classes holds only
+    // EquivalenceClass nodes.
     unsafe {
         list_iter::<pg_sys::EquivalenceClass>((*root).eq_classes)
             .any(|ec| (*ec).ec_has_const && ec_has_column(ec, rti, attnum))
@@ -192,7 +193,8 @@ enum KeyOrder {
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn level_key_order(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDesc) -> Option<(KeyOrder, usize)> {
-    // SAFETY: per contract.
+    // SAFETY: `root` and its parse tree are live planner state of this planning step (the caller's contract),
+    // valid for the whole call.
     unsafe {
         let q = &*(*root).parse;
         if q.sortClause.is_null() {
@@ -228,7 +230,8 @@ unsafe fn level_key_order(root: *mut PlannerInfo, rti: u32, key: &crate::keys::K
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn reads_as_tail(root: *mut PlannerInfo, rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: `root` and `rel` are live planner state of this planning step (the caller's contract), valid
+    // for the whole call.
     unsafe {
         let (order, lead) = match level_key_order(root, rti, key) {
             Some(o) => o,
@@ -256,7 +259,7 @@ unsafe fn reads_as_tail(root: *mut PlannerInfo, rel: *mut RelOptInfo, rti: u32, 
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn aggregates(root: *mut PlannerInfo) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: `root` and its parse tree are live planner state of this planning step (the caller's contract).
     unsafe {
         let q = &*(*root).parse;
         q.hasAggs || q.hasWindowFuncs || !q.groupClause.is_null() || !q.groupingSets.is_null()
@@ -271,8 +274,8 @@ unsafe fn aggregates(root: *mut PlannerInfo) -> bool {
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn is_minmax_level(root: *mut PlannerInfo) -> bool {
-    // SAFETY: per contract; the target list holds TargetEntries, the quals
-    // are checked by tag.
+    // SAFETY: `root` is live planner state of this planning step (the caller's contract); its target list
+    // holds TargetEntries, the quals are checked by tag.
     unsafe {
         let q = &*(*root).parse;
         if q.limitCount.is_null() || crate::pg::list_len(q.targetList) != 1 || q.jointree.is_null() {
@@ -296,7 +299,8 @@ unsafe fn is_minmax_level(root: *mut PlannerInfo) -> bool {
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn bounded(rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc, lead: usize) -> bool {
-    // SAFETY: per contract; both lists hold RestrictInfos.
+    // SAFETY: `rel` is live planner state of this planning step (the caller's contract); both its lists hold
+    // RestrictInfos.
     unsafe {
         let from_outside =
             |value: *mut Node| !refers_to(value, rti, |_| true) && !pg_sys::contain_volatile_functions(value);
@@ -317,7 +321,8 @@ unsafe fn bounded(rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc, le
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn ancestor_subquery_order(root: *mut PlannerInfo) -> Option<bool> {
-    // SAFETY: per contract; parent roots outlive their children's planning.
+    // SAFETY: `root` is live planner state of this planning step (the caller's contract); parent roots
+    // outlive their children's planning.
     unsafe {
         let mut p = (*root).parent_root;
         while !p.is_null() {
@@ -349,7 +354,8 @@ unsafe fn ancestor_subquery_order(root: *mut PlannerInfo) -> Option<bool> {
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn skips_locked_rows(root: *mut PlannerInfo, rti: u32) -> bool {
-    // SAFETY: per contract; rowMarks holds RowMarkClauses.
+    // SAFETY: `root` is live planner state of this planning step (the caller's contract); a Query's rowMarks
+    // holds RowMarkClauses.
     unsafe {
         list_iter::<pg_sys::RowMarkClause>((*(*root).parse).rowMarks)
             .any(|rc| (*rc).rti == rti && (*rc).waitPolicy == pg_sys::LockWaitPolicy::LockWaitSkip)
@@ -421,7 +427,8 @@ unsafe extern "C-unwind" fn rel_pathlist_hook(
 /// Planner structures of the current planning step; `rti` is a member of
 /// an append relation.
 unsafe fn report_unlatched_member(root: *mut PlannerInfo, rti: u32, relid: pg_sys::Oid) {
-    // SAFETY: per contract; append_rel_array is indexed by relid.
+    // SAFETY: `root` is live planner state of this planning step (the caller's contract) and `rti` a member
+    // of an append relation; append_rel_array is indexed by relid.
     unsafe {
         let arr = (*root).append_rel_array;
         if arr.is_null() {
@@ -470,8 +477,8 @@ unsafe fn report_unlatched_member(root: *mut PlannerInfo, rti: u32, relid: pg_sy
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn hierarchy_top(root: *mut PlannerInfo, rti: u32) -> u32 {
-    // SAFETY: per contract; append_rel_array and simple_rte_array are
-    // indexed by relid and cover every relid of the query.
+    // SAFETY: `root` is live planner state of this planning step (the caller's contract); append_rel_array
+    // and simple_rte_array are indexed by relid and cover every relid of the query.
     unsafe {
         let arr = (*root).append_rel_array;
         let mut at = rti;
@@ -495,8 +502,8 @@ unsafe fn hierarchy_top(root: *mut PlannerInfo, rti: u32) -> u32 {
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn guard_path(rel: *mut RelOptInfo, child: *mut pg_sys::Path, init_params: &[i32]) -> *mut pg_sys::Path {
-    // SAFETY: per contract; the new node is palloc'd and filled like
-    // makeNode(CustomPath).
+    // SAFETY: `rel` and `child` are live planner state of this planning step (the caller's contract); the new
+    // node is palloc'd and filled like makeNode(CustomPath).
     unsafe {
         let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
         let c = &*child;
@@ -541,10 +548,12 @@ unsafe fn key_bounds(
     // or lateral parameter): they bound each execution, which the plan's
     // bounds do not show (plan_data::RUNTIME_CAPS_*).
     let mut caps = 0u8;
-    // SAFETY: per contract.
+    // SAFETY: `init_params` and the values this is called with come from live expressions of this planning
+    // step (the caller's contract).
     let one_value = |value: *mut Node| unsafe { one_value_per_statement(value, init_params) };
     let mut group = 0u16;
-    // SAFETY: per contract; nodes are checked by tag before each cast.
+    // SAFETY: `clauses` is a List of RestrictInfo of this planning step (the caller's contract); nodes are
+    // checked by tag before each cast.
     unsafe {
         for ri in list_iter::<pg_sys::RestrictInfo>(clauses) {
             if (*ri).pseudoconstant {
@@ -586,7 +595,8 @@ unsafe fn key_bounds(
 /// `clause` is a valid expression of the current planning step.
 unsafe fn runtime_caps(rti: u32, key: &crate::keys::KeyDesc, clause: *mut Node, init_params: &[i32]) -> u8 {
     use super::plan_data::{RUNTIME_CAPS_ABOVE as ABOVE, RUNTIME_CAPS_BELOW as BELOW};
-    // SAFETY: per contract; nodes are checked by tag before each cast.
+    // SAFETY: `clause` is a valid expression of this planning step (the caller's contract); nodes are checked
+    // by tag before each cast.
     unsafe {
         if !mentions_key(clause, rti, key) || one_value_per_statement_but_key(clause, rti, init_params) {
             return 0;
@@ -628,7 +638,7 @@ unsafe fn runtime_caps(rti: u32, key: &crate::keys::KeyDesc, clause: *mut Node, 
 /// # Safety
 /// `node` is a valid expression.
 unsafe fn mentions_key(node: *mut Node, rti: u32, key: &crate::keys::KeyDesc) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: `node` is a valid expression (the caller's contract), walked read-only.
     unsafe { refers_to(node, rti, |attnum| key.cols.iter().any(|c| c.attnum == attnum)) }
 }
 
@@ -638,7 +648,8 @@ unsafe fn mentions_key(node: *mut Node, rti: u32, key: &crate::keys::KeyDesc) ->
 /// # Safety
 /// `node` is a valid expression.
 unsafe fn refers_to(node: *mut Node, rti: u32, column: impl Fn(i16) -> bool) -> bool {
-    // SAFETY: per contract; nodes are cast after their tag is checked.
+    // SAFETY: `node` is a valid expression (the caller's contract); nodes are cast after their tag is
+    // checked.
     unsafe {
         crate::pg::walk::any_node(node, |n| {
             (node_tag(n) == pg_sys::NodeTag::T_Var).then(|| {
@@ -656,9 +667,9 @@ unsafe fn refers_to(node: *mut Node, rti: u32, column: impl Fn(i16) -> bool) -> 
 /// # Safety
 /// `clause` is a valid expression.
 unsafe fn one_value_per_statement_but_key(clause: *mut Node, rti: u32, init_params: &[i32]) -> bool {
-    // SAFETY: per contract; nodes are cast after their tag is checked.
-    // The walk answers true at the first value that changes while the
-    // statement runs.
+    // SAFETY: `clause` is a valid expression (the caller's contract); nodes are cast after their tag is
+    // checked.
+    // The walk answers true at the first value that changes while the statement runs.
     !unsafe {
         crate::pg::walk::any_node(clause, |n| match node_tag(n) {
             pg_sys::NodeTag::T_Var => {
@@ -682,7 +693,7 @@ unsafe fn one_value_per_statement_but_key(clause: *mut Node, rti: u32, init_para
 /// # Safety
 /// `node` is a valid expression.
 unsafe fn bool_args(node: *mut Node, kind: pg_sys::BoolExprType::Type) -> Option<Vec<*mut Node>> {
-    // SAFETY: per contract; cast after the tag check.
+    // SAFETY: `node` is a valid expression (the caller's contract); cast after the tag check.
     unsafe {
         (node_tag(node) == pg_sys::NodeTag::T_BoolExpr && (*(node as *mut pg_sys::BoolExpr)).boolop == kind)
             .then(|| list_iter::<Node>((*(node as *mut pg_sys::BoolExpr)).args).collect())
@@ -701,7 +712,8 @@ unsafe fn clause_bounds(
     one_value: &dyn Fn(*mut Node) -> bool,
 ) -> Vec<(BoundQual, *mut Node)> {
     let mut out = Vec::new();
-    // SAFETY: per contract; nodes are checked by tag before each cast.
+    // SAFETY: `clause` is a valid expression of this planning step (the caller's contract); nodes are checked
+    // by tag before each cast.
     unsafe {
         let bound = |col: usize, strategy: i32, typid: pg_sys::Oid, array: bool, value: *mut Node| {
             let b = BoundQual { col: col as u16, strategy: strategy as u16, typid, array, group: 0, branch: 0 };
@@ -772,10 +784,10 @@ unsafe fn clause_bounds(
 /// parents' plan_params are reset before its plan is).
 unsafe fn init_plan_params(root: *mut PlannerInfo) -> Vec<i32> {
     let mut ids = Vec::new();
-    // SAFETY: per contract; init_plans hold SubPlans with int setParam
-    // lists.  While a subquery is planned, its parent's plan_params
-    // collects the outer values it refers to (SS_replace_correlation_vars):
-    // empty all the way up, no level of the chain depends on an outer row.
+    // SAFETY: `root` is the live planner state while its paths are made (the caller's contract); init_plans
+    // hold SubPlans with int setParam lists.  While a subquery is planned, its parent's plan_params collects
+    // the outer values it refers to (SS_replace_correlation_vars): empty all the way up, no level of the
+    // chain depends on an outer row.
     unsafe {
         let mut r = root;
         while !r.is_null() {
@@ -799,7 +811,7 @@ unsafe fn init_plan_params(root: *mut PlannerInfo) -> Vec<i32> {
 /// # Safety
 /// `value` is a valid expression.
 unsafe fn one_value_per_statement(value: *mut Node, init_params: &[i32]) -> bool {
-    // SAFETY: per contract; the walkers only read.
+    // SAFETY: `value` is a valid expression (the caller's contract); the walkers only read.
     unsafe {
         pg_sys::is_pseudo_constant_clause(value)
             && !pg_sys::contain_subplans(value)
@@ -822,7 +834,8 @@ unsafe fn row_bound(
     rc: *mut pg_sys::RowCompareExpr,
     one_value: &dyn Fn(*mut Node) -> bool,
 ) -> Option<(BoundQual, *mut Node)> {
-    // SAFETY: per contract.
+    // SAFETY: `rc` is a live RowCompareExpr among the RestrictInfo clauses of this planning step (the
+    // caller's contract, as for key_bounds).
     unsafe {
         let rc = &*rc;
         let l = list_nth::<Node>(rc.largs, 0)?;
