@@ -53,7 +53,7 @@ pub unsafe fn may_cut(
     if !open_above || order == RowOrder::Other {
         return false;
     }
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     let Some(path) = (unsafe { path_to(stmt, cs) }) else { return false };
     let mut sorted = order == RowOrder::Up;
     // From the guard up: the first node may be a Sort by the key.
@@ -99,7 +99,7 @@ pub unsafe fn may_stop_early(
     open_above: bool,
     rule: CutRule,
 ) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     unsafe {
         match rule {
             CutRule::Strict => may_cut(stmt, cs, key, order, open_above),
@@ -118,7 +118,8 @@ pub unsafe fn may_stop_early(
 /// its guards.
 pub unsafe fn statement_may_cut(stmt: *mut pg_sys::PlannedStmt, sole_root: Option<pg_sys::Oid>, rule: CutRule) -> bool {
     match rule {
-        // SAFETY: per contract.
+        // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt; `sole_root` is
+        // [`super::guards::Guards::sole_root`] of its guards.
         CutRule::Strict => unsafe { reads_only_guarded(stmt, sole_root) },
         CutRule::LastResort => sole_root.is_some(),
     }
@@ -133,7 +134,7 @@ pub unsafe fn statement_may_cut(stmt: *mut pg_sys::PlannedStmt, sole_root: Optio
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`.
 pub unsafe fn may_cut_last_resort(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     let Some(path) = (unsafe { path_to(stmt, cs) }) else { return false };
     // SAFETY: nodes of the statement's plan, read by tag only.
     path.iter().all(|&p| unsafe {
@@ -155,7 +156,8 @@ pub unsafe fn may_cut_last_resort(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sy
 /// # Safety
 /// `sort` and `cs` are valid plan nodes, `cs` the sort's child.
 unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key: &crate::keys::KeyDesc) -> bool {
-    // SAFETY: per contract; arrays hold numCols entries; target entries and
+    // SAFETY: the caller's contract: `sort` and `cs` are valid plan nodes, `cs` the sort's child. Arrays hold
+    // numCols entries; target entries and
     // their expressions are checked by tag.
     unsafe {
         if (*sort).plan.lefttree != cs as *mut pg_sys::Plan || ((*sort).numCols as usize) < key.cols.len() {
@@ -196,7 +198,8 @@ unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key
 /// `stmt` is a valid PlannedStmt; `sole_root` is [`super::guards::Guards::sole_root`] of
 /// its guards.
 pub unsafe fn reads_only_guarded(stmt: *mut pg_sys::PlannedStmt, sole_root: Option<pg_sys::Oid>) -> bool {
-    // SAFETY: per contract; range table entries, row marks and plan nodes
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt; `sole_root` is
+    // [`super::guards::Guards::sole_root`] of its guards. Range table entries, row marks and plan nodes
     // are read only.
     unsafe {
         let marked: Vec<u32> = list_iter::<pg_sys::PlanRowMark>((*stmt).rowMarks)
@@ -283,10 +286,10 @@ pub fn order_by_plan(g: &Guard) -> RowOrder {
 /// `nodes` are begun guard nodes.
 pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint, rule: CutRule) {
     for &n in nodes {
-        // SAFETY: per contract.
+        // SAFETY: the caller's contract: `nodes` are begun guard nodes.
         let rt = unsafe { runtime(n) };
         let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
-        // SAFETY: per contract.
+        // SAFETY: the caller's contract: `nodes` are begun guard nodes.
         if !unsafe { can_stop_early(n, rule) } {
             crate::read::run::serialization_error(
                 format!(
@@ -310,7 +313,7 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
 /// # Safety
 /// `node` is a begun guard node.
 pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `node` is a begun guard node.
     unsafe {
         let rt = runtime(node);
         let Some(latched) = rt.latched.clone() else { return false };

@@ -62,7 +62,7 @@ impl Guards {
     /// `stmt` is a valid PlannedStmt.
     pub unsafe fn of(stmt: *mut pg_sys::PlannedStmt) -> Guards {
         let mut out = Vec::new();
-        // SAFETY: per contract.
+        // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt.
         let rtable = unsafe { (*stmt).rtable };
         let mut collect = |p: *mut pg_sys::Plan| {
             // SAFETY: a node of the statement's plan.
@@ -78,7 +78,8 @@ impl Guards {
             out.push(Guard { cs, latched: registry::lookup(plan.relid), plan: Rc::new(plan), rtable });
             descend
         };
-        // SAFETY: per contract; subplans (init plans, subqueries, CTEs) are
+        // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt. Subplans (init plans, subqueries,
+        // CTEs) are
         // all in the statement's list.
         unsafe {
             walk_plans((*stmt).planTree, &mut collect);
@@ -168,7 +169,7 @@ impl Guards {
                 seen.push((latched.root, &g.plan, unsafe { (*g.cs).custom_exprs }));
             }
             let rel = latched.latch_id();
-            // SAFETY: per contract.
+            // SAFETY: the caller's contract: `params` are the statement's.
             fp.extend(unsafe { declared_of(g, params) }.spans.into_iter().map(|s| (rel, s)));
         }
         fp
@@ -191,7 +192,7 @@ pub unsafe fn declared_of(g: &Guard, params: pg_sys::ParamListInfo) -> span::Dec
     // SAFETY: our plan node's expression list.
     let exprs = unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs) };
     let quals = g.plan.bounds.iter().zip(exprs).filter_map(|(b, e)| {
-        // SAFETY: per contract; our plan node's expressions.
+        // SAFETY: the caller's contract: `params` are `g`'s statement's. Our plan node's expressions.
         let (value, isnull) = unsafe { value_at_start(e, params) }?;
         Some(b.qual(value, isnull))
     });
@@ -217,7 +218,7 @@ pub unsafe fn guards_one_table(stmt: *mut pg_sys::PlannedStmt) -> bool {
         }
         true
     };
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt.
     unsafe {
         walk_plans((*stmt).planTree, &mut collect);
         for sp in list_iter::<pg_sys::Plan>((*stmt).subplans) {
@@ -262,7 +263,7 @@ unsafe fn scanned_tables(plans: *mut pg_sys::List, rtable: *mut pg_sys::List) ->
         }
         true
     };
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `plans` is a list of valid plan trees; `rtable` their statement's.
     unsafe {
         for p in list_iter::<pg_sys::Plan>(plans) {
             walk_plans(p, &mut collect);
@@ -306,11 +307,12 @@ pub(super) unsafe fn value_at_start(
     expr: *mut pg_sys::Expr,
     params: pg_sys::ParamListInfo,
 ) -> Option<(pg_sys::Datum, bool)> {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `expr` is a valid expression; `params` the statement's (or NULL).
     if let Some(v) = unsafe { direct_value(expr, params) } {
         return Some(v);
     }
-    // SAFETY: per contract; a standalone context, freed before returning.
+    // SAFETY: the caller's contract: `expr` is a valid expression; `params` the statement's (or NULL). A
+    // standalone context, freed before returning.
     unsafe {
         if !known_at_start(expr) {
             return None;
@@ -340,7 +342,8 @@ pub(super) unsafe fn value_at_start(
 /// # Safety
 /// `expr` is a valid expression; `params` the statement's (or NULL).
 unsafe fn direct_value(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
-    // SAFETY: per contract; each cast follows a tag check, and a parameter
+    // SAFETY: the caller's contract: `expr` is a valid expression; `params` the statement's (or NULL). Each
+    // cast follows a tag check, and a parameter
     // is read only within numParams.
     unsafe {
         match node_tag(expr as *const Node) {
@@ -372,7 +375,7 @@ unsafe fn direct_value(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -
 /// # Safety
 /// `expr` is a valid expression.
 unsafe fn known_at_start(expr: *mut pg_sys::Expr) -> bool {
-    // SAFETY: per contract; the walkers only read.
+    // SAFETY: the caller's contract: `expr` is a valid expression. The walkers only read.
     unsafe {
         // A constant or a client's parameter: no tree to walk.
         let simple = match node_tag(expr as *const Node) {
@@ -392,7 +395,7 @@ unsafe fn known_at_start(expr: *mut pg_sys::Expr) -> bool {
 /// # Safety
 /// `v` is a valid non-null datum of `typid`.
 unsafe fn copy_datum(v: pg_sys::Datum, typid: pg_sys::Oid) -> pg_sys::Datum {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `v` is a valid non-null datum of `typid`.
     unsafe {
         let mut len = 0i16;
         let mut byval = false;
@@ -417,7 +420,7 @@ unsafe fn copy_datum(v: pg_sys::Datum, typid: pg_sys::Oid) -> pg_sys::Datum {
 /// # Safety
 /// `stmt` is a valid PlannedStmt; `params` its parameters.
 pub unsafe fn rows_wanted(stmt: *mut pg_sys::PlannedStmt, params: pg_sys::ParamListInfo) -> Option<u64> {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt; `params` its parameters.
     unsafe {
         let top = (*stmt).planTree;
         if node_tag(top as *const Node) == pg_sys::NodeTag::T_Limit {
@@ -444,7 +447,8 @@ pub(super) unsafe fn count_at_start(e: *mut Node, params: pg_sys::ParamListInfo)
     if e.is_null() {
         return Some(0);
     }
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `e` is a LIMIT's count or offset expression (or NULL); `params` the
+    // statement's.
     let (v, isnull) = unsafe { value_at_start(e as *mut pg_sys::Expr, params) }?;
     Some(if isnull { 0 } else { (v.value() as i64).max(0) as u64 })
 }

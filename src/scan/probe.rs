@@ -75,7 +75,8 @@ pub unsafe fn shapes(
         if g.latched.is_none() {
             continue;
         }
-        // SAFETY: per contract.
+        // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
+        // parameters.
         out.push(unsafe { shape_of(stmt, g, params) }.map(|mut s| {
             s.guard = i;
             s
@@ -91,7 +92,8 @@ pub unsafe fn shapes(
 /// As [`shapes`].
 unsafe fn shape_of(stmt: *mut pg_sys::PlannedStmt, g: &Guard, params: pg_sys::ParamListInfo) -> Option<Shape> {
     let latched = g.latched.as_deref()?;
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
+    // parameters.
     unsafe {
         let (indexqual, want) = probeable(stmt, g.cs, &g.plan, latched, params)?;
         let keys = scan_keys(latched.key.index, indexqual, params)?;
@@ -115,7 +117,8 @@ unsafe fn probeable(
     if plan.tree {
         return None;
     }
-    // SAFETY: per contract; plan nodes are cast after their tags are checked.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`; `params` its parameters.
+    // Plan nodes are cast after their tags are checked.
     unsafe {
         if !(*cs).scan.plan.qual.is_null() {
             return None;
@@ -164,7 +167,7 @@ unsafe fn limit_above(
     cs: *mut pg_sys::CustomScan,
     params: pg_sys::ParamListInfo,
 ) -> Option<Option<u64>> {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     let path = unsafe { super::plan_walk::path_in_statement(stmt, cs) }?;
     // SAFETY: nodes of the statement's plan, cast after their tags are checked.
     unsafe {
@@ -214,7 +217,8 @@ unsafe fn scan_keys(
     params: pg_sys::ParamListInfo,
 ) -> Option<Vec<pg_sys::ScanKeyData>> {
     let mut out = Vec::new();
-    // SAFETY: per contract; nodes are cast after their tags are checked;
+    // SAFETY: the caller's contract: `indexqual` is the index quals of a scan of index `indexid`. Nodes are
+    // cast after their tags are checked;
     // catalog lookups only.
     unsafe {
         for q in list_iter::<Node>(indexqual) {
@@ -269,7 +273,7 @@ unsafe fn scan_keys(
 /// # Safety
 /// `e` is a valid expression (or NULL).
 unsafe fn same_at_every_snapshot(e: *mut Node) -> bool {
-    // SAFETY: per contract; the walker only reads.
+    // SAFETY: the caller's contract: `e` is a valid expression (or NULL). The walker only reads.
     e.is_null() || !unsafe { pg_sys::contain_mutable_functions(e) }
 }
 
@@ -297,13 +301,16 @@ pub unsafe fn probe(
     for s in shapes {
         let g = &gs[s.guard];
         let Some(latched) = g.latched.as_deref() else { continue };
-        // SAFETY: per contract.
+        // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; `shapes` are of `gs`, whose
+        // statement is starting; `params` its parameters.
         let d = unsafe { guards::declared_of(g, params) };
         let spans = match s.want {
-            // SAFETY: per contract.
+            // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; `shapes` are of `gs`,
+            // whose statement is starting; `params` its parameters.
             None => d.up_to_last(unsafe { last_of_all(&s.keys, latched, snap) }.as_ref(), true),
             Some(want) => {
-                // SAFETY: per contract.
+                // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; `shapes` are of `gs`,
+                // whose statement is starting; `params` its parameters.
                 let (last, full) = unsafe { last_key(&s.keys, want, latched, snap) };
                 match later {
                     Later::Yes if !full => d.up_to_last(last.as_ref(), true),
@@ -333,7 +340,7 @@ unsafe fn last_key(
         return (None, true);
     }
     let (mut n, mut last) = (0u64, None);
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; the keys' values outlive the call.
     unsafe {
         scan_key_index(keys, latched, snap, pg_sys::ScanDirection::ForwardScanDirection, |slot| {
             n += 1;
@@ -356,7 +363,7 @@ unsafe fn last_of_all(
     snap: pg_sys::Snapshot,
 ) -> Option<KeyWriter> {
     let mut last = None;
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; the keys' values outlive the call.
     unsafe {
         scan_key_index(keys, latched, snap, pg_sys::ScanDirection::BackwardScanDirection, |slot| {
             last = Some(latched.key.encode_slot(slot));
@@ -385,7 +392,8 @@ unsafe fn scan_key_index(
     let index = OpenRel::open(latched.key.index, lock).keeping_lock();
     // index_rescan copies the keys in; ours stay as they are.
     let mut keys = keys.to_vec();
-    // SAFETY: per contract; both relations are open and locked.
+    // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; the keys' values outlive the call.
+    // Both relations are open and locked.
     unsafe { scan_at(snap, &heap, &index, &mut keys, direction, visit) };
 }
 
@@ -415,7 +423,8 @@ pub unsafe fn probe_started(
 ) -> Option<Vec<Span>> {
     // As for [`shapes`]: one latched table.
     sole_root?;
-    // SAFETY: per contract; plan states are cast after their tags are
+    // SAFETY: the caller's contract: `node` is a begun guard node about to run for the first time; `snap` its
+    // statement's registered snapshot. Plan states are cast after their tags are
     // checked, and their scan keys hold `n` entries.
     unsafe {
         let rt = super::runtime::runtime(node);

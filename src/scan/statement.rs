@@ -215,7 +215,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
 /// # Safety
 /// `stmt` is the statement's plan.
 unsafe fn may_run_twice(stmt: *mut pg_sys::PlannedStmt, eflags: i32, guards: &Guards) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is the statement's plan.
     unsafe {
         (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
             && !(*stmt).hasModifyingCTE
@@ -234,7 +234,7 @@ unsafe fn may_run_twice(stmt: *mut pg_sys::PlannedStmt, eflags: i32, guards: &Gu
 /// The arguments of ExecutorStart; `guards` are the statement's.
 unsafe fn start_fenced_at_scan(qd: *mut QueryDesc, eflags: i32, guards: Guards) {
     let after = snapshot::after_for_statement();
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: the arguments of ExecutorStart; `guards` are the statement's.
     unsafe {
         let sole_root = guards.sole_root();
         let nodes = start_executor(qd, eflags, &guards);
@@ -254,7 +254,8 @@ unsafe fn start_fenced_at_scan(qd: *mut QueryDesc, eflags: i32, guards: Guards) 
 /// The arguments of ExecutorStart; `guards` are the statement's, `base`
 /// its snapshot.
 unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: BaseSnapshot, strategy: ReadStrategy) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: the arguments of ExecutorStart; `guards` are the statement's, `base` its
+    // snapshot.
     unsafe {
         let stmt = (*qd).plannedstmt;
         let params = (*qd).params;
@@ -311,7 +312,7 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
 /// # Safety
 /// The arguments of ExecutorStart; `guards` are the statement's.
 unsafe fn start_streamed(qd: *mut QueryDesc, eflags: i32, guards: Guards) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: the arguments of ExecutorStart; `guards` are the statement's.
     unsafe {
         if start_unguarded(qd, eflags, &guards) {
             return;
@@ -350,7 +351,8 @@ impl Reads {
 /// The arguments of ExecutorStart.
 unsafe fn start_executor(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> Vec<*mut pg_sys::CustomScanState> {
     let scope = starting::Scope::enter(qd, guards);
-    // SAFETY: per contract; an ERROR unwinds the scope, which ends it.
+    // SAFETY: the caller's contract: the arguments of ExecutorStart. An ERROR unwinds the scope, which ends
+    // it.
     unsafe { boundary::pass(|| prev_start(qd, eflags)) };
     scope.nodes()
 }
@@ -363,7 +365,7 @@ unsafe fn start_executor(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> Ve
 /// # Safety
 /// The arguments of ExecutorStart; `guards` are the statement's.
 unsafe fn start_unguarded(qd: *mut QueryDesc, eflags: i32, guards: &Guards) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: the arguments of ExecutorStart; `guards` are the statement's.
     unsafe {
         if unguarded::watched(qd) {
             return false;
@@ -389,7 +391,7 @@ unsafe fn attach(
 ) -> *mut GuardedStatement {
     let Reads { source, mode, base, swapped, first_fixed_read } = reads;
     let report = Rc::new(RefCell::new(StatementReport { mode, ..Default::default() }));
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `qd` has been started; `nodes` are its guard nodes.
     unsafe {
         for &n in &nodes {
             runtime::runtime(n).attach_report(report.clone());
@@ -419,7 +421,8 @@ unsafe fn attach(
 /// `base` is a valid snapshot newer than the transaction's; `rel` names a
 /// table the statement reads.
 unsafe fn adopt_for_transaction(base: &BaseSnapshot, rel: pgkvx_latch::RelId) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `base` is a valid snapshot newer than the transaction's; `rel` names a
+    // table the statement reads.
     unsafe {
         if snapshot::adopt_for_transaction(base.snap, base.after()) {
             return;
@@ -522,7 +525,7 @@ unsafe fn run_statement(qd: *mut QueryDesc, dir: pg_sys::ScanDirection::Type, co
 /// `st` is `qd`'s entry, holding rows.
 #[inline(never)]
 unsafe fn send_held(qd: *mut QueryDesc, st: *mut GuardedStatement, dir: pg_sys::ScanDirection::Type, count: u64) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `st` is `qd`'s entry, holding rows.
     unsafe {
         let RowSource::Held(held) = &mut (*st).source else { return };
         let n = held.send((*qd).dest, (*qd).tupDesc, dir, count);
@@ -538,7 +541,8 @@ unsafe fn send_held(qd: *mut QueryDesc, st: *mut GuardedStatement, dir: pg_sys::
 /// entry.
 #[inline(never)]
 unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAttempt) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `qd` is a started, optimistic, not yet run statement of ours, `st` its
+    // entry.
     unsafe {
         let Some(base) = (*st).base.take() else {
             errors::raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "an optimistic statement lost its snapshot")

@@ -34,7 +34,8 @@ use pgrx::prelude::*;
 /// # Safety
 /// `stmt` is the PlannedStmt the planner just made, not yet shared.
 pub unsafe fn guard_merge_appends(stmt: *mut pg_sys::PlannedStmt) {
-    // SAFETY: per contract; every plan node is ours to rewrite in place.
+    // SAFETY: the caller's contract: `stmt` is the PlannedStmt the planner just made, not yet shared. Every
+    // plan node is ours to rewrite in place.
     unsafe {
         let rtable = (*stmt).rtable;
         let mut next_id = None;
@@ -64,7 +65,7 @@ unsafe fn rewrite(
     if p.is_null() {
         return p;
     }
-    // SAFETY: per contract; the cast follows the tag check.
+    // SAFETY: the caller's contract: `p` is a plan tree of `stmt` (or NULL). The cast follows the tag check.
     unsafe {
         super::plan_walk::for_each_child(p, &mut |child| *child = rewrite(*child, rtable, stmt, next_id));
         if node_tag(p as *const Node) != pg_sys::NodeTag::T_MergeAppend {
@@ -107,7 +108,8 @@ impl Input {
     /// # Safety
     /// `input` is a node of a finished plan.
     unsafe fn of(input: *mut Plan) -> Option<Input> {
-        // SAFETY: per contract; checked by tag before the cast.
+        // SAFETY: the caller's contract: `input` is a node of a finished plan. Checked by tag before the
+        // cast.
         unsafe {
             if super::plan_walk::is_guard_plan(input) {
                 return Some(Input { guard: input as *mut pg_sys::CustomScan, projection: None });
@@ -136,7 +138,8 @@ impl Input {
 /// # Safety
 /// `ma` is a MergeAppend of a finished plan; `rtable` its statement's.
 unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<TreeGuard> {
-    // SAFETY: per contract; plan nodes are checked by tag before each cast.
+    // SAFETY: the caller's contract: `ma` is a MergeAppend of a finished plan; `rtable` its statement's. Plan
+    // nodes are checked by tag before each cast.
     unsafe {
         let mut parent_rti = 0;
         // An init plan of the MergeAppend's level hangs on it, and its value
@@ -195,7 +198,8 @@ unsafe fn tree_guard(ma: *mut pg_sys::MergeAppend, rtable: *mut List) -> Option<
 /// # Safety
 /// As for [`tree_guard`]; `parent_rti` is `ma`'s partitioned table.
 unsafe fn sort_order(ma: *mut pg_sys::MergeAppend, parent_rti: u32, key: &crate::keys::KeyDesc) -> Option<StreamOrder> {
-    // SAFETY: per contract; the sort arrays hold numCols entries.
+    // SAFETY: the caller's contract: `ma` is a MergeAppend of a finished plan; `rtable` its statement's.
+    // `parent_rti` is `ma`'s partitioned table. The sort arrays hold numCols entries.
     unsafe {
         let n = (*ma).numCols as usize;
         if n < key.cols.len() {
@@ -238,7 +242,8 @@ impl TreeGuard {
     /// # Safety
     /// `ma` is the MergeAppend this was found for.
     unsafe fn build(self, ma: *mut pg_sys::MergeAppend, plan_node_id: i32) -> *mut Plan {
-        // SAFETY: per contract; the new node is palloc'd and filled like
+        // SAFETY: the caller's contract: `ma` is the MergeAppend this was found for. The new node is palloc'd
+        // and filled like
         // makeNode(CustomScan), with the fields set_plan_references would
         // have set.
         unsafe {
@@ -294,7 +299,8 @@ impl TreeGuard {
     /// # Safety
     /// `e` is the MergeAppend's target entry expression at `resno`.
     unsafe fn describe(&self, e: *mut Node, resno: i16) -> *mut pg_sys::Expr {
-        // SAFETY: per contract; checked by tag before the cast.
+        // SAFETY: the caller's contract: `e` is the MergeAppend's target entry expression at `resno`. Checked
+        // by tag before the cast.
         unsafe {
             // A column of the parent, named as the parent.  (A column read
             // through an aliased join names the join in varnosyn, which
@@ -354,7 +360,7 @@ unsafe fn outer_vars_replaced(expr: *mut Node, tlist: *mut List) -> *mut Node {
             pg_sys::ffi::pg_guard_ffi_boundary(|| crate::pg::walk::expression_tree_mutator(node, Some(mutate), cx))
         }
     }
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `expr` is a valid expression whose OUTER_VAR Vars index into `tlist`.
     unsafe { mutate(expr, tlist as *mut std::ffi::c_void) }
 }
 
@@ -364,7 +370,7 @@ unsafe fn outer_vars_replaced(expr: *mut Node, tlist: *mut List) -> *mut Node {
 /// `stmt` is a valid PlannedStmt.
 unsafe fn max_plan_node_id(stmt: *mut pg_sys::PlannedStmt) -> i32 {
     let mut max = 0;
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt.
     unsafe {
         super::plan_walk::walk_plans((*stmt).planTree, &mut |p| {
             max = max.max((*p).plan_node_id);
