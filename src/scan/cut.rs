@@ -286,19 +286,22 @@ pub fn order_by_plan(g: &Guard) -> RowOrder {
 /// `nodes` are begun guard nodes.
 pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint, rule: CutRule) {
     for &n in nodes {
-        // SAFETY: the caller's contract: `nodes` are begun guard nodes.
-        let rt = unsafe { runtime(n) };
-        let Some(start) = cut.iter().filter(|(r, _)| *r == rt.rel).map(|(_, s)| s.start).min() else { continue };
-        // SAFETY: the caller's contract: `nodes` are begun guard nodes.
+        // SAFETY: the caller's contract: `nodes` are begun guard nodes.  Each borrow of a node's
+        // runtime ends before can_stop_early borrows it again.
+        let rel = unsafe { runtime(n) }.rel;
+        let Some(start) = cut.iter().filter(|(r, _)| *r == rel).map(|(_, s)| s.start).min() else { continue };
+        // SAFETY: as above.
         if !unsafe { can_stop_early(n, rule) } {
             crate::read::run::serialization_error(
                 format!(
                     "A transaction that started after this statement's snapshot is writing to \"{}\" inside the span it reads, and this scan cannot stop before that write (it does not read up the key into a LIMIT or a cursor).",
-                    rel_name(pg_sys::Oid::from(rt.rel.rel()))
+                    rel_name(pg_sys::Oid::from(rel.rel()))
                 ),
                 "The statement might succeed if retried.",
             );
         }
+        // SAFETY: as above.
+        let rt = unsafe { runtime(n) };
         rt.cut = Some(start);
         rt.stopped = false;
     }

@@ -276,9 +276,12 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
             use crate::read::{run, snapshot};
+            // Each borrow of the runtime ends before the next call that
+            // borrows it itself (the probe, the cut rule, apply_cut).
             let rt = runtime(node);
             let Some(FenceAtStart { after, sole_root }) = rt.fence_at_start.take() else { return };
-            let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rt.rel, *s)).collect();
+            let rel = rt.rel;
+            let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rel, *s)).collect();
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             let stmt = (*estate).es_plannedstmt;
@@ -286,7 +289,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
                 |rule| super::cut::can_stop_early(node, rule) && super::cut::statement_may_cut(stmt, sole_root, rule);
             let probe = || {
                 let spans = super::probe::probe_started(node, sole_root, base.snap)?;
-                Some(spans.into_iter().map(|s| (rt.rel, s)).collect())
+                Some(spans.into_iter().map(|s| (rel, s)).collect())
             };
             let fence = run::fence_at_scan(fp, &base, probe, || {
                 if !snapshot::statement_chooses_snapshot() {
@@ -302,7 +305,7 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
             if let Some((cut, rule)) = &fence.cut {
                 super::cut::apply_cut(&[node], cut, *rule);
             }
-            if let Some(st) = &rt.statement {
+            if let Some(st) = &runtime(node).statement {
                 st.borrow_mut().record(fence.report, fence.wait_us, fence.waited);
             }
         })
