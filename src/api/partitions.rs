@@ -177,7 +177,8 @@ pub unsafe extern "C-unwind" fn pgkvx_on_alter_table(fcinfo: pg_sys::FunctionCal
 /// # Safety
 /// `rv` is the ATTACH's partition name, or null.
 unsafe fn refuse_attaching_rows(root: Oid, rv: *mut pg_sys::RangeVar) {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes the ATTACH's partition name (a valid RangeVar of the parsed statement)
+    // or null, which is what relation_named accepts.
     let Some(part) = (unsafe { crate::pg::relation_named(rv) }) else { return };
     // Ownership first: the ATTACH needs it, and nothing of a table the
     // caller does not own (its rows) may show in our answer.  PostgreSQL's

@@ -69,7 +69,8 @@ fn replica_role() -> bool {
 unsafe fn take_drawn_key(latched: &Latched, tup: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc) -> bool {
     let col = &latched.key.cols[0];
     let mut isnull = false;
-    // SAFETY: per contract; the gapless key is one integer column.
+    // SAFETY: the caller passes a tuple of the table and its own descriptor, so heap_getattr can read
+    // attribute `col.attnum`; the gapless key is one integer column, taken by value (0 when NULL).
     let d = unsafe { pg_sys::heap_getattr(tup, i32::from(col.attnum), tupdesc, &mut isnull) };
     let key = match col.typid {
         pg_sys::INT2OID => i64::from(d.value() as i16),

@@ -43,7 +43,8 @@ fn refuse_key_sequence_change(table: Oid, what: &str) -> ! {
 /// # Safety
 /// `options` is a List of DefElem.
 unsafe fn owned_by(options: *mut pg_sys::List) -> Option<*mut pg_sys::List> {
-    // SAFETY: per contract; OWNED BY's argument is a List of names.
+    // SAFETY: the caller passes a sequence statement's option list, which holds only DefElem nodes, each
+    // with a defname from the grammar; OWNED BY's argument is a List of String names (gram.y).
     unsafe {
         list_iter::<pg_sys::DefElem>(options)
             .find(|&d| CStr::from_ptr((*d).defname).to_bytes() == b"owned_by")
@@ -58,7 +59,8 @@ unsafe fn owned_by(options: *mut pg_sys::List) -> Option<*mut pg_sys::List> {
 /// # Safety
 /// `options` is a List of DefElem.
 unsafe fn refuse_owned_by_gapless_key(options: *mut pg_sys::List) {
-    // SAFETY: per contract; the names are String nodes, the last the column.
+    // SAFETY: the caller passes a sequence option list (DefElem nodes); OWNED BY's List holds String
+    // nodes, the last the column, so list_nth(n - 1) is a String; the prefix is copied before truncating.
     unsafe {
         let Some(names) = owned_by(options) else { return };
         let n = pg_sys::list_length(names);
@@ -83,8 +85,8 @@ unsafe fn refuse_owned_by_gapless_key(options: *mut pg_sys::List) {
 /// # Safety
 /// `options` is a List of DefElem.
 unsafe fn check_sequence_options(table: Oid, seq: Oid, options: *mut pg_sys::List) {
-    // SAFETY: per contract; the defGet* helpers raise Postgres's own
-    // errors for malformed values, as the statement would.
+    // SAFETY: the caller passes a list of sequence option DefElems with defnames from the grammar; the
+    // defGet* helpers raise Postgres's own errors for malformed values, as the statement would.
     unsafe {
         let defs: Vec<*mut pg_sys::DefElem> = list_iter(options).collect();
         let name = |d: *mut pg_sys::DefElem| CStr::from_ptr((*d).defname).to_bytes();
@@ -121,7 +123,9 @@ unsafe fn check_sequence_options(table: Oid, seq: Oid, options: *mut pg_sys::Lis
 /// `pstmt` is the PlannedStmt handed to ProcessUtility.
 #[pg_guard]
 pub unsafe extern "C-unwind" fn check_utility(pstmt: *mut pg_sys::PlannedStmt) {
-    // SAFETY: per contract; nodes are checked by tag before each cast.
+    // SAFETY: ProcessUtility's PlannedStmt (the caller's contract), read only inside a live transaction;
+    // each utility statement is cast after its tag is checked, and their lists hold what parsenodes.h
+    // says: AlterTableCmd nodes in `cmds`, DefElem nodes in `options` and in AT_SetIdentity's `def`.
     unsafe {
         if pstmt.is_null() || !crate::pg::in_live_transaction() {
             return;
@@ -236,7 +240,8 @@ unsafe fn truncated_relations(s: &pg_sys::TruncateStmt) -> Vec<Oid> {
             }
         }
     };
-    // SAFETY: per contract; RangeVars of the statement.
+    // SAFETY: the caller passes a valid TruncateStmt, whose `relations` holds only RangeVar nodes
+    // (parsenodes.h), alive as long as the statement.
     unsafe {
         for rv in list_iter::<pg_sys::RangeVar>(s.relations) {
             if let Some(relid) = crate::pg::relation_named(rv) {
@@ -278,7 +283,8 @@ unsafe fn check_copy(s: &pg_sys::CopyStmt) {
     if !s.is_from {
         return;
     }
-    // SAFETY: per contract.
+    // SAFETY: the caller passes a valid CopyStmt; its `relation` is a RangeVar of the parsed statement
+    // (or null), which relation_named accepts.
     let Some(relid) = (unsafe { crate::pg::relation_named(s.relation) }) else { return };
     if gapless_identity_sequence(relid).is_none() {
         return;

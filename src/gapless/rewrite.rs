@@ -44,7 +44,8 @@ impl Rewrite {
     /// # Safety
     /// `q` is a valid Query.
     unsafe fn note_target(&mut self, q: *mut pg_sys::Query) {
-        // SAFETY: per contract; resultRelation indexes the range table.
+        // SAFETY: the caller passes a valid Query, whose rtable holds only RangeTblEntry nodes
+        // (parsenodes.h); list_nth checks the 1-based resultRelation against the table's length.
         unsafe {
             let q = &*q;
             if !matches!(
@@ -77,7 +78,8 @@ impl Rewrite {
 /// # Safety
 /// `q` is a valid Query.
 unsafe fn may_draw_identity(q: *mut pg_sys::Query) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes a valid Query; only its flags and its result relation's range table entry
+    // are read (note_target).
     unsafe {
         if (*q).hasModifyingCTE {
             return true;
@@ -94,9 +96,9 @@ unsafe fn may_draw_identity(q: *mut pg_sys::Query) -> bool {
 /// # Safety
 /// `parse` is the Query about to be planned, which the planner may change.
 pub unsafe fn draw_through_next_key(parse: *mut pg_sys::Query) -> *mut pg_sys::Query {
-    // SAFETY: per contract; the mutator copies what it changes and the
-    // top-level Query is changed in place (QTW_DONT_COPY_QUERY), as the
-    // planner itself would.
+    // SAFETY: the caller passes the Query about to be planned, which the planner may change; the mutator
+    // copies what it changes below the top, and changes the top-level Query in place
+    // (QTW_DONT_COPY_QUERY), as the planner itself would.
     unsafe {
         if parse.is_null() || (*parse).commandType == pg_sys::CmdType::CMD_UTILITY || !may_draw_identity(parse) {
             return parse;

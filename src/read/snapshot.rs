@@ -159,14 +159,13 @@ pub fn may_move_transaction_snapshot() -> bool {
 /// # Safety
 /// `newer` is a valid MVCC snapshot no older than the transaction's.
 pub unsafe fn adopt_for_transaction(newer: Snapshot, after: Xid) -> bool {
-    // SAFETY: per contract.  In REPEATABLE READ, GetTransactionSnapshot
-    // returns the transaction's own copy of its first snapshot
-    // (FirstXactSnapshot: registered, in TopTransactionContext, never freed
-    // before that context goes).  Its xip array is sized for its own xids,
-    // so the new list goes into an array of its own in the same context;
-    // every later statement copies the snapshot from there.  It keeps its
-    // older xmin: every xid between the two xmins has ended, and the
-    // backend's xmin still protects what either can see.
+    // SAFETY: `newer` is a valid MVCC snapshot no older than the transaction's (the caller's contract).
+    // In REPEATABLE READ, GetTransactionSnapshot returns the transaction's own copy of its first snapshot
+    // (FirstXactSnapshot: registered, in TopTransactionContext, never freed before that context goes).
+    // Its xip array is sized for its own xids, so the new list goes into an array of its own in the same
+    // context; every later statement copies the snapshot from there.  It keeps its older xmin (its place
+    // among the registered snapshots): every xid between the two xmins has ended, and the backend's xmin
+    // still protects what either can see.
     unsafe {
         if !may_move_transaction_snapshot()
             || !only_first_read()
@@ -189,10 +188,12 @@ pub unsafe fn adopt_for_transaction(newer: Snapshot, after: Xid) -> bool {
 /// (older is only more careful).
 ///
 /// # Safety
-/// `snap` is a valid MVCC snapshot owned by the caller's statement;
-/// `template` a valid MVCC snapshot no older than it.
+/// `snap` is a valid MVCC snapshot the caller may change in place (its
+/// statement's, or the transaction's own copy) and `cx` lives at least as
+/// long as it; `template` a valid MVCC snapshot no older than it.
 pub unsafe fn fold_in_place(cx: pg_sys::MemoryContext, snap: Snapshot, template: Snapshot) {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes valid MVCC snapshots, `template` holding xcnt xids in xip; the copy goes
+    // into a fresh array in `cx`, which lives as long as `snap`, as set_in_progress needs.
     unsafe {
         let n = (*template).xcnt as usize;
         let xip = pg_sys::MemoryContextAlloc(cx, 4 * n.max(1)) as *mut pg_sys::TransactionId;
@@ -209,7 +210,8 @@ pub unsafe fn fold_in_place(cx: pg_sys::MemoryContext, snap: Snapshot, template:
 /// # Safety
 /// `xip` holds `xcnt` xids and lives as long as `snap`.
 unsafe fn set_in_progress(snap: Snapshot, xip: *mut pg_sys::TransactionId, xcnt: u32, xmax: pg_sys::TransactionId) {
-    // SAFETY: per contract.
+    // SAFETY: the caller passes a valid snapshot it may change and an `xip` of `xcnt` xids that lives as
+    // long as it; suboverflowed makes readers resolve subtransactions through pg_subtrans.
     unsafe {
         (*snap).xip = xip;
         (*snap).xcnt = xcnt;
@@ -254,7 +256,7 @@ impl BaseSnapshot {
     /// `snap` is a valid MVCC snapshot that outlives this value, and every
     /// xid assigned before it was taken precedes `after`.
     pub unsafe fn of(snap: Snapshot, after: Xid) -> BaseSnapshot {
-        // SAFETY: per contract; xip has xcnt entries.
+        // SAFETY: the caller passes a valid MVCC snapshot, whose xip array holds xcnt xids.
         let mut xip: Vec<Xid> =
             unsafe { (0..(*snap).xcnt as usize).map(|i| Xid((*(*snap).xip.add(i)).into_inner())).collect() };
         xip.sort_unstable_by_key(|x| x.0);

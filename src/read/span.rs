@@ -369,8 +369,9 @@ fn conjunction<'a>(desc: &KeyDesc, quals: impl Iterator<Item = &'a KeyQual>) -> 
 /// # Safety
 /// `array` is a non-null array datum of `elem` elements.
 unsafe fn array_values(array: pg_sys::Datum, elem: pg_sys::Oid) -> Vec<pg_sys::Datum> {
-    // SAFETY: per contract; deconstruct_array pallocs its outputs in the
-    // current context, read here and left to it.
+    // SAFETY: the caller passes a non-null array datum of `elem` elements, detoasted first;
+    // deconstruct_array pallocs `values` and `nulls` (n entries each) in the current context, read here
+    // and left to it.
     unsafe {
         let arr = pg_sys::pg_detoast_datum(array.cast_mut_ptr()) as *mut pg_sys::ArrayType;
         let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);

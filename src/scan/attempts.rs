@@ -57,7 +57,7 @@ pub(super) unsafe fn first_attempt(
     once: bool,
     nodes: &[*mut pg_sys::CustomScanState],
 ) -> FirstAttempt {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `qd` is a started, optimistic, not yet run statement of ours.
     unsafe {
         let buffer = new_buffer(qd);
         run_into(qd, (*buffer).as_dest(), once);
@@ -79,7 +79,7 @@ pub(super) unsafe fn first_attempt(
 /// `qd` has been started.
 #[inline(never)]
 unsafe fn new_buffer(qd: *mut QueryDesc) -> *mut BufferDest {
-    // SAFETY: per contract; contexts of the executor's memory go with it.
+    // SAFETY: the caller's contract: `qd` has been started. Contexts of the executor's memory go with it.
     unsafe {
         let query_cxt = (*(*qd).estate).es_query_cxt;
         let cx = pg_sys::AllocSetContextCreateInternal(
@@ -108,7 +108,7 @@ unsafe fn new_buffer(qd: *mut QueryDesc) -> *mut BufferDest {
 /// `qd` is started and not yet run; `dest` a live receiver.
 #[inline(always)]
 unsafe fn run_into(qd: *mut QueryDesc, dest: *mut pg_sys::DestReceiver, once: bool) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `qd` is started and not yet run; `dest` a live receiver.
     unsafe {
         let saved = (*qd).dest;
         (*qd).dest = dest;
@@ -128,7 +128,8 @@ pub(super) unsafe fn start_second_executor(
     dest: *mut pg_sys::DestReceiver,
     eflags: i32,
 ) -> *mut QueryDesc {
-    // SAFETY: per contract; the second executor's memory is a child of the
+    // SAFETY: the caller's contract: `qd` is started; `snap` a valid MVCC snapshot or template. The second
+    // executor's memory is a child of the
     // first's, so it goes with it at the latest.
     unsafe {
         let old = pg_sys::MemoryContextSwitchTo((*(*qd).estate).es_query_cxt);
@@ -186,7 +187,7 @@ pub(super) struct OptimisticAttempts {
 /// # Safety
 /// `qd` has been started (and run).
 unsafe fn footprint(qd: *mut QueryDesc) -> (Footprint, Footprint) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `qd` has been started (and run).
     unsafe { footprint_of(&plan_walk::guard_nodes(qd)) }
 }
 
@@ -198,7 +199,7 @@ unsafe fn footprint(qd: *mut QueryDesc) -> (Footprint, Footprint) {
 #[inline(never)]
 unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> (Footprint, Footprint) {
     let (mut fp, mut later) = (Footprint::new(), Footprint::new());
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `nodes` are the guard nodes of a started executor.
     unsafe {
         for &n in nodes {
             let rt = runtime::runtime(n);

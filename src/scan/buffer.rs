@@ -141,7 +141,8 @@ impl HeldRows {
         let moving = dir != pg_sys::ScanDirection::NoMovementScanDirection;
         let (rows, slot) = (&self.rows, self.slot);
         let mut next = self.next;
-        // SAFETY: per contract; the rows live in the buffer context until
+        // SAFETY: the caller's contract: `dest` is a live receiver; `desc` describes the rows; called inside
+        // [`crate::pg::boundary::rethrow_pending`]. The rows live in the buffer context until
         // the statement ends, and the receiver's callbacks are plain C
         // calls (nothing in this closure can panic).
         let n = unsafe {

@@ -48,7 +48,8 @@ pub unsafe fn custom_scan(
     plan: &GuardPlan,
     flags: u32,
 ) -> *mut pg_sys::CustomScan {
-    // SAFETY: per contract; palloc0 zeroes every field not set here.
+    // SAFETY: the caller plans in the plan's memory context with valid lists, so the node and what it
+    // points to live as long as the plan; palloc0 zeroes every field not set here, as makeNode does.
     unsafe {
         let cs = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
         (*cs).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
@@ -175,11 +176,13 @@ impl GuardPlan {
     /// write.
     ///
     /// # Safety
-    /// `list` is a valid List (or NULL).
+    /// `list` is NIL or a valid pointer List of nodes, none of them NULL (a
+    /// CustomScan's `custom_private`).
     pub unsafe fn from_list(list: *mut List) -> Option<GuardPlan> {
         // Read at every executor start of a guarded statement: straight
         // from the list, with one allocation (the bounds).
-        // SAFETY: per contract; every element is checked to be an Integer.
+        // SAFETY: the caller passes NIL or a pointer List of non-null nodes; each element's tag is
+        // checked to be T_Integer before it is read as an Integer.
         let mut ints = unsafe {
             list_iter::<pg_sys::Node>(list)
                 .map(|n| ((*n).type_ == pg_sys::NodeTag::T_Integer).then(|| (*(n as *mut pg_sys::Integer)).ival))

@@ -12,7 +12,7 @@ use pgrx::pg_sys::{self, Node, QueryDesc};
 /// # Safety
 /// `p` is a valid plan node.
 pub unsafe fn is_guard_plan(p: *mut pg_sys::Plan) -> bool {
-    // SAFETY: per contract; the cast follows the tag check.
+    // SAFETY: the caller's contract: `p` is a valid plan node. The cast follows the tag check.
     unsafe {
         node_tag(p as *const Node) == pg_sys::NodeTag::T_CustomScan
             && std::ptr::eq((*(p as *mut pg_sys::CustomScan)).methods, plan_data::scan_methods())
@@ -28,7 +28,7 @@ pub unsafe fn is_guard_plan(p: *mut pg_sys::Plan) -> bool {
 /// # Safety
 /// `p` is a valid plan node.
 pub unsafe fn for_each_child(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut pg_sys::Plan)) {
-    // SAFETY: per contract; each cast follows a tag check, and a pointer
+    // SAFETY: the caller's contract: `p` is a valid plan node. Each cast follows a tag check, and a pointer
     // List's cells hold the children's pointers.
     unsafe {
         let list: *mut pg_sys::List = match node_tag(p as *const Node) {
@@ -60,7 +60,7 @@ pub unsafe fn for_each_child(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut *mut p
 /// # Safety
 /// `p` is a valid plan tree (or NULL).
 pub unsafe fn walk_plans(p: *mut pg_sys::Plan, f: &mut dyn FnMut(*mut pg_sys::Plan) -> bool) {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `p` is a valid plan tree (or NULL).
     unsafe {
         if p.is_null() || !f(p) {
             return;
@@ -80,7 +80,8 @@ unsafe fn walk_planstates(ps: *mut pg_sys::PlanState, f: &mut dyn FnMut(*mut pg_
     if ps.is_null() {
         return;
     }
-    // SAFETY: per contract; each cast follows a tag check of the plan,
+    // SAFETY: the caller's contract: `ps` is a valid, initialised plan state tree (or NULL). Each cast
+    // follows a tag check of the plan,
     // whose state the executor made of the matching kind.
     unsafe {
         f(ps);
@@ -133,7 +134,7 @@ unsafe fn walk_planstates(ps: *mut pg_sys::PlanState, f: &mut dyn FnMut(*mut pg_
 /// `qd` has been started.
 pub unsafe fn guard_nodes(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScanState> {
     let mut out: Vec<*mut pg_sys::CustomScanState> = Vec::new();
-    // SAFETY: per contract; the walk only reads the tree.
+    // SAFETY: the caller's contract: `qd` has been started. The walk only reads the tree.
     unsafe {
         walk_planstates((*qd).planstate, &mut |ps| {
             if is_ours(ps) {
@@ -149,7 +150,8 @@ pub unsafe fn guard_nodes(qd: *mut QueryDesc) -> Vec<*mut pg_sys::CustomScanStat
 /// # Safety
 /// `ps` is a valid plan state.
 pub unsafe fn is_ours(ps: *mut pg_sys::PlanState) -> bool {
-    // SAFETY: per contract; a custom scan state's plan is its CustomScan.
+    // SAFETY: the caller's contract: `ps` is a valid plan state. A custom scan state's plan is its
+    // CustomScan.
     unsafe { node_tag(ps) == pg_sys::NodeTag::T_CustomScanState && is_guard_plan((*ps).plan) }
 }
 
@@ -161,7 +163,8 @@ pub unsafe fn is_ours(ps: *mut pg_sys::PlanState) -> bool {
 /// `value` is a valid expression.
 pub unsafe fn param_ids(value: *mut Node, kind: pg_sys::ParamKind::Type) -> Vec<i32> {
     let mut ids = Vec::new();
-    // SAFETY: per contract; nodes are cast after their tag is checked.
+    // SAFETY: the caller's contract: `value` is a valid expression. Nodes are cast after their tag is
+    // checked.
     unsafe {
         crate::pg::walk::any_node(value, |n| {
             (node_tag(n) == pg_sys::NodeTag::T_Param).then(|| {
@@ -186,7 +189,8 @@ pub(super) unsafe fn path_to(
     cs: *mut pg_sys::CustomScan,
 ) -> Option<Vec<*mut pg_sys::Plan>> {
     let mut path = Vec::new();
-    // SAFETY: per contract.  Only the statement's own tree: a subplan's
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt. Only the statement's own tree: a
+    // subplan's
     // rows become a value (an array, a scalar, a test) that a prefix of
     // them would change.
     unsafe { find_in((*stmt).planTree, cs, &mut path).then_some(path) }
@@ -202,7 +206,7 @@ pub unsafe fn path_in_statement(
     cs: *mut pg_sys::CustomScan,
 ) -> Option<Vec<*mut pg_sys::Plan>> {
     let mut path = Vec::new();
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     unsafe {
         if find_in((*stmt).planTree, cs, &mut path) {
             return Some(path);

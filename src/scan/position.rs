@@ -38,7 +38,7 @@ pub(super) enum ScanPosition {
 /// # Safety
 /// `index` is an open index, `keys` its scan keys.
 pub(super) unsafe fn index_order(index: pg_sys::Relation, keys: &[pg_sys::ScanKeyData], key: &KeyDesc) -> Option<bool> {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `index` is an open index, `keys` its scan keys.
     unsafe {
         // Only a btree index with the key's operator family and collation
         // runs in key order; any other returns rows in an order of its own.
@@ -100,7 +100,8 @@ pub(super) unsafe fn index_order(index: pg_sys::Relation, keys: &[pg_sys::ScanKe
 /// # Safety
 /// `child` is an initialised plan state (not EXPLAIN-only).
 pub(super) unsafe fn position_of(child: *mut pg_sys::PlanState, key: &KeyDesc) -> ScanPosition {
-    // SAFETY: per contract; nodes are checked by tag before each cast.
+    // SAFETY: the caller's contract: `child` is an initialised plan state (not EXPLAIN-only). Nodes are
+    // checked by tag before each cast.
     unsafe {
         let mut s = child;
         // A gating Result (pseudoconstant quals) sits over the scan.
@@ -168,7 +169,8 @@ pub(super) unsafe fn key_source_of(
     child: *mut pg_sys::PlanState,
     key: &KeyDesc,
 ) -> Option<(*mut pg_sys::ScanState, Vec<i32>)> {
-    // SAFETY: per contract; nodes are checked by tag before each cast.
+    // SAFETY: the caller's contract: `child` is an initialised plan state (not EXPLAIN-only). Nodes are
+    // checked by tag before each cast.
     unsafe {
         let mut s = child;
         while node_tag(s) == pg_sys::NodeTag::T_ResultState && !(*s).lefttree.is_null() {
@@ -212,7 +214,7 @@ pub(super) unsafe fn key_source_of(
 /// # Safety
 /// `slot` is NULL or a live slot.
 pub(super) unsafe fn is_empty(slot: *mut pg_sys::TupleTableSlot) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `slot` is NULL or a live slot.
     slot.is_null() || unsafe { (*slot).tts_flags } & pg_sys::TTS_FLAG_EMPTY as u16 != 0
 }
 
@@ -222,7 +224,7 @@ pub(super) unsafe fn is_empty(slot: *mut pg_sys::TupleTableSlot) -> bool {
 /// # Safety
 /// `slot` is NULL or a live slot holding a row of the latched table.
 pub(super) unsafe fn row_key(key: &KeyDesc, slot: *mut pg_sys::TupleTableSlot, attnos: &[i32]) -> Option<KeyWriter> {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `slot` is NULL or a live slot holding a row of the latched table.
     unsafe { (!is_empty(slot)).then(|| key.encode_slot_at(slot, attnos)) }
 }
 
@@ -240,7 +242,8 @@ pub(super) unsafe fn key_at_tid(
     key: &KeyDesc,
     attnos: &[i32],
 ) -> Option<KeyWriter> {
-    // SAFETY: per contract; the fetch is the table AM's own, into a slot
+    // SAFETY: the caller's contract: `scan` is a heap scan of the latched table that has run out of rows;
+    // `attnos` are the key columns' positions in its slot. The fetch is the table AM's own, into a slot
     // of the AM's kind (the scan's), under any snapshot: the TID names the
     // row version the scan returned.
     unsafe {

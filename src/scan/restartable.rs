@@ -27,7 +27,7 @@ use crate::pg::walk::{expression_tree_walker, query_tree_walker};
 /// # Safety
 /// `parse` is the Query being planned.
 pub unsafe fn statement(parse: *mut pg_sys::Query, cursor_options: i32) -> bool {
-    // SAFETY: per contract; the walkers only read the tree.
+    // SAFETY: the caller's contract: `parse` is the Query being planned. The walkers only read the tree.
     unsafe {
         let q = &*parse;
         q.commandType == pg_sys::CmdType::CMD_SELECT
@@ -84,7 +84,7 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
 /// # Safety
 /// `node` is a valid expression tree, or null.
 pub unsafe fn hides_volatile(node: *mut Node) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `node` is a valid expression tree, or null.
     unsafe { hidden_volatile(node, std::ptr::null_mut()) }
 }
 

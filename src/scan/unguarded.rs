@@ -67,7 +67,7 @@ fn guc(name: &str) -> Option<String> {
 /// # Safety
 /// `qd` is the QueryDesc ExecutorStart was called with.
 pub unsafe fn watched(qd: *mut pg_sys::QueryDesc) -> bool {
-    // SAFETY: per contract.
+    // SAFETY: the caller's contract: `qd` is the QueryDesc ExecutorStart was called with.
     if unsafe { (*qd).instrument_options } != 0 {
         return true;
     }
@@ -104,7 +104,8 @@ thread_local! {
 pub unsafe fn plan_without_guard(stmt: *mut PlannedStmt, guards: &Guards) -> Option<*mut PlannedStmt> {
     let known = SPLICED.with(|s| s.borrow().get(&(stmt as usize)).copied());
     let guard = guards.0.first().map_or(std::ptr::null_mut(), |g| g.cs);
-    // SAFETY: per contract; an entry lives as long as its plan's memory.
+    // SAFETY: the caller's contract: `stmt` is a valid, palloc'd PlannedStmt whose guards are `guards`. An
+    // entry lives as long as its plan's memory.
     unsafe {
         let e = match known {
             // Plans go with their memory, never one by one; should one
@@ -124,7 +125,8 @@ pub unsafe fn plan_without_guard(stmt: *mut PlannedStmt, guards: &Guards) -> Opt
 /// # Safety
 /// As [`plan_without_guard`]'s.
 unsafe fn remember(stmt: *mut PlannedStmt, guards: &Guards, guard: *mut pg_sys::CustomScan) -> *mut Spliced {
-    // SAFETY: per contract: the plan's memory outlives every execution of
+    // SAFETY: the caller's contract: `stmt` is a valid, palloc'd PlannedStmt whose guards are `guards`. 's.
+    // The plan's memory outlives every execution of
     // it, and the callback drops the entry before that memory goes.
     unsafe {
         let cxt = pg_sys::GetMemoryChunkContext(stmt as *mut c_void);
@@ -179,7 +181,8 @@ fn flat_size(tag: pg_sys::NodeTag) -> Option<usize> {
 unsafe fn splice(stmt: *mut PlannedStmt, guards: &Guards, cxt: pg_sys::MemoryContext) -> *mut PlannedStmt {
     let [guard] = guards.0.as_slice() else { return std::ptr::null_mut() };
     let target = guard.cs as *mut Plan;
-    // SAFETY: per contract: nodes of `stmt`'s plan, cast after their tags
+    // SAFETY: the caller's contract: `stmt` is a valid, palloc'd PlannedStmt whose guards are `guards`. 's;
+    // `cxt` is the plan's memory. Nodes of `stmt`'s plan, cast after their tags
     // are checked; the copies are plain structs whose pointers keep
     // pointing into the original plan, which outlives them.
     unsafe {
