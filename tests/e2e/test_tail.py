@@ -37,6 +37,11 @@ def run_tail(db, table, mode, seed, producers=4, consumers=2, seconds=2.5, limit
 
     delivered = [set() for _ in range(consumers)]
 
+    # Consumers drain only once every producer has finished: a producer
+    # slow to commit its last transaction after `stop` must not find the
+    # consumers gone, which would count its rows as skipped.
+    produced = threading.Event()
+
     def consumer(i):
         try:
             with connect(db) as c:
@@ -50,7 +55,7 @@ def run_tail(db, table, mode, seed, producers=4, consumers=2, seconds=2.5, limit
                         delivered[i].add(id_)
                         cursor = id_
                     if not rows:
-                        if stop.is_set():
+                        if produced.is_set():
                             idle += 1
                             if idle > 20:
                                 return
@@ -58,13 +63,16 @@ def run_tail(db, table, mode, seed, producers=4, consumers=2, seconds=2.5, limit
         except Exception as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=producer, args=(rnd.random(),)) for _ in range(producers)]
-    threads += [threading.Thread(target=consumer, args=(i,)) for i in range(consumers)]
-    for t in threads:
+    makers = [threading.Thread(target=producer, args=(rnd.random(),)) for _ in range(producers)]
+    takers = [threading.Thread(target=consumer, args=(i,)) for i in range(consumers)]
+    for t in makers + takers:
         t.start()
     time.sleep(seconds)
     stop.set()
-    for t in threads:
+    for t in makers:
+        t.join()
+    produced.set()
+    for t in takers:
         t.join()
     assert not errors, errors
     skipped = [sorted(committed - d) for d in delivered]
