@@ -5,12 +5,12 @@
 //! in key order ([`may_stop_early`]), whether nothing else the statement
 //! reads could show ahead of the rows left out ([`statement_may_cut`]),
 //! and whether a begun node may ([`can_stop_early`]).  The node applies
-//! the cut row by row (`node.rs`, `cut_rows`).
+//! the cut row by row (`cut_rows`, called from `node.rs`'s per-row path).
 
 use super::guards::Guard;
 use super::plan_walk::{path_to, walk_plans};
 use super::position::ScanPosition;
-use super::runtime::runtime;
+use super::runtime::{runtime, NodeRuntime};
 use crate::pg::{list_iter, node_tag, rel_name};
 use crate::read::run::CutRule;
 use crate::registry;
@@ -331,5 +331,55 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) 
         let stmt = (*(*node).ss.ps.state).es_plannedstmt;
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
         may_stop_early(stmt, cs, &latched.key, order, open_above, rule)
+    }
+}
+
+/// The rows of a scan with a cut ([`NodeRuntime::cut`]): each row's key is
+/// read from the row the scan examined, rows at or past the cut are left
+/// out, and a scan moving up the key ends at the first of them.  A plain
+/// old frame like `node.rs`'s `exec_node`, on whose per-row path it runs.
+///
+/// # Safety
+/// `rt` is a begun node's runtime with a cut and an ordered position;
+/// `slot` is what its child returned last.
+#[inline(never)]
+pub(super) unsafe fn cut_rows(
+    rt: &mut NodeRuntime,
+    mut slot: *mut pg_sys::TupleTableSlot,
+) -> *mut pg_sys::TupleTableSlot {
+    let Some(cut) = rt.cut else { return slot };
+    let Some(latched) = rt.latched.clone() else { return slot };
+    let key = &latched.key;
+    // SAFETY: `rt` is begun with a cut and an ordered position (the caller's contract), and `slot` is
+    // what its child returned last: the child's slots are live until it runs again.
+    unsafe {
+        loop {
+            if rt.stopped {
+                return std::ptr::null_mut();
+            }
+            if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                return slot;
+            }
+            // An unordered scan's rows past the cut are left out one by one.
+            let (src, attnos, forward) = match (&rt.position, &rt.key_source) {
+                (ScanPosition::Ordered { scan, attnos, forward, .. }, _) => {
+                    ((**scan).ss_ScanTupleSlot, attnos, *forward)
+                }
+                (ScanPosition::Stream { attnos, forward }, _) => (slot, attnos, *forward),
+                (ScanPosition::Anywhere, Some((scan, attnos))) => ((**scan).ss_ScanTupleSlot, attnos, false),
+                (ScanPosition::Anywhere, None) => return slot,
+            };
+            let k = key.encode_slot_at(src, attnos);
+            if pgkvx_latch::KeyBuf::floor(k.bytes()) < cut {
+                return slot;
+            }
+            if forward {
+                rt.stopped = true;
+                return std::ptr::null_mut();
+            }
+            let child = rt.child;
+            slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
+            rt.last = slot;
+        }
     }
 }

@@ -196,7 +196,7 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
         let mut slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
         (*rt).last = slot;
         if (*rt).cut.is_some() {
-            slot = cut_rows(&mut *rt, slot);
+            slot = super::cut::cut_rows(&mut *rt, slot);
         }
         match &mut (*rt).seen {
             Seen::Off => {}
@@ -210,53 +210,6 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
             Seen::Key { .. } => note_key(&mut *rt, slot),
         }
         slot
-    }
-}
-
-/// The rows of a scan with a cut ([`NodeRuntime::cut`]): each row's key is
-/// read from the row the scan examined, rows at or past the cut are left
-/// out, and a scan moving up the key ends at the first of them.  A plain
-/// old frame like [`exec_node`].
-///
-/// # Safety
-/// `rt` is a begun node's runtime with a cut and an ordered position;
-/// `slot` is what its child returned last.
-#[inline(never)]
-unsafe fn cut_rows(rt: &mut NodeRuntime, mut slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot {
-    let Some(cut) = rt.cut else { return slot };
-    let Some(latched) = rt.latched.clone() else { return slot };
-    let key = &latched.key;
-    // SAFETY: `rt` is begun with a cut and an ordered position (the caller's contract), and `slot` is
-    // what its child returned last: the child's slots are live until it runs again.
-    unsafe {
-        loop {
-            if rt.stopped {
-                return std::ptr::null_mut();
-            }
-            if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
-                return slot;
-            }
-            // An unordered scan's rows past the cut are left out one by one.
-            let (src, attnos, forward) = match (&rt.position, &rt.key_source) {
-                (ScanPosition::Ordered { scan, attnos, forward, .. }, _) => {
-                    ((**scan).ss_ScanTupleSlot, attnos, *forward)
-                }
-                (ScanPosition::Stream { attnos, forward }, _) => (slot, attnos, *forward),
-                (ScanPosition::Anywhere, Some((scan, attnos))) => ((**scan).ss_ScanTupleSlot, attnos, false),
-                (ScanPosition::Anywhere, None) => return slot,
-            };
-            let k = key.encode_slot_at(src, attnos);
-            if pgkvx_latch::KeyBuf::floor(k.bytes()) < cut {
-                return slot;
-            }
-            if forward {
-                rt.stopped = true;
-                return std::ptr::null_mut();
-            }
-            let child = rt.child;
-            slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
-            rt.last = slot;
-        }
     }
 }
 
