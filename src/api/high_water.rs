@@ -117,12 +117,16 @@ fn greatest_below(
     // SAFETY: `snap` is the caller's registered snapshot.
     unsafe {
         scan_at(snap, &heap, &index, &mut keys, pg_sys::ScanDirection::BackwardScanDirection, |slot| {
+            // A row whose key holds a NULL (a unique key index's column
+            // whose NOT NULL was dropped after enable) is no key a consumer
+            // can stand at; a backward scan meets such rows first.
+            let Some(text) = key_text(key, slot) else { return true };
             let k = key.encode_slot(slot);
             let at = KeyBuf::floor(k.bytes());
             if below.is_some_and(|b| at >= *b) {
                 return true;
             }
-            found = Some((at, key_text(key, slot)));
+            found = Some((at, text));
             false
         });
     }
@@ -130,32 +134,36 @@ fn greatest_below(
 }
 
 /// The key of the row in `slot` as text: the column's own output, or a
-/// row literal of every key column.
+/// row literal of every key column; None when a key column is NULL.
 ///
 /// # Safety
 /// `slot` holds a row of the keyed table.
-unsafe fn key_text(key: &KeyDesc, slot: *mut pg_sys::TupleTableSlot) -> String {
-    let fields: Vec<String> = key
+unsafe fn key_text(key: &KeyDesc, slot: *mut pg_sys::TupleTableSlot) -> Option<String> {
+    let fields: Option<Vec<String>> = key
         .cols
         .iter()
         .map(|c| {
             let mut isnull = false;
             // SAFETY: the caller's slot holds a row of the keyed table, so attribute `c.attnum` is key
-            // column `c`, NOT NULL (checked when the KeyDesc was resolved): `d` is a value of `c.typid`,
-            // which the type's own output function turns into a palloc'd C string, freed after the copy.
+            // column `c`: `d`, when not NULL, is a value of `c.typid`, which the type's own output
+            // function turns into a palloc'd C string, freed after the copy.
             unsafe {
                 let d = pg_sys::slot_getattr(slot, i32::from(c.attnum), &mut isnull);
+                if isnull {
+                    return None;
+                }
                 let (mut out, mut varlena) = (pg_sys::InvalidOid, false);
                 pg_sys::getTypeOutputInfo(c.typid, &mut out, &mut varlena);
                 let p = pg_sys::OidOutputFunctionCall(out, d);
                 let s = std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned();
                 pg_sys::pfree(p.cast());
-                s
+                Some(s)
             }
         })
         .collect();
+    let fields = fields?;
     if fields.len() == 1 {
-        return fields.into_iter().next().unwrap_or_default();
+        return fields.into_iter().next();
     }
     let quoted: Vec<String> = fields
         .iter()
@@ -167,5 +175,5 @@ unsafe fn key_text(key: &KeyDesc, slot: *mut pg_sys::TupleTableSlot) -> String {
             }
         })
         .collect();
-    format!("({})", quoted.join(","))
+    Some(format!("({})", quoted.join(",")))
 }

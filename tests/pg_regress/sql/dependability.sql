@@ -185,3 +185,14 @@ SELECT pgkvx.enable('dep_tz');
 INSERT INTO dep_tz VALUES ('2024-01-01 00:00+00', 1);
 SELECT * FROM dep_tz WHERE ts > '5874897-01-01'::date ORDER BY ts LIMIT 1;
 SELECT count(*) FROM dep_tz WHERE ts > '2023-12-31'::date ORDER BY 1 LIMIT 1;
+
+-- A unique key index whose column loses NOT NULL after enable: writes and
+-- high_water refuse with a clear error, and no NULL key reaches the key's
+-- output function.
+CREATE TABLE dep_nullable (id int NOT NULL, name text COLLATE "C" NOT NULL, CONSTRAINT dep_nullable_name UNIQUE (name));
+SELECT pgkvx.enable('dep_nullable', 'dep_nullable_name');
+INSERT INTO dep_nullable VALUES (1, 'a'), (2, 'b');
+ALTER TABLE dep_nullable ALTER COLUMN name DROP NOT NULL;
+INSERT INTO dep_nullable VALUES (3, NULL);
+SELECT pgkvx.high_water('dep_nullable');
+DROP TABLE dep_nullable;
