@@ -115,10 +115,13 @@ pub struct Table {
     pub latched: Rc<Latched>,
 }
 
-/// [`Table::nowait`] found the table's registration behind someone
-/// else's lock; its latch identity, from the catalogs alone, is known.
-pub struct Locked {
+/// What [`Table::nowait`] knows of a table whose registration it could
+/// not read: its latch identity, from the catalogs alone, and whether it
+/// was someone else's lock that kept it from the rest (else the table is
+/// registered but not latched now: its latch trigger is gone).
+pub struct Unresolved {
     pub latch_id: RelId,
+    pub locked: bool,
 }
 
 impl Table {
@@ -131,14 +134,16 @@ impl Table {
     }
 
     /// [`Table::require`] for monitoring, which never waits on a table
-    /// lock: [`Locked`] when the registration is not cached and the table,
-    /// an ancestor or its key index is locked by someone else.
-    pub fn nowait(relid: Oid) -> Result<Table, Locked> {
+    /// lock: [`Unresolved`] when the registration is not cached and the
+    /// table, an ancestor or its key index is locked by someone else, or
+    /// when it is registered (else this raises [`not_latched`]) but not
+    /// latched now.
+    pub fn nowait(relid: Oid) -> Result<Table, Unresolved> {
         let latch_id = latch_id_unlocked(relid);
         match lookup_nowait(relid) {
             Some(Some(latched)) => Ok(Table { relid, latch_id, latched }),
-            Some(None) => not_latched(relid),
-            None => Err(Locked { latch_id }),
+            Some(None) => Err(Unresolved { latch_id, locked: false }),
+            None => Err(Unresolved { latch_id, locked: true }),
         }
     }
 

@@ -262,7 +262,7 @@ fn head_blocker_list(
             // latches are its latched parent's); handed down.
             let (latch_id, latched) = match registry::Table::nowait(relid) {
                 Ok(t) => (t.latch_id, Some(t.latched)),
-                Err(locked) => (locked.latch_id, None),
+                Err(unresolved) => (unresolved.latch_id, None),
             };
             if after.is_some() && latched.is_none() {
                 errors::raise(

@@ -46,7 +46,11 @@ fn high_water(rel: Regclass) -> Option<String> {
         );
     }
     // Resolved once, without waiting for a lock; handed down.
-    let table = registry::Table::nowait(relid).unwrap_or_else(|_| locked(relid));
+    let table = match registry::Table::nowait(relid) {
+        Ok(t) => t,
+        Err(u) if u.locked => locked(relid),
+        Err(_) => registry::not_latched(relid),
+    };
     let mut base = BaseSnapshot::fresh();
     let lowest = lowest_in_flight(&table, &base);
     let found = greatest_below(relid, &table.latched, base.snap, lowest.as_ref());
