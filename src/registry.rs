@@ -139,11 +139,12 @@ impl Table {
     /// when it is registered (else this raises [`not_latched`]) but not
     /// latched now.
     pub fn nowait(relid: Oid) -> Result<Table, Unresolved> {
-        let latch_id = latch_id_unlocked(relid);
         match lookup_nowait(relid) {
-            Some(Some(latched)) => Ok(Table { relid, latch_id, latched }),
-            Some(None) => Err(Unresolved { latch_id, locked: false }),
-            None => Err(Unresolved { latch_id, locked: true }),
+            Some(Some(latched)) => Ok(Table { relid, latch_id: latched.latch_id(), latched }),
+            // The identity from the catalogs alone (raises not_latched for
+            // a table that is not registered, itself or through a parent).
+            Some(None) => Err(Unresolved { latch_id: latch_id_unlocked(relid), locked: false }),
+            None => Err(Unresolved { latch_id: latch_id_unlocked(relid), locked: true }),
         }
     }
 

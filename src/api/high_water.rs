@@ -68,10 +68,10 @@ fn locked(relid: Oid) -> ! {
 
 /// The lowest key latched by a writer in flight at `base` (its own
 /// transaction's latches aside), None when there is none.
-fn lowest_in_flight(latched: &registry::Table, base: &BaseSnapshot) -> Option<KeyBuf> {
+fn lowest_in_flight(of: &registry::Table, base: &BaseSnapshot) -> Option<KeyBuf> {
     let view = base.view();
     let mut lowest: Option<KeyBuf> = None;
-    table().reader().check_footprint(&[(latched.latch_id, Span::ALL)], &view, &snapshot::committed, &mut |c| {
+    table().reader().check_footprint(&[(of.latch_id, Span::ALL)], &view, &snapshot::committed, &mut |c| {
         if lowest.is_none_or(|l| c.at.start < l) {
             lowest = Some(c.at.start);
         }
