@@ -41,87 +41,125 @@ fn primary_key_columns(relid: Oid) -> Vec<String> {
 fn enable(rel: Option<Regclass>, index: default!(Option<Regclass>, "NULL"), gapless: default!(Option<bool>, false)) {
     let rel = args::required(rel, "rel");
     let gapless = args::required_value(gapless, "gapless");
-    let index = index.map(|i| i.0);
-    crate::pg::acl::require_owner(rel);
-    // SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes) up front, so writers
-    // in flight finish before latching starts and none slips through.  The
-    // lock lasts to the end of the transaction; the relation itself is
-    // closed before the DDL below, which refuses a table in use.
-    // SAFETY: standard lock acquisition; raises on a missing relation.
-    unsafe { pg_sys::LockRelationOid(rel, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) };
-    let r = OpenRel::open(rel, pg_sys::NoLock);
-    if r.form().relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP {
-        errors::raise_hint(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("pgkvx cannot latch temporary table \"{}\"", rel_name(rel)),
-            "Only its own session can write a temporary table, so no write can commit behind a reader: it needs no latching.",
-        );
+    Enabling::resolve(rel, index.map(|i| i.0), gapless).latch();
+}
+
+/// What latching a table needs to know of it, derived once, with the
+/// table locked, before anything is changed: every refusal happens here.
+struct Enabling {
+    relid: Oid,
+    /// Qualified and quoted, for the DDL.
+    sql_name: String,
+    key: KeyDesc,
+    gapless: bool,
+    partitioned: bool,
+    /// An identity key keeps its identity default: the planner draws it
+    /// through next_key (gapless/rewrite.rs).
+    identity: bool,
+    /// Whether the row and TRUNCATE triggers exist already.
+    present: [bool; 2],
+    /// The key index as registered: none for the primary key (the key
+    /// columns name it): pg_restore loads pgkvx.tables before it creates
+    /// indexes, and a regclass naming one not yet there fails the whole
+    /// table's COPY.
+    stored_index: Option<Oid>,
+}
+
+impl Enabling {
+    fn resolve(rel: Oid, index: Option<Oid>, gapless: bool) -> Enabling {
+        crate::pg::acl::require_owner(rel);
+        // SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes) up front, so
+        // writers in flight finish before latching starts and none slips
+        // through.  The lock lasts to the end of the transaction; the
+        // relation itself is closed before the DDL, which refuses a table
+        // in use.
+        // SAFETY: standard lock acquisition; raises on a missing relation.
+        unsafe { pg_sys::LockRelationOid(rel, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) };
+        let r = OpenRel::open(rel, pg_sys::NoLock);
+        let name = rel_name(rel);
+        if r.form().relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP {
+            errors::raise_hint(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                format!("pgkvx cannot latch temporary table \"{name}\""),
+                "Only its own session can write a temporary table, so no write can commit behind a reader: it needs no latching.",
+            );
+        }
+        let partitioned = r.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE;
+        // One latch identity per partition tree.
+        partitions::refuse_overlap(rel);
+        let (index, tail) = match index {
+            None if gapless => gapless_key_index(rel, &name, partitioned),
+            index => (index, None),
+        };
+        let key = partitions::narrow(KeyDesc::resolve(rel, index), tail.as_ref().map(std::slice::from_ref));
+        if gapless {
+            check_sequence_cache(gapless_sequence(&key));
+        }
+        let enabling = Enabling {
+            relid: rel,
+            sql_name: qualified_name(rel),
+            identity: gapless && r.attrs()[key.cols[0].attnum as usize - 1].identity != 0,
+            present: [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some()),
+            stored_index: index.filter(|&i| Some(i) != r.primary_key_index()),
+            key,
+            gapless,
+            partitioned,
+        };
+        r.close();
+        enabling
     }
-    let partitioned = r.relkind() == pg_sys::RELKIND_PARTITIONED_TABLE;
-    // One latch identity per partition tree.
-    partitions::refuse_overlap(rel);
-    let mut index = index;
-    let mut tail: Option<i16> = None;
-    if gapless && index.is_none() {
-        // A composite primary key cannot be a tail key, whatever its types
-        // (which the key resolution below would complain of first) --
-        // except on a partitioned table, whose primary key must hold the
-        // partition key: there the key's one sequence-fed column is.
-        let pk = primary_key_columns(rel);
-        if pk.len() > 1 {
-            match partitions::tail_column(rel).filter(|_| partitioned) {
-                Some((pk_index, column)) => {
-                    index = Some(pk_index);
-                    tail = Some(column);
-                }
-                None => refuse_gapless_key(rel, &rel_name(rel), &pk),
+
+    /// Registers the table and gives it its triggers (and a gapless key
+    /// its default).
+    fn latch(self) {
+        let Enabling { relid, sql_name: name, key, gapless, partitioned, identity, present, stored_index } = self;
+        let columns: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
+        registry::register(relid, stored_index, &columns, gapless);
+        for (i, (trigger, timing)) in [
+            (ROW_TRIGGER, "BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_row()"),
+            (TRUNCATE_TRIGGER, "BEFORE TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION pgkvx.latch_truncate()"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let trigger = quote_ident(trigger);
+            if !present[i] {
+                run_ddl(&format!("CREATE TRIGGER {trigger} {}", timing.replace("{t}", &name)));
             }
+            // ALWAYS: also under session_replication_role = replica and in
+            // logical replication apply, which would otherwise write unlatched.
+            run_ddl(&format!("ALTER TABLE {name} ENABLE ALWAYS TRIGGER {trigger}"));
         }
-    }
-    let key = partitions::narrow(KeyDesc::resolve(rel, index), tail.as_ref().map(std::slice::from_ref));
-    let name = qualified_name(rel);
-    if gapless {
-        let seq = gapless_sequence(&key);
-        check_sequence_cache(seq);
-    }
-    // An identity key keeps its identity default: the planner draws it
-    // through next_key (gapless/rewrite.rs).
-    let identity = gapless && r.attrs()[key.cols[0].attnum as usize - 1].identity != 0;
-    let columns: Vec<i16> = key.cols.iter().map(|c| c.attnum).collect();
-    let present = [ROW_TRIGGER, TRUNCATE_TRIGGER].map(|t| r.trigger_enabled(t).is_some());
-    // The primary key is registered as no index (the key columns name the
-    // key): pg_restore loads pgkvx.tables before it creates indexes, and a
-    // regclass naming one not yet there fails the whole table's COPY.
-    let stored_index = index.filter(|&i| Some(i) != r.primary_key_index());
-    r.close();
-    registry::register(rel, stored_index, &columns, gapless);
-    for (i, (trigger, timing)) in [
-        (ROW_TRIGGER, "BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgkvx.latch_row()"),
-        (TRUNCATE_TRIGGER, "BEFORE TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION pgkvx.latch_truncate()"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let trigger = quote_ident(trigger);
-        if !present[i] {
-            run_ddl(&format!("CREATE TRIGGER {trigger} {}", timing.replace("{t}", &name)));
+        if partitioned {
+            enable_members(relid);
         }
-        // ALWAYS: also under session_replication_role = replica and in
-        // logical replication apply, which would otherwise write unlatched.
-        run_ddl(&format!("ALTER TABLE {name} ENABLE ALWAYS TRIGGER {trigger}"));
+        if gapless && !identity {
+            run_ddl(&format!(
+                "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key({}::pg_catalog.regclass)",
+                quote_ident(&key.cols[0].name),
+                quote_literal(&relid.to_u32().to_string())
+            ));
+        }
+        // SAFETY: queues a relcache invalidation, sent at commit.
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
     }
-    if partitioned {
-        enable_members(rel);
+}
+
+/// The key index of a gapless table named by no index, and the one column
+/// of it to key on where that is not all of it.  A composite primary key
+/// cannot be a tail key, whatever its types (which the key resolution
+/// would complain of first) -- except on a partitioned table, whose
+/// primary key must hold the partition key: there the key's one
+/// sequence-fed column is.
+fn gapless_key_index(rel: Oid, name: &str, partitioned: bool) -> (Option<Oid>, Option<i16>) {
+    let pk = primary_key_columns(rel);
+    if pk.len() <= 1 {
+        return (None, None);
     }
-    if gapless && !identity {
-        run_ddl(&format!(
-            "ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT pgkvx.next_key({}::pg_catalog.regclass)",
-            quote_ident(&key.cols[0].name),
-            quote_literal(&rel.to_u32().to_string())
-        ));
+    match partitions::tail_column(rel).filter(|_| partitioned) {
+        Some((pk_index, column)) => (Some(pk_index), Some(column)),
+        None => refuse_gapless_key(rel, name, &pk),
     }
-    // SAFETY: queues a relcache invalidation, sent at commit.
-    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(rel) };
 }
 
 /// The partitions of latched partitioned table `rel`: PostgreSQL clones
