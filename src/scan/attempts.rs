@@ -202,10 +202,11 @@ unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> (Footprint, Fo
     // SAFETY: the caller's contract: `nodes` are the guard nodes of a started executor.
     unsafe {
         for &n in nodes {
-            let rt = runtime::runtime(n);
-            let rel = rt.rel;
-            fp.extend(rt.touched(n).into_iter().map(|s| (rel, s)));
-            later.extend(rt.touched_later(n).into_iter().map(|s| (rel, s)));
+            runtime::with_runtime(n, |rt| {
+                let rel = rt.rel;
+                fp.extend(rt.touched(n).into_iter().map(|s| (rel, s)));
+                later.extend(rt.touched_later(n).into_iter().map(|s| (rel, s)));
+            });
         }
     }
     (fp, later)

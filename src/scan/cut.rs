@@ -10,7 +10,7 @@
 use super::guards::Guard;
 use super::plan_walk::{path_to, walk_plans};
 use super::position::ScanPosition;
-use super::runtime::{runtime, NodeRuntime};
+use super::runtime::{with_runtime, NodeRuntime};
 use crate::pg::{list_iter, node_tag, rel_name};
 use crate::read::run::CutRule;
 use crate::registry;
@@ -286,9 +286,8 @@ pub fn order_by_plan(g: &Guard) -> RowOrder {
 /// `nodes` are begun guard nodes.
 pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latch::Footprint, rule: CutRule) {
     for &n in nodes {
-        // SAFETY: the caller's contract: `nodes` are begun guard nodes.  Each borrow of a node's
-        // runtime ends before can_stop_early borrows it again.
-        let rel = unsafe { runtime(n) }.rel;
+        // SAFETY: the caller's contract: `nodes` are begun guard nodes.
+        let rel = unsafe { with_runtime(n, |rt| rt.rel) };
         let Some(start) = cut.iter().filter(|(r, _)| *r == rel).map(|(_, s)| s.start).min() else { continue };
         // SAFETY: as above.
         if !unsafe { can_stop_early(n, rule) } {
@@ -301,9 +300,12 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
             );
         }
         // SAFETY: as above.
-        let rt = unsafe { runtime(n) };
-        rt.cut = Some(start);
-        rt.stopped = false;
+        unsafe {
+            with_runtime(n, |rt| {
+                rt.cut = Some(start);
+                rt.stopped = false;
+            })
+        };
     }
 }
 
@@ -318,16 +320,20 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
 pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) -> bool {
     // SAFETY: the caller's contract: `node` is a begun guard node.
     unsafe {
-        let rt = runtime(node);
-        let Some(latched) = rt.latched.clone() else { return false };
-        let order = match (&rt.position, &rt.key_source) {
-            (ScanPosition::Ordered { forward: true, .. } | ScanPosition::Stream { forward: true, .. }, _) => {
-                RowOrder::Up
-            }
-            (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
-            _ => RowOrder::Other,
+        let Some((latched, order, open_above)) = with_runtime(node, |rt| {
+            let latched = rt.latched.clone()?;
+            let order = match (&rt.position, &rt.key_source) {
+                (ScanPosition::Ordered { forward: true, .. } | ScanPosition::Stream { forward: true, .. }, _) => {
+                    RowOrder::Up
+                }
+                (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
+                _ => RowOrder::Other,
+            };
+            let open_above = super::guards::open_above(&rt.plan, &latched.key);
+            Some((latched, order, open_above))
+        }) else {
+            return false;
         };
-        let open_above = super::guards::open_above(&rt.plan, &latched.key);
         let stmt = (*(*node).ss.ps.state).es_plannedstmt;
         let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
         may_stop_early(stmt, cs, &latched.key, order, open_above, rule)
@@ -362,15 +368,14 @@ pub(super) unsafe fn cut_rows(
             }
             // An unordered scan's rows past the cut are left out one by one.
             let (src, attnos, forward) = match (&rt.position, &rt.key_source) {
-                (ScanPosition::Ordered { scan, attnos, forward, .. }, _) => {
-                    ((**scan).ss_ScanTupleSlot, attnos, *forward)
-                }
+                (ScanPosition::Ordered { scan, attnos, forward, .. }, _) => (examined(*scan, rt.epq), attnos, *forward),
                 (ScanPosition::Stream { attnos, forward }, _) => (slot, attnos, *forward),
-                (ScanPosition::Anywhere, Some((scan, attnos))) => ((**scan).ss_ScanTupleSlot, attnos, false),
+                (ScanPosition::Anywhere, Some((scan, attnos))) => (examined(*scan, rt.epq), attnos, false),
                 (ScanPosition::Anywhere, None) => return slot,
             };
-            let k = key.encode_slot_at(src, attnos);
-            if pgkvx_latch::KeyBuf::floor(k.bytes()) < cut {
+            // A re-checked row that cannot be read is left out: the lock
+            // then steps over it, and the scan goes on to its cut.
+            if !src.is_null() && pgkvx_latch::KeyBuf::floor(key.encode_slot_at(src, attnos).bytes()) < cut {
                 return slot;
             }
             if forward {
@@ -381,5 +386,28 @@ pub(super) unsafe fn cut_rows(
             slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
             rt.last = slot;
         }
+    }
+}
+
+/// The row `scan` examined last: the row in its scan slot, or in
+/// EvalPlanQual's copy of the plan (`epq` not null) the row being
+/// re-checked, which the scan hands up from EvalPlanQual's own slot
+/// (ExecScanFetch).  Null when there is no such slot.
+///
+/// # Safety
+/// `scan` is a live scan state of a relation of the range table; `epq`
+/// is null or the EvalPlanQual state its executor runs under.
+unsafe fn examined(scan: *mut pg_sys::ScanState, epq: *mut pg_sys::EPQState) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the caller's contract; EvalPlanQual's slots are an array
+    // with one entry per range-table entry, `scanrelid` numbering from 1.
+    unsafe {
+        if epq.is_null() {
+            return (*scan).ss_ScanTupleSlot;
+        }
+        let rti = (*((*scan).ps.plan as *mut pg_sys::Scan)).scanrelid as usize;
+        if rti == 0 || (*epq).relsubs_slot.is_null() {
+            return std::ptr::null_mut();
+        }
+        *(*epq).relsubs_slot.add(rti - 1)
     }
 }

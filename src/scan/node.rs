@@ -16,7 +16,7 @@
 use super::explain::explain;
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use super::position::{key_source_of, position_of, ScanPosition};
-use super::runtime::{note_key, runtime, runtime_ptr, seen_for, FenceAtStart, NodeRuntime, NodeState, Seen};
+use super::runtime::{note_key, seen_for, with_runtime, FenceAtStart, NodeRuntime, NodeState, Seen};
 use crate::pg::raw;
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::read::run::CutRule;
@@ -118,7 +118,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             Some(l) => seen_for(&position, key_source.as_ref(), &plan, &l.key),
             None => Seen::Off,
         };
-        let rt = NodeState::start(
+        NodeState::start(
             node,
             NodeRuntime {
                 seen,
@@ -137,6 +137,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
                 statement: None,
                 fence_at_start: None,
                 cut: None,
+                epq: (*estate).es_epq_active,
                 stopped: false,
                 one_table: std::cell::Cell::new(None),
             },
@@ -149,7 +150,14 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
                 || !pg_sys::contain_subplans(e as *mut Node)
         };
         if !list_iter::<pg_sys::Expr>((*cs).custom_exprs).all(plain) {
-            (*rt).bound_states(node);
+            with_runtime(node, |rt| rt.bound_states(node));
+        }
+        // EvalPlanQual's copy of a locked read stops where the read does:
+        // a re-checked row's new version may carry a key past its cut.
+        let epq = (*estate).es_epq_active;
+        if !epq.is_null() {
+            let cut = super::statement::cut_of((*epq).parentestate, cs);
+            with_runtime(node, |rt| rt.cut = cut);
         }
         // Rows come straight from `exec_node`, not through ExecCustomScan:
         // one indirect call and one interrupt check fewer per row (the
@@ -182,34 +190,35 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
     // SAFETY: our node, set up by begin(); the child's ExecProcNode is the
     // function the executor installed for it (ExecInitNode always sets one).
     unsafe {
-        let rt = runtime_ptr(node);
-        if (*rt).fence_at_start.is_some() {
+        if with_runtime(node, |rt| rt.fence_at_start.is_some()) {
             fence_at_start(node);
         }
-        (*rt).started = true;
-        let child = (*rt).child;
+        let child = with_runtime(node, |rt| {
+            rt.started = true;
+            rt.child
+        });
         // What Postgres's inline ExecProcNode does first: a child whose
         // parameters changed (an inner scan of a nested loop) starts over.
         if !(*child).chgParam.is_null() {
             rescan_child(child);
         }
-        let mut slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
-        (*rt).last = slot;
-        if (*rt).cut.is_some() {
-            slot = super::cut::cut_rows(&mut *rt, slot);
-        }
-        match &mut (*rt).seen {
-            Seen::Off => {}
-            Seen::Tid { slot: scan_slot, tid } => {
-                // Cleared slots have an invalid TID: only rows are kept.
-                let t = (**scan_slot).tts_tid;
-                if t.ip_posid != 0 {
-                    *tid = t;
+        let slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
+        with_runtime(node, |rt| {
+            rt.last = slot;
+            let slot = if rt.cut.is_some() { super::cut::cut_rows(rt, slot) } else { slot };
+            match &mut rt.seen {
+                Seen::Off => {}
+                Seen::Tid { slot: scan_slot, tid } => {
+                    // Cleared slots have an invalid TID: only rows are kept.
+                    let t = (**scan_slot).tts_tid;
+                    if t.ip_posid != 0 {
+                        *tid = t;
+                    }
                 }
+                Seen::Key { .. } => note_key(rt, slot),
             }
-            Seen::Key { .. } => note_key(&mut *rt, slot),
-        }
-        slot
+            slot
+        })
     }
 }
 
@@ -229,19 +238,25 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
             use crate::read::{run, snapshot};
-            // Each borrow of the runtime ends before the next call that
-            // borrows it itself (the probe, the cut rule, apply_cut).
-            let rt = runtime(node);
-            let Some(FenceAtStart { after, sole_root }) = rt.fence_at_start.take() else { return };
-            let rel = rt.rel;
-            let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rel, *s)).collect();
+            // The runtime is lent for this step only: the probe, the cut
+            // rule and apply_cut borrow it themselves.
+            let Some((FenceAtStart { after, sole_root }, rel, fp)) = with_runtime(node, |rt| {
+                let start = rt.fence_at_start.take()?;
+                let rel = rt.rel;
+                let fp: pgkvx_latch::Footprint = rt.declared(node).spans.iter().map(|s| (rel, *s)).collect();
+                Some((start, rel, fp))
+            }) else {
+                return;
+            };
             let estate = (*node).ss.ps.state;
             let base = snapshot::BaseSnapshot::of((*estate).es_snapshot, after);
             let stmt = (*estate).es_plannedstmt;
             let may =
                 |rule| super::cut::can_stop_early(node, rule) && super::cut::statement_may_cut(stmt, sole_root, rule);
+            let locked = std::cell::Cell::new(false);
             let probe = || {
-                let spans = super::probe::probe_started(node, sole_root, base.snap)?;
+                let (spans, l) = super::probe::probe_started(node, sole_root, base.snap)?;
+                locked.set(l);
                 Some(spans.into_iter().map(|s| (rel, s)).collect())
             };
             let fence = run::fence_at_scan(fp, &base, probe, || {
@@ -255,10 +270,19 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
                     may(CutRule::LastResort).then_some(CutRule::LastResort)
                 }
             });
-            if let Some((cut, rule)) = &fence.cut {
+            let mut cut = fence.cut.clone();
+            if let Some(checked) = fence.report.checked.as_ref().filter(|_| locked.get()) {
+                let past = super::probe::stop_past_checked(checked, rel);
+                if !past.is_empty() {
+                    let (mut fp, rule) = cut.map_or((Vec::new(), None), |(fp, r)| (fp, Some(r)));
+                    fp.extend(past);
+                    cut = Some((fp, run::widest(rule, CutRule::LastResort)));
+                }
+            }
+            if let Some((cut, rule)) = &cut {
                 super::cut::apply_cut(&[node], cut, *rule);
             }
-            if let Some(st) = &runtime(node).statement {
+            if let Some(st) = with_runtime(node, |rt| rt.statement.clone()) {
                 st.borrow_mut().record(fence.report, fence.wait_us, fence.waited);
             }
         })
@@ -280,7 +304,7 @@ unsafe fn rescan_child(child: *mut pg_sys::PlanState) {
 unsafe extern "C-unwind" fn end(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node; the child was initialised in begin().  The Rust
     // runtime itself is dropped with the executor's memory context.
-    unsafe { raw::ExecEndNode((*runtime_ptr(node)).child) };
+    unsafe { raw::ExecEndNode(with_runtime(node, |rt| rt.child)) };
 }
 
 // ---- rescan ----------------------------------------------------------------
@@ -291,10 +315,11 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
     // its scan moves back to the start.
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
-            let rt = runtime(node);
-            rt.fold(node);
-            rt.stopped = false;
-            let child = rt.child;
+            let child = with_runtime(node, |rt| {
+                rt.fold(node);
+                rt.stopped = false;
+                rt.child
+            });
             let changed = (*node).ss.ps.chgParam;
             if !changed.is_null() {
                 pg_sys::UpdateChangedParamSet(child, changed);
@@ -312,7 +337,7 @@ unsafe extern "C-unwind" fn rescan(node: *mut pg_sys::CustomScanState) {
 #[pg_guard]
 unsafe extern "C-unwind" fn mark_pos(node: *mut pg_sys::CustomScanState) {
     // SAFETY: our node; offered only over a child that supports marking.
-    unsafe { raw::ExecMarkPos((*runtime_ptr(node)).child) };
+    unsafe { raw::ExecMarkPos(with_runtime(node, |rt| rt.child)) };
 }
 
 #[pg_guard]
@@ -321,10 +346,11 @@ unsafe extern "C-unwind" fn restr_pos(node: *mut pg_sys::CustomScanState) {
     // back; it goes on from the mark, so it has still started.
     unsafe {
         crate::pg::boundary::rethrow_pending(|| {
-            let rt = runtime(node);
-            rt.fold(node);
-            rt.started = true;
-            let child = rt.child;
+            let child = with_runtime(node, |rt| {
+                rt.fold(node);
+                rt.started = true;
+                rt.child
+            });
             crate::pg::boundary::pass(|| raw::ExecRestrPos(child));
         })
     }

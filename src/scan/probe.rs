@@ -19,10 +19,19 @@
 //! with no filter anywhere between the scan and a LIMIT of such a count
 //! (only projections and subquery scans between).  Any filter (a qual, a
 //! row-level security policy) could make the scan go further than the
-//! probe did.  Row locks (`FOR UPDATE` and the like) can too: LockRows
-//! re-checks a row a concurrent writer updated in a plan state of its own
-//! (EvalPlanQual) and hands up its new version, whose key may lie past the
-//! probe's end.  Everything else fences its declared span, as before.
+//! probe did.  Everything else fences its declared span, as before.
+//!
+//! Row locks (`FOR UPDATE` and the like) would make it go further too:
+//! LockRows drops a row a concurrent writer deleted, or whose new version
+//! no longer matches, and pulls the next one (SKIP LOCKED reads are a work
+//! queue's and are not guarded at all: `planner.rs`); and it re-checks a row a concurrent writer updated in a plan state
+//! of its own (EvalPlanQual), handing up the new version, whose key may
+//! lie past the probe's end.  So a locked read is probed only where its
+//! scan may stop early (a tail up the key: `cut.rs`), and it then stops
+//! before the first key past what it checked ([`stop_past_checked`]): in
+//! its own scan, and in EvalPlanQual's copy of it (`node.rs`).  It returns
+//! fewer rows only when a lock dropped some; the consumer reads on from
+//! its cursor next time.
 //!
 //! A read with no LIMIT returns every row of its span, so against the
 //! writers in flight at its first snapshot it fences its span whole (a
@@ -31,11 +40,12 @@
 //! (asked with [`Later::Yes`]) finds its last row by reading the same scan
 //! backward, one row: a later writer past it is not waited for.
 
+use super::cut;
 use super::guards::{self, Guard};
 use crate::keys::codec::KeyWriter;
 use crate::pg::index_scan::scan_at;
 use crate::pg::{list_iter, node_tag, OpenRel};
-use crate::read::run::Later;
+use crate::read::run::{CutRule, Later};
 use crate::read::span;
 use pgkvx_latch::{Footprint, Span};
 use pgrx::pg_sys::{self, Node};
@@ -50,6 +60,9 @@ pub struct Shape {
     keys: Vec<pg_sys::ScanKeyData>,
     /// The rows its LIMIT takes; None: no LIMIT, it reads to its bound.
     want: Option<u64>,
+    /// Row locks lie between it and its LIMIT: its scan must stop past
+    /// what the fence checked ([`stop_past_checked`]).
+    locked: bool,
 }
 
 /// The probeable guards of a statement, found once at executor start;
@@ -68,7 +81,8 @@ pub unsafe fn shapes(
     gs: &super::guards::Guards,
     params: pg_sys::ParamListInfo,
 ) -> Option<Vec<Shape>> {
-    gs.sole_root()?;
+    let sole_root = gs.sole_root();
+    sole_root?;
     let gs = &gs.0;
     let mut out = Vec::with_capacity(gs.len());
     for (i, g) in gs.iter().enumerate() {
@@ -77,7 +91,7 @@ pub unsafe fn shapes(
         }
         // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
         // parameters.
-        out.push(unsafe { shape_of(stmt, g, params) }.map(|mut s| {
+        out.push(unsafe { shape_of(stmt, g, params, sole_root) }.map(|mut s| {
             s.guard = i;
             s
         })?);
@@ -90,20 +104,41 @@ pub unsafe fn shapes(
 ///
 /// # Safety
 /// As [`shapes`].
-unsafe fn shape_of(stmt: *mut pg_sys::PlannedStmt, g: &Guard, params: pg_sys::ParamListInfo) -> Option<Shape> {
+unsafe fn shape_of(
+    stmt: *mut pg_sys::PlannedStmt,
+    g: &Guard,
+    params: pg_sys::ParamListInfo,
+    sole_root: Option<pg_sys::Oid>,
+) -> Option<Shape> {
     let latched = g.latched.as_deref()?;
     // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
     // parameters.
     unsafe {
-        let (indexqual, want) = probeable(stmt, g.cs, &g.plan, latched, params)?;
+        let Probeable { indexqual, want, locked } = probeable(stmt, g.cs, &g.plan, latched, params)?;
+        if locked {
+            let (order, open_above) = (cut::order_by_plan(g), guards::open_above(&g.plan, &latched.key));
+            if !cut::may_stop_early(stmt, g.cs, &latched.key, order, open_above, CutRule::LastResort)
+                || !cut::statement_may_cut(stmt, sole_root, CutRule::LastResort)
+            {
+                return None;
+            }
+        }
         let keys = scan_keys(latched.key.index, indexqual, params)?;
-        Some(Shape { guard: 0, keys, want })
+        Some(Shape { guard: 0, keys, want, locked })
     }
 }
 
+/// A read whose end a probe can find: the index quals of its scan, the
+/// rows its LIMIT takes (None: no LIMIT), and whether row locks lie
+/// between them.
+struct Probeable {
+    indexqual: *mut pg_sys::List,
+    want: Option<u64>,
+    locked: bool,
+}
+
 /// Whether the read of guard `cs` (planned as `plan`) over `latched` ends
-/// where a probe can find: the index quals of its scan and the rows its
-/// LIMIT takes.
+/// where a probe can find.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`; `params` its parameters.
@@ -113,7 +148,7 @@ unsafe fn probeable(
     plan: &super::plan_data::GuardPlan,
     latched: &crate::registry::Latched,
     params: pg_sys::ParamListInfo,
-) -> Option<(*mut pg_sys::List, Option<u64>)> {
+) -> Option<Probeable> {
     if plan.tree {
         return None;
     }
@@ -150,15 +185,15 @@ unsafe fn probeable(
         if indexid != latched.key.index || dir != pg_sys::ScanDirection::ForwardScanDirection || !(*p).qual.is_null() {
             return None;
         }
-        let want = limit_above(stmt, cs, params)?;
-        Some((indexqual, want))
+        let (want, locked) = limit_above(stmt, cs, params)?;
+        Some(Probeable { indexqual, want, locked })
     }
 }
 
 /// The rows the LIMIT over guard `cs` takes (count plus offset), with only
-/// projections and subquery scans between them; Some(None) when nothing
-/// but those lies above it (no LIMIT: it reads to its bound); None for
-/// anything else.
+/// projections, subquery scans and row locks between them, and whether
+/// row locks are among them; a count of None when nothing but those lies
+/// above it (no LIMIT: it reads to its bound); None for anything else.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`.
@@ -166,7 +201,8 @@ unsafe fn limit_above(
     stmt: *mut pg_sys::PlannedStmt,
     cs: *mut pg_sys::CustomScan,
     params: pg_sys::ParamListInfo,
-) -> Option<Option<u64>> {
+) -> Option<(Option<u64>, bool)> {
+    let mut locked = false;
     // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     let path = unsafe { super::plan_walk::path_in_statement(stmt, cs) }?;
     // SAFETY: nodes of the statement's plan, cast after their tags are checked.
@@ -174,11 +210,9 @@ unsafe fn limit_above(
         for &p in path.iter().rev() {
             match node_tag(p as *const Node) {
                 pg_sys::NodeTag::T_Result | pg_sys::NodeTag::T_SubqueryScan if (*p).qual.is_null() => {}
-                // Row locks re-check a row a concurrent writer changed in
-                // a plan state of their own (EvalPlanQual), which can hand
-                // up its new version under a key past the probe's end:
-                // from where the read did not wait.
-                pg_sys::NodeTag::T_LockRows => return None,
+                // Rows they drop, and new versions they hand up, are why
+                // a locked read stops past what it checked (module doc).
+                pg_sys::NodeTag::T_LockRows => locked = true,
                 pg_sys::NodeTag::T_Limit => {
                     let l = p as *mut pg_sys::Limit;
                     if (*l).limitOption != pg_sys::LimitOption::LIMIT_OPTION_COUNT || (*l).limitCount.is_null() {
@@ -194,13 +228,13 @@ unsafe fn limit_above(
                         (v, false) => (v.value() as i64).max(0) as u64,
                     };
                     let offset = guards::count_at_start((*l).limitOffset, params)?;
-                    return Some(Some(count.saturating_add(offset)));
+                    return Some((Some(count.saturating_add(offset)), locked));
                 }
                 _ => return None,
             }
         }
     }
-    Some(None)
+    Some((None, locked))
 }
 
 /// The scan keys of an index scan's `indexqual` (index columns on the
@@ -411,7 +445,9 @@ fn returned(d: &span::Declared, last: Option<&KeyWriter>, full: bool) -> Vec<Spa
 /// scans start: its bounds come from an init plan or a CTE), at `snap`:
 /// its index scan's own keys, evaluated now, as the scan will use them.
 /// None when its read's end cannot be probed, or its statement's guards
-/// read more than one latched table (`sole_root` None).
+/// read more than one latched table (`sole_root` None); with whether row
+/// locks lie above it (it must then stop past what the fence checks:
+/// [`stop_past_checked`]).
 ///
 /// # Safety
 /// `node` is a begun guard node about to run for the first time; `snap`
@@ -420,51 +456,80 @@ pub unsafe fn probe_started(
     node: *mut pg_sys::CustomScanState,
     sole_root: Option<pg_sys::Oid>,
     snap: pg_sys::Snapshot,
-) -> Option<Vec<Span>> {
+) -> Option<(Vec<Span>, bool)> {
     // As for [`shapes`]: one latched table.
     sole_root?;
     // SAFETY: the caller's contract: `node` is a begun guard node about to run for the first time; `snap` its
     // statement's registered snapshot. Plan states are cast after their tags are
     // checked, and their scan keys hold `n` entries.
     unsafe {
-        let rt = super::runtime::runtime(node);
-        let latched = rt.latched.clone()?;
-        let estate = (*node).ss.ps.state;
-        let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-        let (_, want) = probeable((*estate).es_plannedstmt, cs, &rt.plan, &latched, (*estate).es_param_list_info)?;
-        // A read with no LIMIT fences its declared span.
-        let want = want?;
-        let mut ps = rt.child;
-        while node_tag(ps) == pg_sys::NodeTag::T_ResultState {
-            ps = (*ps).lefttree;
-        }
-        let (keys, n) = match node_tag(ps) {
-            pg_sys::NodeTag::T_IndexScanState => {
-                let s = ps as *mut pg_sys::IndexScanState;
-                if (*s).iss_NumRuntimeKeys != 0 && !(*s).iss_RuntimeKeysReady {
-                    // What its first run does: evaluate the keys.
-                    crate::pg::boundary::pass(|| crate::pg::raw::ExecReScan(ps));
-                }
-                ((*s).iss_ScanKeys, (*s).iss_NumScanKeys)
+        let stmt = (*(*node).ss.ps.state).es_plannedstmt;
+        let (spans, locked) = super::runtime::with_runtime(node, |rt| {
+            let latched = rt.latched.clone()?;
+            let estate = (*node).ss.ps.state;
+            let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+            let Probeable { want, locked, .. } =
+                probeable((*estate).es_plannedstmt, cs, &rt.plan, &latched, (*estate).es_param_list_info)?;
+            // A read with no LIMIT fences its declared span.
+            let want = want?;
+            let mut ps = rt.child;
+            while node_tag(ps) == pg_sys::NodeTag::T_ResultState {
+                ps = (*ps).lefttree;
             }
-            pg_sys::NodeTag::T_IndexOnlyScanState => {
-                let s = ps as *mut pg_sys::IndexOnlyScanState;
-                if (*s).ioss_NumRuntimeKeys != 0 && !(*s).ioss_RuntimeKeysReady {
-                    crate::pg::boundary::pass(|| crate::pg::raw::ExecReScan(ps));
+            let (keys, n) = match node_tag(ps) {
+                pg_sys::NodeTag::T_IndexScanState => {
+                    let s = ps as *mut pg_sys::IndexScanState;
+                    if (*s).iss_NumRuntimeKeys != 0 && !(*s).iss_RuntimeKeysReady {
+                        // What its first run does: evaluate the keys.
+                        crate::pg::boundary::pass(|| crate::pg::raw::ExecReScan(ps));
+                    }
+                    ((*s).iss_ScanKeys, (*s).iss_NumScanKeys)
                 }
-                ((*s).ioss_ScanKeys, (*s).ioss_NumScanKeys)
+                pg_sys::NodeTag::T_IndexOnlyScanState => {
+                    let s = ps as *mut pg_sys::IndexOnlyScanState;
+                    if (*s).ioss_NumRuntimeKeys != 0 && !(*s).ioss_RuntimeKeysReady {
+                        crate::pg::boundary::pass(|| crate::pg::raw::ExecReScan(ps));
+                    }
+                    ((*s).ioss_ScanKeys, (*s).ioss_NumScanKeys)
+                }
+                _ => return None,
+            };
+            let keys: &[pg_sys::ScanKeyData] = if n > 0 { std::slice::from_raw_parts(keys, n as usize) } else { &[] };
+            // Plain comparisons only: a row comparison's members, an array's
+            // elements live elsewhere.
+            let plain = (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) as i32;
+            if keys.iter().any(|k| k.sk_flags & !plain != 0) {
+                return None;
             }
-            _ => return None,
-        };
-        let keys: &[pg_sys::ScanKeyData] = if n > 0 { std::slice::from_raw_parts(keys, n as usize) } else { &[] };
-        // Plain comparisons only: a row comparison's members, an array's
-        // elements live elsewhere.
-        let plain = (pg_sys::SK_ISNULL | pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) as i32;
-        if keys.iter().any(|k| k.sk_flags & !plain != 0) {
+            let (last, full) = last_key(keys, want, &latched, snap);
+            let d = rt.declared(node);
+            Some((returned(&d, last.as_ref(), full), locked))
+        })?;
+        if locked
+            && !(cut::can_stop_early(node, CutRule::LastResort)
+                && cut::statement_may_cut(stmt, sole_root, CutRule::LastResort))
+        {
             return None;
         }
-        let (last, full) = last_key(keys, want, &latched, snap);
-        let d = rt.declared(node);
-        Some(returned(&d, last.as_ref(), full))
+        Some((spans, locked))
     }
+}
+
+/// Where a locked read's scan must stop (module doc): a cut of its table
+/// `rel` from the end of the spans `checked` holds of it -- what its fence
+/// found clean -- to +∞.  Nothing when the fence checked its table to +∞
+/// (nobody was writing there), or nothing of it (its cut stops it sooner).
+pub fn stop_past_checked(checked: &Footprint, rel: pgkvx_latch::RelId) -> Footprint {
+    let end = checked.iter().filter(|(r, _)| *r == rel).map(|(_, s)| s.end).max();
+    match end {
+        Some(end) if end != pgkvx_latch::KeyBuf::INFINITE => {
+            vec![(rel, Span { start: end, end: pgkvx_latch::KeyBuf::INFINITE })]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The tables of `shapes` that must stop past what their fence checked.
+pub fn locked_rels(gs: &[Guard], shapes: &[Shape]) -> Vec<pgkvx_latch::RelId> {
+    shapes.iter().filter(|s| s.locked).map(|s| gs[s.guard].rel()).collect()
 }

@@ -24,9 +24,9 @@ const MAX_SPANS: usize = 32;
 
 /// The executor state: Postgres's part first, then ours, all in the
 /// executor's memory: no allocation of our own per statement.
-/// Its fields are this file's: the rest of `scan/` reaches the state only
-/// through [`NodeState::alloc`], [`NodeState::start`], [`runtime_ptr`] and
-/// [`runtime`].
+/// Its fields are this file's: the rest of `scan/` makes the state with
+/// [`NodeState::alloc`] and [`NodeState::start`] and reaches the runtime
+/// only through [`with_runtime`], which lends it for one call.
 #[repr(C)]
 pub struct NodeState {
     css: pg_sys::CustomScanState,
@@ -35,6 +35,8 @@ pub struct NodeState {
     runtime: std::mem::MaybeUninit<NodeRuntime>,
     /// Drops `runtime` when the executor's memory goes.
     drop_cb: pg_sys::MemoryContextCallback,
+    /// Whether [`with_runtime`] has lent `runtime` out now (false zeroed).
+    lent: std::cell::Cell<bool>,
 }
 
 impl NodeState {
@@ -67,7 +69,7 @@ impl NodeState {
     /// # Safety
     /// `node` was made by [`NodeState::alloc`] in the current memory context
     /// and has not begun.
-    pub(super) unsafe fn start(node: *mut pg_sys::CustomScanState, rt: NodeRuntime) -> *mut NodeRuntime {
+    pub(super) unsafe fn start(node: *mut pg_sys::CustomScanState, rt: NodeRuntime) {
         // SAFETY: `node` is a NodeState (the caller's contract) whose
         // `runtime` is still uninitialised, so writing it drops nothing; the
         // callback lives in the node, in the context it is registered with.
@@ -77,7 +79,6 @@ impl NodeState {
             let (cx, cb) = (pg_sys::CurrentMemoryContext, &raw mut (*ns).drop_cb);
             crate::pg::memcx::on_reset_with(cx, cb, drop_runtime, rt as *mut std::ffi::c_void);
             (*ns).rt = rt;
-            rt
         }
     }
 }
@@ -141,6 +142,11 @@ pub struct NodeRuntime {
     /// The read stops before this key (the protocol's cut): rows at or
     /// past it are left out, and a scan moving up the key ends there.
     pub(super) cut: Option<pgkvx_latch::KeyBuf>,
+    /// In EvalPlanQual's copy of a plan (row locks re-checking a row a
+    /// concurrent writer changed): its state, whose slot holds the row
+    /// being re-checked, and the scan hands that row up without storing
+    /// it in its own scan slot.  Null in every other executor.
+    pub(super) epq: *mut pg_sys::EPQState,
     /// A scan moving up the key met the cut: it has ended.
     pub(super) stopped: bool,
     /// Whether the statement guards one latched table ([`Self::reads_one_table`]).
@@ -491,24 +497,28 @@ fn add_span(spans: &mut Vec<Span>, t: Span) {
     }
 }
 
-/// The runtime of a node of ours, as a pointer: for the per-row path and
-/// the callbacks that call back into code which borrows it itself.
+/// Lends a begun node's runtime to `f` for the length of the call: the
+/// one way the rest of `scan/` reaches it.  `f` cannot keep the borrow,
+/// and must not lend the same node again (in `f` or anything it calls):
+/// debug builds check that.  A call Postgres may longjmp out of (the
+/// child's ExecProcNode) leaves the node lent, which is harmless: an
+/// executor an ERROR left is never run again, only freed.  Holds no guard
+/// with a destructor, so it may run in the per-row plain old frames.
 ///
 /// # Safety
 /// `node` is a `PgkvxLimitScan` state that has begun.
-pub(super) unsafe fn runtime_ptr(node: *mut pg_sys::CustomScanState) -> *mut NodeRuntime {
+#[inline(always)]
+pub(super) unsafe fn with_runtime<R>(node: *mut pg_sys::CustomScanState, f: impl FnOnce(&mut NodeRuntime) -> R) -> R {
     // SAFETY: `node` is a NodeState (every PgkvxLimitScan state is made by
-    // NodeState::alloc) that has begun, so `rt` points at its runtime.
-    unsafe { (*(node as *mut NodeState)).rt }
-}
-
-/// The runtime of a node of ours.
-///
-/// # Safety
-/// `node` is a `PgkvxLimitScan` state that has begun, and no other
-/// reference to its runtime is used while this one is.
-pub unsafe fn runtime<'a>(node: *mut pg_sys::CustomScanState) -> &'a mut NodeRuntime {
-    // SAFETY: the caller's contract: `rt` points at the begun node's
-    // runtime, which lives as long as the executor's memory.
-    unsafe { &mut *runtime_ptr(node) }
+    // NodeState::alloc) that has begun (the caller's contract), so `rt`
+    // points at its runtime, which lives as long as the executor's memory;
+    // `lent` keeps this the only reference to it while `f` runs.
+    unsafe {
+        let ns = node as *mut NodeState;
+        debug_assert!(!(*ns).lent.get(), "a node's runtime lent while it is lent already");
+        (*ns).lent.set(true);
+        let r = f(&mut *(*ns).rt);
+        (*ns).lent.set(false);
+        r
+    }
 }

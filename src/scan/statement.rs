@@ -107,6 +107,25 @@ fn statement(qd: *mut QueryDesc) -> Option<*mut GuardedStatement> {
     })
 }
 
+/// The cut of the guard node of plan `cs` in the guarded statement whose
+/// executor state is `estate`: what EvalPlanQual's copy of that node, re-
+/// checking one of its rows, stops before too.
+///
+/// # Safety
+/// `cs` is a PgkvxLimitScan plan node.
+pub unsafe fn cut_of(estate: *mut pg_sys::EState, cs: *mut pg_sys::CustomScan) -> Option<pgkvx_latch::KeyBuf> {
+    let st = STATEMENTS.with(|s| {
+        // SAFETY: every pointer in the list is a live leaked Box, and its
+        // QueryDesc lives while it is listed.
+        s.try_borrow().ok()?.iter().rev().copied().find(|&st| unsafe { (*(*st).qd).estate } == estate)
+    })?;
+    // SAFETY: a listed statement's nodes are its begun guard nodes.
+    unsafe {
+        let n = (*st).nodes.iter().copied().find(|&n| (*n).ss.ps.plan == cs as *mut pg_sys::Plan)?;
+        runtime::with_runtime(n, |rt| rt.cut)
+    }
+}
+
 fn add_statement(st: GuardedStatement) -> *mut GuardedStatement {
     let p = Box::into_raw(Box::new(st));
     STATEMENTS.with(|s| s.borrow_mut().push(p));
@@ -240,7 +259,7 @@ unsafe fn start_fenced_at_scan(qd: *mut QueryDesc, eflags: i32, guards: Guards) 
         let nodes = start_executor(qd, eflags, &guards);
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
         for &n in &(*st).nodes {
-            runtime::runtime(n).fence_at_first_run(after, sole_root);
+            runtime::with_runtime(n, |rt| rt.fence_at_first_run(after, sole_root));
         }
     }
 }
@@ -278,8 +297,18 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
         };
         let declared = || -> Footprint { guards.declared_at_start(params) };
         let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
-        let ReadDecision::Stream { cut } = ran.decision else { unreachable!("fenced reads never buffer") };
-        let rule = fenced.rule.unwrap_or(CutRule::Strict);
+        let ReadDecision::Stream { mut cut } = ran.decision else { unreachable!("fenced reads never buffer") };
+        let mut rule = fenced.rule.unwrap_or(CutRule::Strict);
+        // A locked read stops past what its fence checked (probe.rs).
+        if let (Some(Some(shapes)), Some(checked)) = (&shapes, &ran.report.checked) {
+            for rel in probe::locked_rels(&guards.0, shapes) {
+                let past = probe::stop_past_checked(checked, rel);
+                if !past.is_empty() {
+                    cut.extend(past);
+                    rule = run::widest(Some(rule), CutRule::LastResort);
+                }
+            }
+        }
         let mut b = ran.base;
         let swapped = b.snap != (*qd).snapshot;
         if swapped {
@@ -394,7 +423,7 @@ unsafe fn attach(
     // SAFETY: the caller's contract: `qd` has been started; `nodes` are its guard nodes.
     unsafe {
         for &n in &nodes {
-            runtime::runtime(n).attach_report(report.clone());
+            runtime::with_runtime(n, |rt| rt.attach_report(report.clone()));
         }
         crate::pg::memcx::on_reset((*(*qd).estate).es_query_cxt, forget_statement, qd as *mut std::ffi::c_void);
     }
