@@ -244,18 +244,19 @@ def markdown(result):
     for mode, rows in result["modes"].items():
         lines += [f"## `pgkvx.scan_mode = {mode}`", "",
                   "| kind | statements (latched / plain) | errors latched | errors plain | p50 ms latched / plain "
-                  "| p99 ms latched / plain | p99 ratio | skipped latched / plain |",
-                  "|---|---:|---|---|---:|---:|---:|---:|"]
+                  "| p99 ms latched / plain | p50 ratio | p99 ratio | skipped latched / plain |",
+                  "|---|---:|---|---|---:|---:|---:|---:|---:|"]
         by = {(r["table"], r["kind"]): r for r in rows}
         for kind in dict.fromkeys(r["kind"] for r in rows):
             a, b = by[("nb_latched", kind)], by[("nb_plain", kind)]
             f = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
-            ratio = a["p99_ms"] / b["p99_ms"] if a["p99_ms"] and b["p99_ms"] else None
+            ratio = lambda q: a[q] / b[q] if a[q] and b[q] else None  # noqa: E731
+            r = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
             errs = lambda r: ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0"  # noqa: E731
             skipped = f"{a['skipped']} / {b['skipped']}" if a.get("consumer") else ""
             lines.append(f"| {kind} | {a['statements']} / {b['statements']} | {errs(a)} | {errs(b)} | "
                          f"{f(a['p50_ms'])} / {f(b['p50_ms'])} | {f(a['p99_ms'])} / {f(b['p99_ms'])} | "
-                         f"{'–' if ratio is None else f'{ratio:.2f}'} | {skipped} |")
+                         f"{r(ratio('p50_ms'))} | {r(ratio('p99_ms'))} | {skipped} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ use crate::pg::{list_iter, node_tag, rel_name};
 use crate::read::run::CutRule;
 use crate::registry;
 use pgrx::pg_sys::{self, Node};
+use std::rc::Rc;
 
 /// How a guard's rows come, for [`may_cut`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,12 +301,7 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
             );
         }
         // SAFETY: as above.
-        unsafe {
-            with_runtime(n, |rt| {
-                rt.cut = Some(start);
-                rt.stopped = false;
-            })
-        };
+        unsafe { super::runtime::set_cut(n, Some(start)) };
     }
 }
 
@@ -354,11 +350,14 @@ pub(super) unsafe fn cut_rows(
     mut slot: *mut pg_sys::TupleTableSlot,
 ) -> *mut pg_sys::TupleTableSlot {
     let Some(cut) = rt.cut else { return slot };
-    let Some(latched) = rt.latched.clone() else { return slot };
-    let key = &latched.key;
+    // Not a clone of the Rc: the child's ERROR longjmps over this frame,
+    // which must own nothing with a destructor.
+    let Some(latched) = rt.latched.as_ref().map(Rc::as_ptr) else { return slot };
     // SAFETY: `rt` is begun with a cut and an ordered position (the caller's contract), and `slot` is
-    // what its child returned last: the child's slots are live until it runs again.
+    // what its child returned last: the child's slots are live until it runs again.  `latched` is
+    // the runtime's own registration, set when the node began and never replaced while it lives.
     unsafe {
+        let key = &(*latched).key;
         loop {
             if rt.stopped {
                 return std::ptr::null_mut();
@@ -373,9 +372,7 @@ pub(super) unsafe fn cut_rows(
                 (ScanPosition::Anywhere, Some((scan, attnos))) => (examined(*scan, rt.epq), attnos, false),
                 (ScanPosition::Anywhere, None) => return slot,
             };
-            // A re-checked row that cannot be read is left out: the lock
-            // then steps over it, and the scan goes on to its cut.
-            if !src.is_null() && pgkvx_latch::KeyBuf::floor(key.encode_slot_at(src, attnos).bytes()) < cut {
+            if pgkvx_latch::KeyBuf::floor(key.encode_slot_at(src, attnos).bytes()) < cut {
                 return slot;
             }
             if forward {
@@ -389,10 +386,12 @@ pub(super) unsafe fn cut_rows(
     }
 }
 
-/// The row `scan` examined last: the row in its scan slot, or in
-/// EvalPlanQual's copy of the plan (`epq` not null) the row being
-/// re-checked, which the scan hands up from EvalPlanQual's own slot
-/// (ExecScanFetch).  Null when there is no such slot.
+/// The row `scan` examined last: the row in its scan slot -- except in
+/// EvalPlanQual's copy of the plan (`epq` not null) re-checking a row of a
+/// relation the statement locks, which the scan hands up from
+/// EvalPlanQual's own slot for it (ExecScanFetch).  A relation it only
+/// references (a join's other side under `FOR UPDATE OF`) is fetched into
+/// the scan slot, as always.
 ///
 /// # Safety
 /// `scan` is a live scan state of a relation of the range table; `epq`
@@ -401,13 +400,13 @@ unsafe fn examined(scan: *mut pg_sys::ScanState, epq: *mut pg_sys::EPQState) -> 
     // SAFETY: the caller's contract; EvalPlanQual's slots are an array
     // with one entry per range-table entry, `scanrelid` numbering from 1.
     unsafe {
-        if epq.is_null() {
-            return (*scan).ss_ScanTupleSlot;
-        }
         let rti = (*((*scan).ps.plan as *mut pg_sys::Scan)).scanrelid as usize;
-        if rti == 0 || (*epq).relsubs_slot.is_null() {
-            return std::ptr::null_mut();
+        if !epq.is_null() && rti != 0 && !(*epq).relsubs_slot.is_null() {
+            let s = *(*epq).relsubs_slot.add(rti - 1);
+            if !s.is_null() {
+                return s;
+            }
         }
-        *(*epq).relsubs_slot.add(rti - 1)
+        (*scan).ss_ScanTupleSlot
     }
 }

@@ -156,8 +156,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         // a re-checked row's new version may carry a key past its cut.
         let epq = (*estate).es_epq_active;
         if !epq.is_null() {
-            let cut = super::statement::cut_of((*epq).parentestate, cs);
-            with_runtime(node, |rt| rt.cut = cut);
+            super::runtime::set_cut(node, super::statement::cut_of((*epq).parentestate, cs));
         }
         // Rows come straight from `exec_node`, not through ExecCustomScan:
         // one indirect call and one interrupt check fewer per row (the

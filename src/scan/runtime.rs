@@ -37,6 +37,10 @@ pub struct NodeState {
     drop_cb: pg_sys::MemoryContextCallback,
     /// Whether [`with_runtime`] has lent `runtime` out now (false zeroed).
     lent: std::cell::Cell<bool>,
+    /// The runtime's cut, for EvalPlanQual's copy of this node to read
+    /// ([`cut_of_node`]) without lending the runtime: that copy begins
+    /// while Postgres runs user code, maybe inside a lend of this node.
+    cut: std::cell::Cell<Option<pgkvx_latch::KeyBuf>>,
 }
 
 impl NodeState {
@@ -495,6 +499,33 @@ fn add_span(spans: &mut Vec<Span>, t: Span) {
         let all = spans.iter().fold(Span::EMPTY, |a, s| a.hull(s));
         *spans = vec![all];
     }
+}
+
+/// Gives a begun node its cut ([`NodeRuntime::cut`]): the scan goes on
+/// from where it is.
+///
+/// # Safety
+/// `node` is a `PgkvxLimitScan` state that has begun, and not lent now.
+pub(super) unsafe fn set_cut(node: *mut pg_sys::CustomScanState, cut: Option<pgkvx_latch::KeyBuf>) {
+    // SAFETY: the caller's contract; `cut` is a Cell of the NodeState
+    // outside the runtime, so no lend of the runtime aliases it.
+    unsafe {
+        with_runtime(node, |rt| {
+            rt.cut = cut;
+            rt.stopped = false;
+        });
+        (*(node as *mut NodeState)).cut.set(cut);
+    }
+}
+
+/// A begun node's cut, read without lending its runtime.
+///
+/// # Safety
+/// `node` is a `PgkvxLimitScan` state that has begun.
+pub(super) unsafe fn cut_of_node(node: *mut pg_sys::CustomScanState) -> Option<pgkvx_latch::KeyBuf> {
+    // SAFETY: the caller's contract: `node` is a NodeState; a shared read
+    // of a Cell no `&mut NodeRuntime` covers.
+    unsafe { (*(node as *const NodeState)).cut.get() }
 }
 
 /// Lends a begun node's runtime to `f` for the length of the call: the

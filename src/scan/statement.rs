@@ -122,7 +122,9 @@ pub unsafe fn cut_of(estate: *mut pg_sys::EState, cs: *mut pg_sys::CustomScan) -
     // SAFETY: a listed statement's nodes are its begun guard nodes.
     unsafe {
         let n = (*st).nodes.iter().copied().find(|&n| (*n).ss.ps.plan == cs as *mut pg_sys::Plan)?;
-        runtime::with_runtime(n, |rt| rt.cut)
+        // Not lent: this runs where EvalPlanQual begins its copy of the
+        // plan, maybe inside user code a lend of `n` runs (its bounds).
+        runtime::cut_of_node(n)
     }
 }
 
