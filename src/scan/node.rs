@@ -114,9 +114,13 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
             (ScanPosition::Anywhere, Some(l)) if !plan.tree && !explain_only => key_source_of(child, &l.key),
             _ => None,
         };
+        // EvalPlanQual's copy of the plan re-checks one row at a time for
+        // row locks, and no statement reads what it touched.  Its scan
+        // hands a locked relation's row up from EvalPlanQual's own slot,
+        // leaving its scan slot empty: nothing there to remember.
         let seen = match &latched {
-            Some(l) => seen_for(&position, key_source.as_ref(), &plan, &l.key),
-            None => Seen::Off,
+            Some(l) if (*estate).es_epq_active.is_null() => seen_for(&position, key_source.as_ref(), &plan, &l.key),
+            _ => Seen::Off,
         };
         NodeState::start(
             node,
