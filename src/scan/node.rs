@@ -156,12 +156,7 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         if !list_iter::<pg_sys::Expr>((*cs).custom_exprs).all(plain) {
             with_runtime(node, |rt| rt.bound_states(node));
         }
-        // EvalPlanQual's copy of a locked read stops where the read does:
-        // a re-checked row's new version may carry a key past its cut.
-        let epq = (*estate).es_epq_active;
-        if !epq.is_null() {
-            super::runtime::set_cut(node, super::statement::cut_of((*epq).parentestate, cs));
-        }
+        take_parents_cut(node, estate, cs);
         // Rows come straight from `exec_node`, not through ExecCustomScan:
         // one indirect call and one interrupt check fewer per row (the
         // child's ExecScan checks for interrupts at every row itself).
@@ -169,6 +164,26 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
         // ExecInitNode installs whatever is here once we return, behind
         // its first-call and instrumentation wrappers.
         (*ps).ExecProcNode = Some(exec_node);
+    }
+}
+
+/// EvalPlanQual's copy of a locked read stops where the read does: a
+/// re-checked row's new version may carry a key past its cut.
+///
+/// # Safety
+/// `node` has begun in `estate`, for plan `cs`.
+unsafe fn take_parents_cut(
+    node: *mut pg_sys::CustomScanState,
+    estate: *mut pg_sys::EState,
+    cs: *mut pg_sys::CustomScan,
+) {
+    // SAFETY: the caller's contract; `es_epq_active` is null or the live
+    // EvalPlanQual state whose parent executor runs the read.
+    unsafe {
+        let epq = (*estate).es_epq_active;
+        if !epq.is_null() {
+            super::runtime::set_cut(node, super::statement::cut_of((*epq).parentestate, cs));
+        }
     }
 }
 
