@@ -336,24 +336,25 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) 
     }
 }
 
-/// The rows of a scan with a cut ([`NodeRuntime::cut`]): each row's key is
-/// read from the row the scan examined, rows at or past the cut are left
-/// out, and a scan moving up the key ends at the first of them.  A plain
-/// old frame like `node.rs`'s `exec_node`, on whose per-row path it runs.
+/// The rows of a scan with cut `cut` (`runtime::set_cut`): each row's
+/// key is read from the row the scan examined, rows at or past the cut are
+/// left out, and a scan moving up the key ends at the first of them.  A
+/// plain old frame like `node.rs`'s `exec_node`, on whose per-row path it
+/// runs.
 ///
 /// # Safety
-/// `rt` is a begun node's runtime with a cut and an ordered position;
-/// `slot` is what its child returned last.
+/// `rt` is a begun node's runtime with an ordered position; `slot` is
+/// what its child returned last.
 #[inline(never)]
 pub(super) unsafe fn cut_rows(
     rt: &mut NodeRuntime,
     mut slot: *mut pg_sys::TupleTableSlot,
+    cut: pgkvx_latch::KeyBuf,
 ) -> *mut pg_sys::TupleTableSlot {
-    let Some(cut) = rt.cut else { return slot };
     // Not a clone of the Rc: the child's ERROR longjmps over this frame,
     // which must own nothing with a destructor.
     let Some(latched) = rt.latched.as_ref().map(Rc::as_ptr) else { return slot };
-    // SAFETY: `rt` is begun with a cut and an ordered position (the caller's contract), and `slot` is
+    // SAFETY: `rt` is begun with an ordered position (the caller's contract), and `slot` is
     // what its child returned last: the child's slots are live until it runs again.  `latched` is
     // the runtime's own registration, set when the node began and never replaced while it lives.
     unsafe {

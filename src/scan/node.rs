@@ -16,7 +16,7 @@
 use super::explain::explain;
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use super::position::{key_source_of, position_of, ScanPosition};
-use super::runtime::{note_key, seen_for, with_runtime, FenceAtStart, NodeRuntime, NodeState, Seen};
+use super::runtime::{cut_of_node, note_key, seen_for, with_runtime, FenceAtStart, NodeRuntime, NodeState, Seen};
 use crate::pg::raw;
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::read::run::CutRule;
@@ -140,7 +140,6 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
                 touched_later: Vec::new(),
                 statement: None,
                 fence_at_start: None,
-                cut: None,
                 epq: (*estate).es_epq_active,
                 stopped: false,
                 one_table: std::cell::Cell::new(None),
@@ -221,9 +220,13 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
             rescan_child(child);
         }
         let slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
+        let cut = cut_of_node(node);
         with_runtime(node, |rt| {
             rt.last = slot;
-            let slot = if rt.cut.is_some() { super::cut::cut_rows(rt, slot) } else { slot };
+            let slot = match cut {
+                Some(cut) => super::cut::cut_rows(rt, slot, cut),
+                None => slot,
+            };
             match &mut rt.seen {
                 Seen::Off => {}
                 Seen::Tid { slot: scan_slot, tid } => {
@@ -288,17 +291,10 @@ unsafe extern "C-unwind" fn fence_at_start(node: *mut pg_sys::CustomScanState) {
                     may(CutRule::LastResort).then_some(CutRule::LastResort)
                 }
             });
-            let mut cut = fence.cut.clone();
-            if let Some(checked) = fence.report.checked.as_ref().filter(|_| locked.get()) {
-                let past = super::probe::stop_past_checked(checked, rel);
-                if !past.is_empty() {
-                    let (mut fp, rule) = cut.map_or((Vec::new(), None), |(fp, r)| (fp, Some(r)));
-                    fp.extend(past);
-                    cut = Some((fp, run::widest(rule, CutRule::LastResort)));
-                }
-            }
-            if let Some((cut, rule)) = &cut {
-                super::cut::apply_cut(&[node], cut, *rule);
+            let (mut cut, rule) = fence.cut.clone().map_or((Vec::new(), None), |(fp, r)| (fp, Some(r)));
+            let locked: &[_] = if locked.get() { &[rel] } else { &[] };
+            if let Some(rule) = super::probe::stop_locked(&mut cut, rule, fence.report.checked.as_ref(), locked) {
+                super::cut::apply_cut(&[node], &cut, rule);
             }
             if let Some(st) = with_runtime(node, |rt| rt.statement.clone()) {
                 st.borrow_mut().record(fence.report, fence.wait_us, fence.waited);

@@ -515,11 +515,35 @@ pub unsafe fn probe_started(
     }
 }
 
-/// Where a locked read's scan must stop (module doc): a cut of its table
-/// `rel` from the end of the spans `checked` holds of it -- what its fence
-/// found clean -- to +∞.  Nothing when the fence checked its table to +∞
-/// (nobody was writing there), or nothing of it (its cut stops it sooner).
-pub fn stop_past_checked(checked: &Footprint, rel: pgkvx_latch::RelId) -> Footprint {
+/// Adds to a fenced read's cut `cut`, applied by `rule` (None: no cut),
+/// where each locked read of `rels` must stop (module doc), and returns the
+/// rule to apply it by.  `checked` is what the fence found clean last.  A
+/// stop is a tail stopping short, so it is applied by
+/// [`CutRule::LastResort`] at the least -- which a locked shape allows
+/// before it is probed.
+pub fn stop_locked(
+    cut: &mut Footprint,
+    rule: Option<CutRule>,
+    checked: Option<&Footprint>,
+    rels: &[pgkvx_latch::RelId],
+) -> Option<CutRule> {
+    let Some(checked) = checked else { return rule };
+    let mut rule = rule;
+    for &rel in rels {
+        let past = stop_past_checked(checked, rel);
+        if !past.is_empty() {
+            cut.extend(past);
+            rule = Some(crate::read::run::widest(rule, CutRule::LastResort));
+        }
+    }
+    rule
+}
+
+/// Where a locked read's scan must stop: a cut of its table `rel` from
+/// the end of the spans `checked` holds of it -- what its fence found
+/// clean -- to +∞.  Nothing when the fence checked its table to +∞ (nobody
+/// was writing there), or nothing of it (its cut stops it sooner).
+fn stop_past_checked(checked: &Footprint, rel: pgkvx_latch::RelId) -> Footprint {
     let end = checked.iter().filter(|(r, _)| *r == rel).map(|(_, s)| s.end).max();
     match end {
         Some(end) if end != pgkvx_latch::KeyBuf::INFINITE => {

@@ -37,9 +37,11 @@ pub struct NodeState {
     drop_cb: pg_sys::MemoryContextCallback,
     /// Whether [`with_runtime`] has lent `runtime` out now (false zeroed).
     lent: std::cell::Cell<bool>,
-    /// The runtime's cut, for EvalPlanQual's copy of this node to read
-    /// ([`cut_of_node`]) without lending the runtime: that copy begins
-    /// while Postgres runs user code, maybe inside a lend of this node.
+    /// The read stops before this key (the protocol's cut): rows at or
+    /// past it are left out, and a scan moving up the key ends there.
+    /// Outside the runtime, so that it is read without a lend
+    /// ([`cut_of_node`]): EvalPlanQual's copy of this node begins while
+    /// Postgres runs user code, maybe inside a lend of this node.
     cut: std::cell::Cell<Option<pgkvx_latch::KeyBuf>>,
 }
 
@@ -143,9 +145,6 @@ pub struct NodeRuntime {
     /// scan fences when it first runs, with this `after` for the
     /// statement's snapshot.
     pub(super) fence_at_start: Option<FenceAtStart>,
-    /// The read stops before this key (the protocol's cut): rows at or
-    /// past it are left out, and a scan moving up the key ends there.
-    pub(super) cut: Option<pgkvx_latch::KeyBuf>,
     /// In EvalPlanQual's copy of a plan (row locks re-checking a row a
     /// concurrent writer changed): its state, whose slot holds the row
     /// being re-checked, and the scan hands that row up without storing
@@ -380,7 +379,8 @@ impl NodeRuntime {
             *tid = pg_sys::ItemPointerData::default();
         }
         // Keys past the cut were left out: the read does not depend on them.
-        let cut = |t: Span| match self.cut {
+        // SAFETY: `node` is this runtime's node (the caller's contract).
+        let cut = |t: Span| match unsafe { cut_of_node(node) } {
             Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
             None => t,
         };
@@ -501,7 +501,7 @@ fn add_span(spans: &mut Vec<Span>, t: Span) {
     }
 }
 
-/// Gives a begun node its cut ([`NodeRuntime::cut`]): the scan goes on
+/// Gives a begun node its cut ([`NodeState`]'s `cut`): the scan goes on
 /// from where it is.
 ///
 /// # Safety
@@ -510,10 +510,7 @@ pub(super) unsafe fn set_cut(node: *mut pg_sys::CustomScanState, cut: Option<pgk
     // SAFETY: the caller's contract; `cut` is a Cell of the NodeState
     // outside the runtime, so no lend of the runtime aliases it.
     unsafe {
-        with_runtime(node, |rt| {
-            rt.cut = cut;
-            rt.stopped = false;
-        });
+        with_runtime(node, |rt| rt.stopped = false);
         (*(node as *mut NodeState)).cut.set(cut);
     }
 }

@@ -302,14 +302,9 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
         let ReadDecision::Stream { mut cut } = ran.decision else { unreachable!("fenced reads never buffer") };
         let mut rule = fenced.rule.unwrap_or(CutRule::Strict);
         // A locked read stops past what its fence checked (probe.rs).
-        if let (Some(Some(shapes)), Some(checked)) = (&shapes, &ran.report.checked) {
-            for rel in probe::locked_rels(&guards.0, shapes) {
-                let past = probe::stop_past_checked(checked, rel);
-                if !past.is_empty() {
-                    cut.extend(past);
-                    rule = run::widest(Some(rule), CutRule::LastResort);
-                }
-            }
+        if let Some(Some(shapes)) = &shapes {
+            let locked = probe::locked_rels(&guards.0, shapes);
+            rule = probe::stop_locked(&mut cut, Some(rule), ran.report.checked.as_ref(), &locked).unwrap_or(rule);
         }
         let mut b = ran.base;
         let swapped = b.snap != (*qd).snapshot;
