@@ -15,9 +15,16 @@ poll that is a later statement of a REPEATABLE READ transaction, a
 `FOR UPDATE` batch, an outbox relay's `DELETE ... RETURNING`).  Per kind
 and table: statements, errors by SQLSTATE, p50/p99 latency and the ratio
 to the plain table; per consumer: rows skipped (the plain table's must be
-more than zero, or the run proves nothing).  Each scan mode in turn.
+more than zero, or the run proves nothing) and lag, from a row's commit to
+its delivery.  Each scan mode in turn.
 
-    bench/run --neighbours [--seconds 30] [--modes optimistic,fenced] [--out DIR]
+`--idle-writer` runs the consumers alone, twice per mode: once as above and
+once beside a writer that holds a latch far past every consumer's rows and
+sits idle in its transaction for 5 s at a time (then rolls back).  A
+consumer that waits only for writers behind its rows keeps its lag; one
+that waits for every writer in its declared span takes up to 5 s more.
+
+    bench/run --neighbours [--seconds 30] [--modes optimistic,fenced] [--idle-writer] [--out DIR]
 """
 import argparse
 import json
@@ -61,6 +68,7 @@ class Shared:
         self.lock = threading.Lock()
         self.committed = {t: set() for t in TABLES}
         self.outbox = {t: set() for t in TABLES}
+        self.commit_at = {}  # (table, id) -> perf_counter() after its commit
         self.fatal = []
 
 
@@ -76,12 +84,37 @@ def producer(sh, t, seed):
                     time.sleep(rnd.random() * 0.002)
                 (ob,) = c.execute(f"INSERT INTO {t}_outbox (event) VALUES (%s) RETURNING id", (ids[-1],)).fetchone()
                 c.commit()
+                now = time.perf_counter()
                 with sh.lock:
                     sh.committed[t].update(ids)
                     sh.outbox[t].add(ob)
+                    sh.commit_at.update({(t, i): now for i in ids})
+                    sh.commit_at[(f"{t}_outbox", ob)] = now
                 time.sleep(0.002 + rnd.random() * 0.003)
     except Exception as e:  # noqa: BLE001 - the report says
         sh.fatal.append(f"producer {t}: {e!r}")
+
+
+IDLE_KEY = 10 ** 15  # far past any key a run draws: past every consumer's rows
+IDLE_SECONDS = 5
+
+
+def idle_writer(sh, t):
+    """A writer past every consumer's rows: latches a key far ahead in the
+    table and its outbox, sits idle in its transaction, rolls back."""
+    try:
+        with common.connect(autocommit=False) as c:
+            while not sh.stop.is_set():
+                if t == "nb_latched":
+                    for table in (t, f"{t}_outbox"):
+                        c.execute("SELECT pgkvx.latch_span(%s, %s, %s)", (table, str(IDLE_KEY), str(IDLE_KEY + 1)))
+                else:  # the same idle transaction id, with nothing to latch
+                    c.execute("SELECT pg_current_xact_id()")
+                sh.stop.wait(IDLE_SECONDS)
+                c.rollback()
+                sh.stop.wait(0.2)
+    except Exception as e:  # noqa: BLE001 - the report says
+        sh.fatal.append(f"idle writer {t}: {e!r}")
 
 
 def other_reads(t, rnd, head):
@@ -167,7 +200,7 @@ def consumer_sql(t, shape):
 
 
 def consumer(sh, t, shape, mode, out):
-    lat, errs, got = [], {}, []
+    lat, errs, got, lag = [], {}, [], []
     name = f"{shape}/{mode}"
     relay = shape.startswith("relay")
     with common.connect(scan_mode=mode, autocommit=False) as c:
@@ -193,23 +226,33 @@ def consumer(sh, t, shape, mode, out):
                 errs[e.sqlstate] = errs.get(e.sqlstate, 0) + 1
                 c.rollback()
                 continue
+            now = time.perf_counter()
             if not sh.stop.is_set():
-                lat.append((time.perf_counter() - t0) * 1000)
+                lat.append((now - t0) * 1000)
+                with sh.lock:
+                    lag.extend(max(now - sh.commit_at[(table, i)], 0) * 1000 for i in ids
+                               if (table, i) in sh.commit_at)
             got.extend(ids)
             if sh.stop.is_set():
                 idle = idle + 1 if not ids else 0
             elif not ids:
                 time.sleep(0.001)
-    out[(t, shape)] = {"latency_ms": lat, "errors": errs, "got": got, "start": start, "cursor": cursor}
+    out[(t, shape)] = {"latency_ms": lat, "errors": errs, "got": got, "start": start, "cursor": cursor,
+                       "lag_ms": lag}
 
 
-def phase(mode, seconds):
+def phase(mode, seconds, idle=None):
+    """One run: `idle` None runs everything; False or True only the
+    consumers, without or beside the idle writer."""
     sh = Shared()
     out = {}
     threads = [threading.Thread(target=producer, args=(sh, t, i)) for t in TABLES for i in range(3)]
     for t in TABLES:
-        for i, name in enumerate(other_reads(t, random.Random(0), lambda: SEED_ROWS)):
-            threads.append(threading.Thread(target=reader, args=(sh, t, name, mode, out, i)))
+        if idle is None:
+            for i, name in enumerate(other_reads(t, random.Random(0), lambda: SEED_ROWS)):
+                threads.append(threading.Thread(target=reader, args=(sh, t, name, mode, out, i)))
+        if idle:
+            threads.append(threading.Thread(target=idle_writer, args=(sh, t)))
         for shape in CONSUMERS:
             threads.append(threading.Thread(target=consumer, args=(sh, t, shape, mode, out)))
     common.log(f"{mode}: {len(threads)} sessions for {seconds:g} s")
@@ -232,12 +275,16 @@ def phase(mode, seconds):
             row["rows"] = len(r["got"])
             row["skipped"] = sum(1 for i in committed if r["start"] < i <= r["cursor"] and i not in seen)
             row["duplicates"] = len(r["got"]) - len(seen)
+            row["lag_p50_ms"] = common.percentile(r["lag_ms"], 50)
+            row["lag_p99_ms"] = common.percentile(r["lag_ms"], 99)
             row["consumer"] = True
         rows.append(row)
     return rows
 
 
 def markdown(result):
+    if "idle" in result:
+        return idle_markdown(result)
     lines = [f"# pgkvx neighbours: {result['started']}", "",
              f"PostgreSQL {result['server']}, pgkvx at {result['git']}; {result['seconds']:g} s per mode; "
              "3 producers per table; every kind one session per table, both tables at once.", ""]
@@ -261,10 +308,39 @@ def markdown(result):
     return "\n".join(lines)
 
 
+def idle_markdown(result):
+    """Consumers' lag without and beside the idle writer, per mode."""
+    lines = [f"# pgkvx neighbours, idle writer: {result['started']}", "",
+             f"PostgreSQL {result['server']}, pgkvx at {result['git']}; {result['seconds']:g} s per run; "
+             "3 producers per table; the consumers only, one session per kind and table.", "",
+             "## Lag beside a writer idle past the consumers' rows", "",
+             f"A writer latches a key far past every consumer's rows and sits idle in its transaction for "
+             f"{IDLE_SECONDS} s at a time. Lag is from a row's commit to its delivery.", ""]
+    f = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
+    r = lambda a, b: "–" if not a or not b else f"{a / b:.2f}"  # noqa: E731
+    for mode in result["idle"]:
+        lines += [f"### `pgkvx.scan_mode = {mode}`", "",
+                  "| consumer | lag p50 ms latched: alone / beside idle | ratio | lag p99 ms latched: alone / beside "
+                  "idle | ratio | lag p50 / p99 ms plain, beside idle | skipped latched / plain |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        alone = {(x["table"], x["kind"]): x for x in result["modes"][mode]}
+        beside = {(x["table"], x["kind"]): x for x in result["idle"][mode]}
+        for kind in CONSUMERS:
+            a, b, p = alone[("nb_latched", kind)], beside[("nb_latched", kind)], beside[("nb_plain", kind)]
+            lines.append(f"| {kind} | {f(a['lag_p50_ms'])} / {f(b['lag_p50_ms'])} | "
+                         f"{r(b['lag_p50_ms'], a['lag_p50_ms'])} | {f(a['lag_p99_ms'])} / {f(b['lag_p99_ms'])} | "
+                         f"{r(b['lag_p99_ms'], a['lag_p99_ms'])} | {f(p['lag_p50_ms'])} / {f(p['lag_p99_ms'])} | "
+                         f"{b['skipped']} / {p['skipped']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--modes", default="optimistic,fenced")
+    ap.add_argument("--idle-writer", action="store_true",
+                    help="consumers only, alone and beside a writer idle past their rows")
     ap.add_argument("--out", default=f"{common.BENCH}/results")
     return ap.parse_args(argv)
 
@@ -276,20 +352,26 @@ def main(argv):
         server = c.execute("SHOW server_version").fetchone()[0]
     result = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "server": server, "git": common.git_head(),
               "seconds": args.seconds, "modes": {}}
+    if args.idle_writer:
+        result["idle"] = {}
     for mode in args.modes.split(","):
-        result["modes"][mode] = phase(mode, args.seconds)
+        result["modes"][mode] = phase(mode, args.seconds, False if args.idle_writer else None)
         setup()
+        if args.idle_writer:
+            result["idle"][mode] = phase(mode, args.seconds, True)
+            setup()
+    kind = "-idle-writer" if args.idle_writer else ""
     started, base = common.report_base(argparse.Namespace(out=args.out, replica_delay=None, durable=False),
-                                       f"-pg{server.split('.')[0]}-neighbours")
+                                       f"-pg{server.split('.')[0]}-neighbours{kind}")
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(base + ".md", "w") as f:
         f.write(markdown(result) + "\n")
     common.log(f"wrote {base}.md")
     print(markdown(result))
-    plain_skips = sum(r.get("skipped", 0) for rows in result["modes"].values() for r in rows
-                      if r["table"] == "nb_plain")
-    latched_bad = sum(r.get("skipped", 0) + r.get("duplicates", 0) for rows in result["modes"].values()
+    runs = [*result["modes"].values(), *result.get("idle", {}).values()]
+    plain_skips = sum(r.get("skipped", 0) for rows in runs for r in rows if r["table"] == "nb_plain")
+    latched_bad = sum(r.get("skipped", 0) + r.get("duplicates", 0) for rows in runs
                       for r in rows if r["table"] == "nb_latched")
     if plain_skips == 0:
         common.log("the plain table's consumers skipped nothing: this run proves nothing about skips")

@@ -11,7 +11,11 @@
 //!   the limit; the touched span T is what the read looked at; check T.
 //!   Clean → the buffered rows are the answer.  Conflict → wait for the
 //!   conflicting holders, take a fresh snapshot, read again.  After
-//!   `retries` conflicts, go fenced.  With `declared_first` (large
+//!   `retries` conflicts, go fenced; where that read cannot probe its end,
+//!   it stops past the furthest key its attempts touched (`stop_past`, as a
+//!   last resort would) instead of fencing all of D: the attempts showed
+//!   how far it reads, and a writer past that is no more its business
+//!   than one past an optimistic read's T.  With `declared_first` (large
 //!   limits), check D before reading: when nothing in D conflicts the scan
 //!   streams and buffers nothing; otherwise it reads and checks T as above.
 //! - fenced: check D before reading, wait and refresh until D is clean,
@@ -177,6 +181,28 @@ pub trait Env {
     fn last_resort_cut(&mut self, _conflicts: &[Conflict]) -> Option<Footprint> {
         None
     }
+    /// An optimistic read gone fenced whose end cannot be probed: the keys
+    /// to leave out so that every read stops past `touched`, the furthest
+    /// its attempts looked (per table, from the end of its last touched
+    /// span on), as [`Env::last_resort_cut`] would allow -- or None, and
+    /// the fallback fences its declared span.
+    fn stop_past(&mut self, _touched: &Footprint) -> Option<Footprint> {
+        None
+    }
+}
+
+/// Per table, the keys past the furthest `touched` reaches: from the end
+/// of its last span on (nothing for a table touched to +∞).
+pub fn past(touched: &Footprint) -> Footprint {
+    let mut out: Footprint = Vec::new();
+    for (rel, s) in touched {
+        match out.iter_mut().find(|(r, _)| r == rel) {
+            Some((_, c)) => c.start = c.start.max(s.end),
+            None => out.push((*rel, Span { start: s.end, end: Span::ALL.end })),
+        }
+    }
+    out.retain(|(_, c)| !c.is_empty());
+    out
 }
 
 /// The part of `fp` outside `cut`, per table (a cut is a span from its
@@ -213,6 +239,10 @@ pub fn run<E: Env>(
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut failures = 0u32;
     let mut later_rounds = 0u32;
+    // What the optimistic attempts touched, and where a fenced fallback
+    // that cannot probe its end stops instead (kept across its rounds).
+    let mut touched: Footprint = Vec::new();
+    let mut stop: Footprint = Vec::new();
     let first_after = env.first_after();
     if mode == ReadMode::Optimistic && p.declared_first && declared_is_clean(env, declared(), &mut conflicts, report) {
         return ReadOutcome::Stream { cut };
@@ -220,7 +250,11 @@ pub fn run<E: Env>(
     loop {
         let fp = match mode {
             ReadMode::Optimistic => match env.read_buffered(&cut) {
-                Some(fp) => without(&fp, &cut),
+                Some(fp) => {
+                    let fp = without(&fp, &cut);
+                    touched.extend(fp.iter().copied());
+                    fp
+                }
                 None => {
                     report.overflowed = true;
                     report.fell_back = true;
@@ -242,6 +276,20 @@ pub fn run<E: Env>(
                 conflicts.clear();
                 c = env.check(&fp, &mut conflicts);
                 report.validations += 1;
+            } else if stop.is_empty() && !touched.is_empty() {
+                // No probe, but the attempts showed how far the read goes:
+                // it stops there rather than wait for writers anywhere in
+                // D (a consumer at the head would wait for every writer
+                // past its rows, idle ones too).
+                if let Some(s) = env.stop_past(&touched).filter(|s| !s.is_empty()) {
+                    report.cuts += 1;
+                    stop = s;
+                    cut.extend(stop.iter().copied());
+                    fp = without(&declared(), &cut);
+                    conflicts.clear();
+                    c = env.check(&fp, &mut conflicts);
+                    report.validations += 1;
+                }
             }
         }
         if c.clean() {
@@ -288,7 +336,7 @@ pub fn run<E: Env>(
             }
         }
         wait_and_refresh(env, &conflicts, earlier, first_after, report);
-        cut.clear();
+        cut.clone_from(&stop);
         if mode == ReadMode::Optimistic {
             failures += 1;
             report.retries += 1;
@@ -429,6 +477,11 @@ mod tests {
         probed: u32,
         /// What its later probe finds.
         later: Option<Footprint>,
+        /// A writer idle at `[20, 21)` until it is waited for, met
+        /// wherever a check reaches it.
+        idle: Option<Xid>,
+        /// Whether a fallback may stop past what the attempts touched.
+        stops: bool,
     }
 
     fn span(a: u8, b: u8) -> Span {
@@ -444,9 +497,14 @@ mod tests {
         }
         fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
             self.checks += 1;
+            let idle = span(20, 21);
+            let ended = |x: &Xid| self.waited.contains(x);
+            if let Some(x) = self.idle.filter(|x| !ended(x) && fp.iter().any(|(_, s)| s.overlaps(&idle))) {
+                out.push(Conflict { xid: x, rel: fp[0].0, span: fp[0].1, at: idle, live: true });
+            }
             let at = span(5, 6);
             if self.checks > self.conflicted || !fp.iter().any(|(_, s)| s.overlaps(&at)) {
-                return Check::default();
+                return Check { conflicted: !out.is_empty() };
             }
             out.push(Conflict { xid: self.holder, rel: fp[0].0, span: fp[0].1, at, live: true });
             Check { conflicted: true }
@@ -470,6 +528,9 @@ mod tests {
         fn later_ends(&mut self) -> Option<Footprint> {
             self.later.clone()
         }
+        fn stop_past(&mut self, touched: &Footprint) -> Option<Footprint> {
+            self.stops.then(|| past(touched))
+        }
     }
 
     fn upward(conflicts: &[Conflict]) -> Footprint {
@@ -489,6 +550,8 @@ mod tests {
             probe: None,
             probed: 0,
             later: None,
+            idle: None,
+            stops: false,
         }
     }
 
@@ -659,6 +722,40 @@ mod tests {
         let mut report = ReadReport::default();
         run(&mut env, &mut d.clone(), &params(ReadMode::Optimistic, false), &mut report);
         assert_eq!(env.probed, 0);
+    }
+
+    #[test]
+    fn a_fallback_that_cannot_probe_stops_past_what_its_attempts_touched() {
+        // The attempts touch [1, 9) and keep meeting writers at 5 until
+        // they go fenced; a writer sits idle at 20, past every row.  The
+        // fenced fallback cannot probe its end: where it may stop past
+        // what the attempts touched it does, and never waits for the idle
+        // writer; where it may not, it fences the declared span and does.
+        let d = || vec![(RelId::new(1, 1), Span::ALL)];
+        let stop = vec![(RelId::new(1, 1), Span { start: span(1, 9).end, end: Span::ALL.end })];
+        for (stops, waits_for_idle, cut) in [(true, false, stop), (false, true, Vec::new())] {
+            let mut env = scripted(3, 9, false);
+            env.idle = Some(Xid(10));
+            env.stops = stops;
+            let mut report = ReadReport::default();
+            let out = run(&mut env, &mut d.clone(), &params(ReadMode::Optimistic, false), &mut report);
+            assert!(report.fell_back, "stops {stops}");
+            assert_eq!(out, ReadOutcome::Stream { cut }, "stops {stops}");
+            assert_eq!(env.waited.contains(&Xid(10)), waits_for_idle, "stops {stops}: {:?}", env.waited);
+        }
+    }
+
+    #[test]
+    fn past_starts_where_the_furthest_touched_span_ends() {
+        let (a, b) = (RelId::new(1, 1), RelId::new(1, 2));
+        let t = vec![
+            (a, span(1, 3)),
+            (a, span(5, 9)),
+            (b, span(2, 4)),
+            (b, Span { start: span(7, 8).start, end: Span::ALL.end }),
+        ];
+        assert_eq!(past(&t), vec![(a, Span { start: span(5, 9).end, end: Span::ALL.end })]);
+        assert!(past(&Vec::new()).is_empty());
     }
 
     #[test]

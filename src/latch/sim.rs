@@ -256,6 +256,11 @@ impl Env for Poll<'_> {
         let start = conflicts.iter().map(|c| c.at.start).min()?;
         Some(vec![(REL, Span { start, end: KeyBuf::INFINITE })])
     }
+
+    fn stop_past(&mut self, touched: &Footprint) -> Option<Footprint> {
+        // Nor does it have to go further than its attempts looked.
+        Some(protocol::past(touched))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

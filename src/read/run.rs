@@ -33,6 +33,13 @@ pub trait Reader {
     fn last_resort_cut(&mut self, _conflicts: &[Conflict]) -> Option<Footprint> {
         None
     }
+    /// Where its reads would stop to go no further than `touched`, the
+    /// furthest its optimistic attempts looked (the protocol's
+    /// `stop_past`), by [`CutRule::LastResort`]; None when one of them is
+    /// no tail up the key.
+    fn stop_past(&mut self, _touched: &Footprint) -> Option<Footprint> {
+        None
+    }
     /// Fenced: the spans it will return rows from at `base` (see the latch
     /// core's `protocol`, the probe); None when it cannot tell before
     /// reading.
@@ -187,6 +194,14 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
             return None;
         }
         self.reader.last_resort_cut(conflicts)
+    }
+
+    fn stop_past(&mut self, touched: &Footprint) -> Option<Footprint> {
+        // As a last-resort cut: only a statement that chooses its snapshot.
+        if !self.may_cut_last {
+            return None;
+        }
+        self.reader.stop_past(touched)
     }
 
     fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {

@@ -213,18 +213,23 @@ unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> (Footprint, Fo
 }
 
 impl OptimisticAttempts {
-    fn cut_by(&mut self, rule: CutRule, conflicts: &[Conflict]) -> Option<Footprint> {
+    /// Whether every guard, and the statement, allow a cut by `rule`; if
+    /// so the cut is applied by it.
+    fn may_cut(&mut self, rule: CutRule) -> bool {
         // SAFETY: our statement's QueryDesc, started and run once: its
         // guard nodes have begun.
         let ok = unsafe {
             plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, rule))
                 && cut::statement_may_cut((*self.qd).plannedstmt, self.sole_root, rule)
         };
-        if !ok {
-            return None;
+        if ok {
+            self.rule = Some(crate::read::run::widest(self.rule, rule));
         }
-        self.rule = Some(crate::read::run::widest(self.rule, rule));
-        Some(crate::read::run::cut_upward(conflicts))
+        ok
+    }
+
+    fn cut_by(&mut self, rule: CutRule, conflicts: &[Conflict]) -> Option<Footprint> {
+        self.may_cut(rule).then(|| crate::read::run::cut_upward(conflicts))
     }
 
     /// The rule to apply the cut the protocol settled on with.
@@ -240,6 +245,10 @@ impl Reader for OptimisticAttempts {
 
     fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
         self.cut_by(CutRule::LastResort, conflicts)
+    }
+
+    fn stop_past(&mut self, touched: &Footprint) -> Option<Footprint> {
+        self.may_cut(CutRule::LastResort).then(|| pgkvx_latch::protocol::past(touched))
     }
 
     fn later_ends(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {

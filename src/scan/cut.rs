@@ -156,7 +156,11 @@ pub unsafe fn may_cut_last_resort(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sy
 ///
 /// # Safety
 /// `sort` and `cs` are valid plan nodes, `cs` the sort's child.
-unsafe fn sorts_by_key(sort: *mut pg_sys::Sort, cs: *mut pg_sys::CustomScan, key: &crate::keys::KeyDesc) -> bool {
+pub(super) unsafe fn sorts_by_key(
+    sort: *mut pg_sys::Sort,
+    cs: *mut pg_sys::CustomScan,
+    key: &crate::keys::KeyDesc,
+) -> bool {
     // SAFETY: the caller's contract: `sort` and `cs` are valid plan nodes, `cs` the sort's child. Arrays hold
     // numCols entries; target entries and
     // their expressions are checked by tag.

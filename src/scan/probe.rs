@@ -19,7 +19,12 @@
 //! with no filter anywhere between the scan and a LIMIT of such a count
 //! (only projections and subquery scans between).  Any filter (a qual, a
 //! row-level security policy) could make the scan go further than the
-//! probe did.  Everything else fences its declared span, as before.
+//! probe did.  Or the guard sits on a seq scan under a Sort by the key,
+//! whose every filter qual compares a key column in that way: the plan
+//! PostgreSQL picks for a small table, such as an outbox its relay keeps
+//! nearly empty.  The Sort hands up the first rows in key order of those
+//! the filter passes, which are the rows the key index returns for the
+//! same quals.  Everything else fences its declared span, as before.
 //!
 //! Row locks (`FOR UPDATE` and the like) would make it go further too:
 //! LockRows drops a row a concurrent writer deleted, or whose new version
@@ -114,7 +119,7 @@ unsafe fn shape_of(
     // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
     // parameters.
     unsafe {
-        let Probeable { indexqual, want, locked } = probeable(stmt, g.cs, &g.plan, latched, params)?;
+        let Probeable { quals, want, locked } = probeable(stmt, g.cs, &g.plan, latched, params)?;
         if locked {
             let (order, open_above) = (cut::order_by_plan(g), guards::open_above(&g.plan, &latched.key));
             if !cut::may_stop_early(stmt, g.cs, &latched.key, order, open_above, CutRule::LastResort)
@@ -123,7 +128,7 @@ unsafe fn shape_of(
                 return None;
             }
         }
-        let keys = scan_keys(latched.key.index, indexqual, params)?;
+        let keys = scan_keys(&latched.key, quals, params)?;
         Some(Shape { guard: 0, keys, want, locked })
     }
 }
@@ -132,9 +137,22 @@ unsafe fn shape_of(
 /// rows its LIMIT takes (None: no LIMIT), and whether row locks lie
 /// between them.
 struct Probeable {
-    indexqual: *mut pg_sys::List,
+    quals: Quals,
     want: Option<u64>,
     locked: bool,
+}
+
+/// Where a probeable read's key quals are.
+#[derive(Clone, Copy)]
+enum Quals {
+    /// An index scan of the key index: its index quals, index columns on
+    /// the left.
+    Index(*mut pg_sys::List),
+    /// A scan under a Sort by the key (a small table's seq scan): its
+    /// filter, each qual a comparison of a key column, table columns on
+    /// the left.  The Sort hands up the first rows in key order of those
+    /// the filter passes: what the key index returns for the same quals.
+    Filter(*mut pg_sys::List),
 }
 
 /// Whether the read of guard `cs` (planned as `plan`) over `latched` ends
@@ -165,35 +183,45 @@ unsafe fn probeable(
             }
             p = (*p).lefttree;
         }
-        let (indexid, indexqual, dir) = match node_tag(p as *const Node) {
+        let forward = pg_sys::ScanDirection::ForwardScanDirection;
+        let (indexid, quals, dir) = match node_tag(p as *const Node) {
             pg_sys::NodeTag::T_IndexScan => {
                 let s = p as *mut pg_sys::IndexScan;
                 if !(*s).indexorderby.is_null() {
                     return None;
                 }
-                ((*s).indexid, (*s).indexqual, (*s).indexorderdir)
+                ((*s).indexid, Quals::Index((*s).indexqual), (*s).indexorderdir)
             }
             pg_sys::NodeTag::T_IndexOnlyScan => {
                 let s = p as *mut pg_sys::IndexOnlyScan;
                 if !(*s).indexorderby.is_null() {
                     return None;
                 }
-                ((*s).indexid, (*s).indexqual, (*s).indexorderdir)
+                ((*s).indexid, Quals::Index((*s).indexqual), (*s).indexorderdir)
             }
+            pg_sys::NodeTag::T_SeqScan => (latched.key.index, Quals::Filter((*p).qual), forward),
             _ => return None,
         };
-        if indexid != latched.key.index || dir != pg_sys::ScanDirection::ForwardScanDirection || !(*p).qual.is_null() {
+        if indexid != latched.key.index || dir != forward {
             return None;
         }
-        let (want, locked) = limit_above(stmt, cs, params)?;
-        Some(Probeable { indexqual, want, locked })
+        let (want, locked, sorted) = limit_above(stmt, cs, params, &latched.key)?;
+        match quals {
+            Quals::Index(_) if !(*p).qual.is_null() => return None,
+            // A locked read re-checks rows in the order its scan found
+            // them (docs/limitations.md): a sorted one is not probed.
+            Quals::Filter(_) if !sorted || locked => return None,
+            _ => {}
+        }
+        Some(Probeable { quals, want, locked })
     }
 }
 
 /// The rows the LIMIT over guard `cs` takes (count plus offset), with only
-/// projections, subquery scans and row locks between them, and whether
-/// row locks are among them; a count of None when nothing but those lies
-/// above it (no LIMIT: it reads to its bound); None for anything else.
+/// projections, subquery scans, row locks and a Sort by `key` right above
+/// the guard between them, and whether row locks and that Sort are among
+/// them; a count of None when nothing but those lies above it (no LIMIT:
+/// it reads to its bound); None for anything else.
 ///
 /// # Safety
 /// `stmt` is a valid PlannedStmt holding `cs`.
@@ -201,8 +229,9 @@ unsafe fn limit_above(
     stmt: *mut pg_sys::PlannedStmt,
     cs: *mut pg_sys::CustomScan,
     params: pg_sys::ParamListInfo,
-) -> Option<(Option<u64>, bool)> {
-    let mut locked = false;
+    key: &crate::keys::KeyDesc,
+) -> Option<(Option<u64>, bool, bool)> {
+    let (mut locked, mut sorted) = (false, false);
     // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     let path = unsafe { super::plan_walk::path_in_statement(stmt, cs) }?;
     // SAFETY: nodes of the statement's plan, cast after their tags are checked.
@@ -210,6 +239,7 @@ unsafe fn limit_above(
         for &p in path.iter().rev() {
             match node_tag(p as *const Node) {
                 pg_sys::NodeTag::T_Result | pg_sys::NodeTag::T_SubqueryScan if (*p).qual.is_null() => {}
+                pg_sys::NodeTag::T_Sort if cut::sorts_by_key(p as *mut pg_sys::Sort, cs, key) => sorted = true,
                 // Rows they drop, and new versions they hand up, are why
                 // a locked read stops past what it checked (module doc).
                 pg_sys::NodeTag::T_LockRows => locked = true,
@@ -228,34 +258,39 @@ unsafe fn limit_above(
                         (v, false) => (v.value() as i64).max(0) as u64,
                     };
                     let offset = guards::count_at_start((*l).limitOffset, params)?;
-                    return Some((Some(count.saturating_add(offset)), locked));
+                    return Some((Some(count.saturating_add(offset)), locked, sorted));
                 }
                 _ => return None,
             }
         }
     }
-    Some((None, locked))
+    Some((None, locked, sorted))
 }
 
-/// The scan keys of an index scan's `indexqual` (index columns on the
-/// left, as the planner leaves them), each a plain comparison with a
-/// constant or a client's parameter; None for any other qual (a row
-/// comparison, `= ANY`, `IS NULL`, a value the statement computes, a
-/// function whose value may change with the snapshot).
+/// The scan keys of the key index for `quals` (see [`Quals`]), each a
+/// plain comparison with a constant or a client's parameter; None for any
+/// other qual (a row comparison, `= ANY`, `IS NULL`, a value the statement
+/// computes, a function whose value may change with the snapshot, a
+/// filter on a column that is not the key's).
 ///
 /// # Safety
-/// `indexqual` is the index quals of a scan of index `indexid`.
+/// `quals` are those of a guarded scan of `key`'s table.
 unsafe fn scan_keys(
-    indexid: pg_sys::Oid,
-    indexqual: *mut pg_sys::List,
+    key: &crate::keys::KeyDesc,
+    quals: Quals,
     params: pg_sys::ParamListInfo,
 ) -> Option<Vec<pg_sys::ScanKeyData>> {
+    let indexid = key.index;
+    let (list, on_table) = match quals {
+        Quals::Index(l) => (l, false),
+        Quals::Filter(l) => (l, true),
+    };
     let mut out = Vec::new();
     // SAFETY: the caller's contract: `indexqual` is the index quals of a scan of index `indexid`. Nodes are
     // cast after their tags are checked;
     // catalog lookups only.
     unsafe {
-        for q in list_iter::<Node>(indexqual) {
+        for q in list_iter::<Node>(list) {
             if node_tag(q) != pg_sys::NodeTag::T_OpExpr {
                 return None;
             }
@@ -265,7 +300,20 @@ unsafe fn scan_keys(
             if node_tag(left) != pg_sys::NodeTag::T_Var {
                 return None;
             }
-            let attno = (*(left as *mut pg_sys::Var)).varattno;
+            let var = left as *mut pg_sys::Var;
+            let attno = if on_table {
+                // The key index's column of this table column, compared by
+                // an operator of its family under its collation: only then
+                // does the index scan pass what the filter passes.
+                let i = key.cols.iter().position(|c| c.attnum == (*var).varattno)?;
+                let col = &key.cols[i];
+                if !pg_sys::op_in_opfamily((*op).opno, col.opfamily) || !col.orders_like_key((*op).inputcollid) {
+                    return None;
+                }
+                i16::try_from(i + 1).ok()?
+            } else {
+                (*var).varattno
+            };
             let opfamily = pg_sys::get_opclass_family(pg_sys::get_index_column_opclass(indexid, i32::from(attno)));
             let (mut strategy, mut lefttype, mut righttype) = (0i32, pg_sys::InvalidOid, pg_sys::InvalidOid);
             pg_sys::get_op_opfamily_properties(

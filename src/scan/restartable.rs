@@ -4,8 +4,13 @@
 //! planned statement: anything that may write or call a volatile function,
 //! anywhere in the statement, makes it read fenced.
 //!
-//! Row locks in a CTE or a subquery count as side effects too (the
-//! statement's own `FOR UPDATE` is in its row marks).
+//! Row locks count as side effects where a second run could lock other
+//! rows than the first: the statement's own `FOR UPDATE` (its row marks:
+//! it locks the tail's rows), and a CTE's or subquery's on a latched table
+//! or with SKIP LOCKED.  A CTE that locks a row of another table -- a
+//! consumer's offsets row, `WITH o AS (SELECT c FROM offsets WHERE name =
+//! $1 FOR UPDATE)` -- may run twice: the second run locks the row the
+//! first holds, which no one can have changed since.
 //! PostgreSQL's `contain_volatile_functions` trusts each node's own
 //! function, so it misses three places a volatile function runs:
 //! - a coercion to a domain runs the domain's CHECK constraints, which may
@@ -49,9 +54,8 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
     // SAFETY: nodes of a valid tree, cast after their tag is checked.
     unsafe {
         match node_tag(node) {
-            // Row locks anywhere (a CTE or subquery FOR UPDATE): a second
-            // run would lock again at another snapshot.
-            pg_sys::NodeTag::T_Query if !(*(node as *mut pg_sys::Query)).rowMarks.is_null() => return true,
+            // Row locks a second run could take elsewhere (module doc).
+            pg_sys::NodeTag::T_Query if locks_elsewhere_when_rerun(node as *mut pg_sys::Query) => return true,
             pg_sys::NodeTag::T_Query => {
                 return pg_sys::ffi::pg_guard_ffi_boundary(|| {
                     query_tree_walker(node as *mut pg_sys::Query, Some(hidden_volatile), cx, 0)
@@ -74,6 +78,31 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
             _ => {}
         }
         pg_sys::ffi::pg_guard_ffi_boundary(|| expression_tree_walker(node, Some(hidden_volatile), cx))
+    }
+}
+
+/// Whether a CTE or subquery `q` locks rows a second run at another
+/// snapshot could find elsewhere: rows of a latched table (the tail's own),
+/// of anything but a plain table, or with SKIP LOCKED, whose second run
+/// would leave the first run's rows locked and unread.
+///
+/// # Safety
+/// `q` is a valid Query.
+unsafe fn locks_elsewhere_when_rerun(q: *mut pg_sys::Query) -> bool {
+    // SAFETY: the caller's contract: `q` is a valid Query; its row marks
+    // name entries of its own range table.
+    unsafe {
+        crate::pg::list_iter::<pg_sys::RowMarkClause>((*q).rowMarks).any(|m| {
+            if (*m).waitPolicy == pg_sys::LockWaitPolicy::LockWaitSkip {
+                return true;
+            }
+            let Some(rte) = crate::pg::list_nth::<pg_sys::RangeTblEntry>((*q).rtable, (*m).rti as usize - 1) else {
+                return true;
+            };
+            (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
+                || (*rte).relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
+                || crate::registry::lookup((*rte).relid).is_some()
+        })
     }
 }
 
