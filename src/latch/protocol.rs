@@ -248,48 +248,22 @@ pub fn run<E: Env>(
         return ReadOutcome::Stream { cut };
     }
     loop {
-        let fp = match mode {
-            ReadMode::Optimistic => match env.read_buffered(&cut) {
-                Some(fp) => {
-                    let fp = without(&fp, &cut);
-                    touched.extend(fp.iter().copied());
-                    fp
-                }
-                None => {
-                    report.overflowed = true;
-                    report.fell_back = true;
-                    mode = ReadMode::Fenced;
-                    continue;
-                }
-            },
-            ReadMode::Fenced => without(&declared(), &cut),
+        let Some(fp) = round_footprint(env, mode, &cut, &mut touched, &mut declared) else {
+            report.overflowed = true;
+            report.fell_back = true;
+            mode = ReadMode::Fenced;
+            continue;
         };
         conflicts.clear();
         let mut c = env.check(&fp, &mut conflicts);
         report.validations += 1;
         let mut fp = fp;
         if !c.clean() && mode == ReadMode::Fenced {
-            // Writers in D: perhaps only past the rows the read returns.
-            if let Some(ends) = env.probe() {
-                report.probes += 1;
-                fp = without(&ends, &cut);
+            if let Some(narrow) = narrow_fenced(env, &mut cut, &mut stop, &touched, &mut declared, report) {
+                fp = narrow;
                 conflicts.clear();
                 c = env.check(&fp, &mut conflicts);
                 report.validations += 1;
-            } else if stop.is_empty() && !touched.is_empty() {
-                // No probe, but the attempts showed how far the read goes:
-                // it stops there rather than wait for writers anywhere in
-                // D (a consumer at the head would wait for every writer
-                // past its rows, idle ones too).
-                if let Some(s) = env.stop_past(&touched).filter(|s| !s.is_empty()) {
-                    report.cuts += 1;
-                    stop = s;
-                    cut.extend(stop.iter().copied());
-                    fp = without(&declared(), &cut);
-                    conflicts.clear();
-                    c = env.check(&fp, &mut conflicts);
-                    report.validations += 1;
-                }
             }
         }
         if c.clean() {
@@ -346,6 +320,54 @@ pub fn run<E: Env>(
             }
         }
     }
+}
+
+/// What a round of the read checks: optimistic, what its attempt touched
+/// (added to `touched`); fenced, the declared footprint; both less `cut`.
+/// None when the attempt's result outgrew the buffer.
+fn round_footprint<E: Env>(
+    env: &mut E,
+    mode: ReadMode,
+    cut: &Footprint,
+    touched: &mut Footprint,
+    declared: &mut dyn FnMut() -> Footprint,
+) -> Option<Footprint> {
+    Some(match mode {
+        ReadMode::Optimistic => {
+            let fp = without(&env.read_buffered(cut)?, cut);
+            touched.extend(fp.iter().copied());
+            fp
+        }
+        ReadMode::Fenced => without(&declared(), cut),
+    })
+}
+
+/// A fenced read whose declared footprint met writers: what it need check
+/// instead, or None.  Perhaps only up to where its rows end (the probe).
+/// Where that cannot be told but optimistic attempts ran, it stops past
+/// what they `touched` (adding that to `cut`, and keeping it in `stop`
+/// for the rounds to come) rather than wait for writers anywhere in D: a
+/// consumer at the head would wait for every writer past its rows, idle
+/// ones too.
+fn narrow_fenced<E: Env>(
+    env: &mut E,
+    cut: &mut Footprint,
+    stop: &mut Footprint,
+    touched: &Footprint,
+    declared: &mut dyn FnMut() -> Footprint,
+    report: &mut ReadReport,
+) -> Option<Footprint> {
+    if let Some(ends) = env.probe() {
+        report.probes += 1;
+        return Some(without(&ends, cut));
+    }
+    if !stop.is_empty() || touched.is_empty() {
+        return None;
+    }
+    *stop = env.stop_past(touched).filter(|s| !s.is_empty())?;
+    report.cuts += 1;
+    cut.extend(stop.iter().copied());
+    Some(without(&declared(), cut))
 }
 
 /// Later writers only: whether the read is clean up to the last row it
