@@ -11,11 +11,11 @@
 //!   the limit; the touched span T is what the read looked at; check T.
 //!   Clean → the buffered rows are the answer.  Conflict → wait for the
 //!   conflicting holders, take a fresh snapshot, read again.  After
-//!   `retries` conflicts, go fenced; where that read cannot probe its end,
-//!   it stops past the furthest key its attempts touched (`stop_past`, as a
-//!   last resort would) instead of fencing all of D: the attempts showed
-//!   how far it reads, and a writer past that is no more its business
-//!   than one past an optimistic read's T.  With `declared_first` (large
+//!   `retries` conflicts, go fenced; where that read cannot probe its end
+//!   but may stop short (a cut), it stops past the furthest key its
+//!   attempts touched (`stop_past`) instead of fencing all of D: the
+//!   attempts showed how far it reads, and a writer past that is no more
+//!   its business than one past an optimistic read's T.  With `declared_first` (large
 //!   limits), check D before reading: when nothing in D conflicts the scan
 //!   streams and buffers nothing; otherwise it reads and checks T as above.
 //! - fenced: check D before reading, wait and refresh until D is clean,
@@ -184,8 +184,8 @@ pub trait Env {
     /// An optimistic read gone fenced whose end cannot be probed: the keys
     /// to leave out so that every read stops past `touched`, the furthest
     /// its attempts looked (per table, from the end of its last touched
-    /// span on), as [`Env::last_resort_cut`] would allow -- or None, and
-    /// the fallback fences its declared span.
+    /// span on), where [`Env::cut`] would allow a cut -- or None, and the
+    /// fallback fences its declared span.
     fn stop_past(&mut self, _touched: &Footprint) -> Option<Footprint> {
         None
     }

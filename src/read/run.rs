@@ -35,8 +35,8 @@ pub trait Reader {
     }
     /// Where its reads would stop to go no further than `touched`, the
     /// furthest its optimistic attempts looked (the protocol's
-    /// `stop_past`), by [`CutRule::LastResort`]; None when one of them is
-    /// no tail up the key.
+    /// `stop_past`), by [`CutRule::Strict`]; None when the statement may
+    /// not stop short so.
     fn stop_past(&mut self, _touched: &Footprint) -> Option<Footprint> {
         None
     }
@@ -197,8 +197,8 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 
     fn stop_past(&mut self, touched: &Footprint) -> Option<Footprint> {
-        // As a last-resort cut: only a statement that chooses its snapshot.
-        if !self.may_cut_last {
+        // As a strict cut: not where later statements read at this snapshot.
+        if snapshot::fixed_snapshot() {
             return None;
         }
         self.reader.stop_past(touched)

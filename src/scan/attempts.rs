@@ -248,7 +248,10 @@ impl Reader for OptimisticAttempts {
     }
 
     fn stop_past(&mut self, touched: &Footprint) -> Option<Footprint> {
-        self.may_cut(CutRule::LastResort).then(|| pgkvx_latch::protocol::past(touched))
+        // Strictly only: a join or a watermark beside a tail cut short can
+        // show what the rows left out would have matched (an outer
+        // join's NULLs, a bound read from another table).
+        self.may_cut(CutRule::Strict).then(|| pgkvx_latch::protocol::past(touched))
     }
 
     fn later_ends(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {

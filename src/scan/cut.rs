@@ -137,17 +137,37 @@ pub unsafe fn statement_may_cut(stmt: *mut pg_sys::PlannedStmt, sole_root: Optio
 pub unsafe fn may_cut_last_resort(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> bool {
     // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt holding `cs`.
     let Some(path) = (unsafe { path_to(stmt, cs) }) else { return false };
-    // SAFETY: nodes of the statement's plan, read by tag only.
-    path.iter().all(|&p| unsafe {
-        !matches!(
-            node_tag(p as *const Node),
+    // SAFETY: nodes of the statement's plan, read by tag, joins cast after
+    // it is checked.
+    path.iter().enumerate().all(|(i, &p)| unsafe {
+        let below = path.get(i + 1).copied().unwrap_or(cs as *mut pg_sys::Plan);
+        match node_tag(p as *const Node) {
             pg_sys::NodeTag::T_Agg
-                | pg_sys::NodeTag::T_WindowAgg
-                | pg_sys::NodeTag::T_Group
-                | pg_sys::NodeTag::T_SetOp
-                | pg_sys::NodeTag::T_RecursiveUnion
-        )
+            | pg_sys::NodeTag::T_WindowAgg
+            | pg_sys::NodeTag::T_Group
+            | pg_sys::NodeTag::T_SetOp
+            | pg_sys::NodeTag::T_RecursiveUnion => false,
+            pg_sys::NodeTag::T_NestLoop | pg_sys::NodeTag::T_HashJoin | pg_sys::NodeTag::T_MergeJoin => {
+                keeps_its_rows((*(p as *mut pg_sys::Join)).jointype, (*p).lefttree == below)
+            }
+            _ => true,
+        }
     })
+}
+
+/// Whether a join of `jointype` hands up the rows of its side below which
+/// the guard is (`outer` or inner) as they are, so that fewer of them only
+/// leave out output rows: not on the side an outer join fills with NULLs
+/// where the rows left out would have matched, nor under a semi or anti
+/// join's inner side, whose rows decide which others survive.
+fn keeps_its_rows(jointype: pg_sys::JoinType::Type, outer: bool) -> bool {
+    use pg_sys::JoinType::*;
+    match jointype {
+        JOIN_INNER => true,
+        JOIN_LEFT | JOIN_SEMI | JOIN_ANTI => outer,
+        JOIN_RIGHT => !outer,
+        _ => false,
+    }
 }
 
 /// Whether `sort`, right above guard `cs`, sorts by the key: its leading

@@ -102,8 +102,101 @@ unsafe fn locks_elsewhere_when_rerun(q: *mut pg_sys::Query) -> bool {
             (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
                 || (*rte).relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
                 || crate::registry::lookup((*rte).relid).is_some()
+                || !pins_one_row(q, (*m).rti, (*rte).relid)
         })
     }
+}
+
+/// Whether `q`'s WHERE pins the rows of its range table entry `rti`
+/// (table `relid`) to one, by equalities with constants or parameters on
+/// every column of a unique index: then a second run locks the row the
+/// first locked, or none if it is gone.  A lock by any other predicate
+/// (`ORDER BY c LIMIT 1 FOR UPDATE`) may take another row the second
+/// time, keeping both, and deadlock where one run would not.
+///
+/// # Safety
+/// `q` is a valid Query and `rti` an entry of its range table for `relid`.
+unsafe fn pins_one_row(q: *mut pg_sys::Query, rti: pg_sys::Index, relid: pg_sys::Oid) -> bool {
+    let mut cols = Vec::new();
+    // SAFETY: the caller's contract; the jointree's quals are a valid
+    // expression (or NULL).
+    unsafe {
+        if (*q).jointree.is_null() {
+            return false;
+        }
+        pinned_columns((*(*q).jointree).quals, rti, &mut cols);
+    }
+    if cols.is_empty() {
+        return false;
+    }
+    let rel = crate::pg::OpenRel::open(relid, pg_sys::AccessShareLock).keeping_lock();
+    let mut sorted = cols.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    [cols.as_slice(), sorted.as_slice()].into_iter().any(|c| crate::registry::index_on_columns(&rel, c).is_some())
+        || sorted.iter().any(|&c| crate::registry::index_on_columns(&rel, &[c]).is_some())
+}
+
+/// The columns of range table entry `rti` that `qual`, a conjunction,
+/// equates with a constant or a parameter (in the order it does).
+///
+/// # Safety
+/// `qual` is a valid expression or NULL.
+unsafe fn pinned_columns(qual: *mut Node, rti: pg_sys::Index, cols: &mut Vec<i16>) {
+    if qual.is_null() {
+        return;
+    }
+    // SAFETY: nodes cast after their tags are checked.
+    unsafe {
+        match node_tag(qual) {
+            pg_sys::NodeTag::T_BoolExpr
+                if (*(qual as *mut pg_sys::BoolExpr)).boolop == pg_sys::BoolExprType::AND_EXPR =>
+            {
+                for a in crate::pg::list_iter::<Node>((*(qual as *mut pg_sys::BoolExpr)).args) {
+                    pinned_columns(a, rti, cols);
+                }
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = qual as *mut pg_sys::OpExpr;
+                let (Some(l), Some(r)) =
+                    (crate::pg::list_nth::<Node>((*op).args, 0), crate::pg::list_nth::<Node>((*op).args, 1))
+                else {
+                    return;
+                };
+                if pg_sys::get_mergejoin_opfamilies((*op).opno).is_null() {
+                    return;
+                }
+                let value = |n: *mut Node| matches!(node_tag(n), pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_Param);
+                let column = |n: *mut Node| {
+                    let n = strip_relabel(n);
+                    (node_tag(n) == pg_sys::NodeTag::T_Var)
+                        .then_some(n as *mut pg_sys::Var)
+                        .filter(|&v| (*v).varno as pg_sys::Index == rti && (*v).varlevelsup == 0)
+                };
+                if let Some(v) = column(l)
+                    .filter(|_| value(strip_relabel(r)))
+                    .or_else(|| column(r).filter(|_| value(strip_relabel(l))))
+                {
+                    cols.push((*v).varattno);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `n` without the binary-compatible casts around it.
+///
+/// # Safety
+/// `n` is a valid expression.
+unsafe fn strip_relabel(mut n: *mut Node) -> *mut Node {
+    // SAFETY: cast after the tag is checked.
+    unsafe {
+        while node_tag(n) == pg_sys::NodeTag::T_RelabelType {
+            n = (*(n as *mut pg_sys::RelabelType)).arg as *mut Node;
+        }
+    }
+    n
 }
 
 /// Whether a volatile function that PostgreSQL's `contain_*_functions`
