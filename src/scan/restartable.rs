@@ -4,13 +4,8 @@
 //! planned statement: anything that may write or call a volatile function,
 //! anywhere in the statement, makes it read fenced.
 //!
-//! Row locks count as side effects where a second run could lock other
-//! rows than the first: the statement's own `FOR UPDATE` (its row marks:
-//! it locks the tail's rows), and a CTE's or subquery's on a latched table
-//! or with SKIP LOCKED.  A CTE that locks a row of another table -- a
-//! consumer's offsets row, `WITH o AS (SELECT c FROM offsets WHERE name =
-//! $1 FOR UPDATE)` -- may run twice: the second run locks the row the
-//! first holds, which no one can have changed since.
+//! Row locks in a CTE or a subquery count as side effects too (the
+//! statement's own `FOR UPDATE` is in its row marks).
 //! PostgreSQL's `contain_volatile_functions` trusts each node's own
 //! function, so it misses three places a volatile function runs:
 //! - a coercion to a domain runs the domain's CHECK constraints, which may
@@ -54,8 +49,9 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
     // SAFETY: nodes of a valid tree, cast after their tag is checked.
     unsafe {
         match node_tag(node) {
-            // Row locks a second run could take elsewhere (module doc).
-            pg_sys::NodeTag::T_Query if locks_elsewhere_when_rerun(node as *mut pg_sys::Query) => return true,
+            // Row locks anywhere (a CTE or subquery FOR UPDATE): a second
+            // run would lock again at another snapshot.
+            pg_sys::NodeTag::T_Query if !(*(node as *mut pg_sys::Query)).rowMarks.is_null() => return true,
             pg_sys::NodeTag::T_Query => {
                 return pg_sys::ffi::pg_guard_ffi_boundary(|| {
                     query_tree_walker(node as *mut pg_sys::Query, Some(hidden_volatile), cx, 0)
@@ -79,124 +75,6 @@ unsafe extern "C-unwind" fn hidden_volatile(node: *mut Node, cx: *mut std::ffi::
         }
         pg_sys::ffi::pg_guard_ffi_boundary(|| expression_tree_walker(node, Some(hidden_volatile), cx))
     }
-}
-
-/// Whether a CTE or subquery `q` locks rows a second run at another
-/// snapshot could find elsewhere: rows of a latched table (the tail's own),
-/// of anything but a plain table, or with SKIP LOCKED, whose second run
-/// would leave the first run's rows locked and unread.
-///
-/// # Safety
-/// `q` is a valid Query.
-unsafe fn locks_elsewhere_when_rerun(q: *mut pg_sys::Query) -> bool {
-    // SAFETY: the caller's contract: `q` is a valid Query; its row marks
-    // name entries of its own range table.
-    unsafe {
-        crate::pg::list_iter::<pg_sys::RowMarkClause>((*q).rowMarks).any(|m| {
-            if (*m).waitPolicy == pg_sys::LockWaitPolicy::LockWaitSkip {
-                return true;
-            }
-            let Some(rte) = crate::pg::list_nth::<pg_sys::RangeTblEntry>((*q).rtable, (*m).rti as usize - 1) else {
-                return true;
-            };
-            (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
-                || (*rte).relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
-                || crate::registry::lookup((*rte).relid).is_some()
-                || !pins_one_row(q, (*m).rti, (*rte).relid)
-        })
-    }
-}
-
-/// Whether `q`'s WHERE pins the rows of its range table entry `rti`
-/// (table `relid`) to one, by equalities with constants or parameters on
-/// every column of a unique index: then a second run locks the row the
-/// first locked, or none if it is gone.  A lock by any other predicate
-/// (`ORDER BY c LIMIT 1 FOR UPDATE`) may take another row the second
-/// time, keeping both, and deadlock where one run would not.
-///
-/// # Safety
-/// `q` is a valid Query and `rti` an entry of its range table for `relid`.
-unsafe fn pins_one_row(q: *mut pg_sys::Query, rti: pg_sys::Index, relid: pg_sys::Oid) -> bool {
-    let mut cols = Vec::new();
-    // SAFETY: the caller's contract; the jointree's quals are a valid
-    // expression (or NULL).
-    unsafe {
-        if (*q).jointree.is_null() {
-            return false;
-        }
-        pinned_columns((*(*q).jointree).quals, rti, &mut cols);
-    }
-    if cols.is_empty() {
-        return false;
-    }
-    let rel = crate::pg::OpenRel::open(relid, pg_sys::AccessShareLock).keeping_lock();
-    let mut sorted = cols.clone();
-    sorted.sort_unstable();
-    sorted.dedup();
-    [cols.as_slice(), sorted.as_slice()].into_iter().any(|c| crate::registry::index_on_columns(&rel, c).is_some())
-        || sorted.iter().any(|&c| crate::registry::index_on_columns(&rel, &[c]).is_some())
-}
-
-/// The columns of range table entry `rti` that `qual`, a conjunction,
-/// equates with a constant or a parameter (in the order it does).
-///
-/// # Safety
-/// `qual` is a valid expression or NULL.
-unsafe fn pinned_columns(qual: *mut Node, rti: pg_sys::Index, cols: &mut Vec<i16>) {
-    if qual.is_null() {
-        return;
-    }
-    // SAFETY: nodes cast after their tags are checked.
-    unsafe {
-        match node_tag(qual) {
-            pg_sys::NodeTag::T_BoolExpr
-                if (*(qual as *mut pg_sys::BoolExpr)).boolop == pg_sys::BoolExprType::AND_EXPR =>
-            {
-                for a in crate::pg::list_iter::<Node>((*(qual as *mut pg_sys::BoolExpr)).args) {
-                    pinned_columns(a, rti, cols);
-                }
-            }
-            pg_sys::NodeTag::T_OpExpr => {
-                let op = qual as *mut pg_sys::OpExpr;
-                let (Some(l), Some(r)) =
-                    (crate::pg::list_nth::<Node>((*op).args, 0), crate::pg::list_nth::<Node>((*op).args, 1))
-                else {
-                    return;
-                };
-                if pg_sys::get_mergejoin_opfamilies((*op).opno).is_null() {
-                    return;
-                }
-                let value = |n: *mut Node| matches!(node_tag(n), pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_Param);
-                let column = |n: *mut Node| {
-                    let n = strip_relabel(n);
-                    (node_tag(n) == pg_sys::NodeTag::T_Var)
-                        .then_some(n as *mut pg_sys::Var)
-                        .filter(|&v| (*v).varno as pg_sys::Index == rti && (*v).varlevelsup == 0)
-                };
-                if let Some(v) = column(l)
-                    .filter(|_| value(strip_relabel(r)))
-                    .or_else(|| column(r).filter(|_| value(strip_relabel(l))))
-                {
-                    cols.push((*v).varattno);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// `n` without the binary-compatible casts around it.
-///
-/// # Safety
-/// `n` is a valid expression.
-unsafe fn strip_relabel(mut n: *mut Node) -> *mut Node {
-    // SAFETY: cast after the tag is checked.
-    unsafe {
-        while node_tag(n) == pg_sys::NodeTag::T_RelabelType {
-            n = (*(n as *mut pg_sys::RelabelType)).arg as *mut Node;
-        }
-    }
-    n
 }
 
 /// Whether a volatile function that PostgreSQL's `contain_*_functions`

@@ -230,33 +230,19 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
     }
 }
 
-/// Whether the statement may run twice: a plain SELECT without side
-/// effects, not read backward, whose guarded scans allow it
-/// (`restartable.rs`), and whose row locks, if any, are a CTE's or
-/// subquery's on plain tables that are not latched.
+/// Whether the statement may run twice: a plain SELECT without row locks
+/// or side effects, not read backward, whose guarded scans allow it.
 ///
 /// # Safety
 /// `stmt` is the statement's plan.
 unsafe fn may_run_twice(stmt: *mut pg_sys::PlannedStmt, eflags: i32, guards: &Guards) -> bool {
-    // SAFETY: the caller's contract: `stmt` is the statement's plan; its
-    // row marks name entries of its range table.
+    // SAFETY: the caller's contract: `stmt` is the statement's plan.
     unsafe {
-        let relocks_same_rows = || {
-            crate::pg::list_iter::<pg_sys::PlanRowMark>((*stmt).rowMarks).all(|m| {
-                (*m).waitPolicy != pg_sys::LockWaitPolicy::LockWaitSkip
-                    && crate::pg::list_nth::<pg_sys::RangeTblEntry>((*stmt).rtable, (*m).rti as usize - 1).is_some_and(
-                        |rte| {
-                            (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
-                                && crate::registry::lookup((*rte).relid).is_none()
-                        },
-                    )
-            })
-        };
         (*stmt).commandType == pg_sys::CmdType::CMD_SELECT
             && !(*stmt).hasModifyingCTE
+            && (*stmt).rowMarks.is_null()
             && eflags & pg_sys::EXEC_FLAG_BACKWARD as i32 == 0
             && guards.restartable()
-            && relocks_same_rows()
     }
 }
 

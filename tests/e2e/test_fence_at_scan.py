@@ -8,9 +8,7 @@ row or showed one twice:
 - a second guarded scan of the same statement (another latched table);
 - a bound from an init plan of a correlated subquery, changing per outer
   row;
-- a materialized CTE read half before the scan fenced and half after.
-The polls lock their offsets row by a predicate that does not pin one row
-(LIKE), so they cannot run twice and read fenced (src/scan/restartable.rs)."""
+- a materialized CTE read half before the scan fenced and half after."""
 import threading
 
 import psycopg
@@ -18,7 +16,7 @@ import pytest
 
 from conftest import connect, wait_until
 
-POLL = """WITH last AS (SELECT acked FROM {offsets} WHERE grp LIKE 'g' FOR UPDATE)
+POLL = """WITH last AS (SELECT acked FROM {offsets} WHERE grp = 'g' FOR UPDATE)
           SELECT id FROM {t} WHERE id > (SELECT acked FROM last) AND id < 1000 ORDER BY id LIMIT 10"""
 
 
@@ -82,7 +80,7 @@ def test_a_bounded_scan_waits_and_fails_rather_than_show_a_state_it_cannot(db, c
 def test_a_tail_stops_before_a_writer_in_flight_and_reads_its_row_next_time(db, conn, table_name):
     offsets = f"{table_name}_off"
     setup_tail(conn, table_name, offsets)
-    sql = f"""WITH last AS (SELECT acked FROM {offsets} WHERE grp LIKE 'g' FOR UPDATE)
+    sql = f"""WITH last AS (SELECT acked FROM {offsets} WHERE grp = 'g' FOR UPDATE)
               SELECT id FROM {table_name} WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 10"""
     conn.execute(f"INSERT INTO {table_name} VALUES (7)")
     with connect(db, autocommit=False) as p:
@@ -98,7 +96,7 @@ def test_a_tail_stops_before_a_writer_in_flight_and_reads_its_row_next_time(db, 
 def test_two_guarded_scans_with_bounds_from_a_cte_skip_nothing(db, conn, table_name, ends):
     ta, tb, offsets = f"{table_name}_a", f"{table_name}_b", f"{table_name}_off"
     setup_tail(conn, ta, offsets, tb)
-    sql = f"""WITH last AS (SELECT acked FROM {offsets} WHERE grp LIKE 'g' FOR UPDATE)
+    sql = f"""WITH last AS (SELECT acked FROM {offsets} WHERE grp = 'g' FOR UPDATE)
               (SELECT 'a' AS t, id FROM {ta} WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 10)
               UNION ALL
               (SELECT 'b', id FROM {tb} WHERE id > (SELECT acked FROM last) ORDER BY id LIMIT 10)"""
