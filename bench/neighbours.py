@@ -282,6 +282,11 @@ def phase(mode, seconds, idle=None):
     return rows
 
 
+def ms(v):
+    """A latency for the tables: one decimal, a dash for none."""
+    return "–" if v is None else f"{v:.1f}"
+
+
 def markdown(result):
     if "idle" in result:
         return idle_markdown(result)
@@ -296,13 +301,12 @@ def markdown(result):
         by = {(r["table"], r["kind"]): r for r in rows}
         for kind in dict.fromkeys(r["kind"] for r in rows):
             a, b = by[("nb_latched", kind)], by[("nb_plain", kind)]
-            f = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
             ratio = lambda q: a[q] / b[q] if a[q] and b[q] else None  # noqa: E731
             r = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
             errs = lambda r: ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0"  # noqa: E731
             skipped = f"{a['skipped']} / {b['skipped']}" if a.get("consumer") else ""
             lines.append(f"| {kind} | {a['statements']} / {b['statements']} | {errs(a)} | {errs(b)} | "
-                         f"{f(a['p50_ms'])} / {f(b['p50_ms'])} | {f(a['p99_ms'])} / {f(b['p99_ms'])} | "
+                         f"{ms(a['p50_ms'])} / {ms(b['p50_ms'])} | {ms(a['p99_ms'])} / {ms(b['p99_ms'])} | "
                          f"{r(ratio('p50_ms'))} | {r(ratio('p99_ms'))} | {skipped} |")
         lines.append("")
     return "\n".join(lines)
@@ -316,7 +320,6 @@ def idle_markdown(result):
              "## Lag beside a writer idle past the consumers' rows", "",
              f"A writer latches a key far past every consumer's rows and sits idle in its transaction for "
              f"{IDLE_SECONDS} s at a time. Lag is from a row's commit to its delivery.", ""]
-    f = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
     r = lambda a, b: "–" if not a or not b else f"{a / b:.2f}"  # noqa: E731
     for mode in result["idle"]:
         lines += [f"### `pgkvx.scan_mode = {mode}`", "",
@@ -327,9 +330,9 @@ def idle_markdown(result):
         beside = {(x["table"], x["kind"]): x for x in result["idle"][mode]}
         for kind in CONSUMERS:
             a, b, p = alone[("nb_latched", kind)], beside[("nb_latched", kind)], beside[("nb_plain", kind)]
-            lines.append(f"| {kind} | {f(a['lag_p50_ms'])} / {f(b['lag_p50_ms'])} | "
-                         f"{r(b['lag_p50_ms'], a['lag_p50_ms'])} | {f(a['lag_p99_ms'])} / {f(b['lag_p99_ms'])} | "
-                         f"{r(b['lag_p99_ms'], a['lag_p99_ms'])} | {f(p['lag_p50_ms'])} / {f(p['lag_p99_ms'])} | "
+            lines.append(f"| {kind} | {ms(a['lag_p50_ms'])} / {ms(b['lag_p50_ms'])} | "
+                         f"{r(b['lag_p50_ms'], a['lag_p50_ms'])} | {ms(a['lag_p99_ms'])} / {ms(b['lag_p99_ms'])} | "
+                         f"{r(b['lag_p99_ms'], a['lag_p99_ms'])} | {ms(p['lag_p50_ms'])} / {ms(p['lag_p99_ms'])} | "
                          f"{b['skipped']} / {p['skipped']} |")
         lines.append("")
     return "\n".join(lines)

@@ -214,7 +214,7 @@ unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> (Footprint, Fo
 
 impl OptimisticAttempts {
     /// Whether every guard, and the statement, allow a cut by `rule`; if
-    /// so the cut is applied by it.
+    /// so, the rule the read's cut is applied by widens to it.
     fn may_cut(&mut self, rule: CutRule) -> bool {
         // SAFETY: our statement's QueryDesc, started and run once: its
         // guard nodes have begun.

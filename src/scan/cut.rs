@@ -128,7 +128,8 @@ pub unsafe fn statement_may_cut(stmt: *mut pg_sys::PlannedStmt, sole_root: Optio
 
 /// Whether the guard `cs` of `stmt` may stop before a later writer's first
 /// key as a last resort (`CutRule::LastResort`): its rows reach the top of
-/// the statement's plan, through joins and sorts too, but through no
+/// the statement's plan, through sorts and through joins on a side they
+/// hand up as they are ([`keeps_its_rows`]), but through no
 /// aggregate, window or set operation, whose answer over fewer rows would
 /// be another answer, and not from a subplan, whose rows become a value.
 ///
