@@ -22,6 +22,7 @@ pub mod read;
 pub mod registry;
 pub mod scan;
 pub mod shmem;
+pub mod standby;
 mod utility;
 
 pgrx::pg_module_magic!(name, version);
@@ -64,6 +65,7 @@ pub extern "C-unwind" fn _PG_init() {
     guc::init();
     shmem::init();
     shmem::backend::init();
+    standby::init();
     registry::init();
     read::snapshot::init();
     gapless::init();

@@ -58,10 +58,6 @@ fn wait_for(
             "A tail read in key order passes after; one in reverse key order (ORDER BY the key DESC) passes before.",
         );
     }
-    crate::read::admit::refuse_on_standby(
-        "pgkvx.wait_for() is not available on a hot standby",
-        "Wait on the primary: a standby's latch table is empty, nothing there wakes a waiter.",
-    );
     if guc::SCAN_MODE.get() == ScanMode::Off {
         errors::raise_hint(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

@@ -651,10 +651,6 @@ fn pending_protocol(
     after: pgkvx_latch::Xid,
 ) -> Option<PendingProtocol> {
     run::choose_mode(max_rows.map(|m| m as u64)).map(|strategy| {
-        crate::read::admit::refuse_on_standby(
-            "pgkvx cannot protect arrow_scan of a latched table on a hot standby",
-            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
-        );
         PendingProtocol {
             latched: latched.clone(),
             strategy,

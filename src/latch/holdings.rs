@@ -134,6 +134,12 @@ pub struct Holdings {
     /// Escalation withdrew latches since [`Holdings::take_withdrawn`] was
     /// last asked: work for the maintainer (their ranges thin out).
     pub(crate) withdrawn: bool,
+    /// Whether to keep [`Self::journal`].
+    pub(crate) journaling: bool,
+    /// Every latch published since the journal was last drained -- new
+    /// latches and the spans escalation folded them into -- for a caller
+    /// that tells standbys (a span already covered is not published).
+    pub(crate) journal: Vec<(RelId, Span)>,
 }
 
 impl Holdings {
@@ -158,8 +164,28 @@ impl Holdings {
         self.tables.iter().find(|t| t.rel == rel).map_or(0, |t| t.points.len() as u32)
     }
 
+    /// Keeps a journal of the latches published from now on (or stops).
+    pub fn set_journaling(&mut self, on: bool) {
+        self.journaling = on;
+        if !on {
+            self.journal.clear();
+        }
+    }
+
+    /// The latches published since the last drain, in publication order.
+    pub fn drain_journal(&mut self) -> std::vec::Drain<'_, (RelId, Span)> {
+        self.journal.drain(..)
+    }
+
+    pub(crate) fn note_published(&mut self, rel: RelId, span: &Span) {
+        if self.journaling {
+            self.journal.push((rel, *span));
+        }
+    }
+
     /// Forgets everything (the transaction's latches were released).
     pub fn clear(&mut self) {
+        self.journal.clear();
         self.tables.clear();
         self.live = 0;
         self.unchecked = 0;

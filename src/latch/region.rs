@@ -81,6 +81,9 @@ pub(crate) struct Header {
     pub node_free_head: AtomicU64,
     /// Cached global xmin horizon: tombstones of holders before it go.
     pub horizon: AtomicU32,
+    /// On a hot standby, every xid below this may hold latches the standby
+    /// never replayed (0: none): see [`super::table::LatchTable::set_fog`].
+    pub fog: AtomicU32,
     /// Split threshold (mirrors `pgkvx.range_max_latches`).
     pub range_max_latches: AtomicU32,
     /// Table slots the tables of one owner may take (mirrors
@@ -439,6 +442,7 @@ unsafe fn write_header(at: *mut Header, cfg: &Config) {
         free_count: AtomicU32::new(cfg.max_entries),
         node_free_head: AtomicU64::new(0),
         horizon: AtomicU32::new(0),
+        fog: AtomicU32::new(0),
         range_max_latches: AtomicU32::new(1024),
         max_tables_per_owner: AtomicU32::new(0),
         dir_version: AtomicU64::new(1),

@@ -117,6 +117,32 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         self.mem.region.hdr.cfg
     }
 
+    /// A hot standby replays latches from WAL, and cannot know those
+    /// written before the point its replay started, nor one it failed to
+    /// enter: every xid below `below` then counts as a writer that may hold
+    /// a latch on every key of every table (the fog).  Only ever raised
+    /// while recovery runs; readers wait for such writers like any other.
+    pub fn raise_fog(&self, below: Xid) {
+        let fog = &self.mem.region.hdr.fog;
+        let mut cur = fog.load(Relaxed);
+        while cur == 0 || Xid(cur).precedes(below) {
+            match fog.compare_exchange_weak(cur, below.0, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Recovery ended: every writer it could not see has ended too.
+    pub fn clear_fog(&self) {
+        self.mem.region.hdr.fog.store(0, Relaxed);
+    }
+
+    /// Xids below this may hold latches nobody knows of (None: no fog).
+    pub(crate) fn fog(&self) -> Option<Xid> {
+        Some(Xid(self.mem.region.hdr.fog.load(Relaxed))).filter(|x| x.is_valid())
+    }
+
     pub fn set_max_tables_per_owner(&self, n: u32) {
         self.mem.region.hdr.max_tables_per_owner.store(n, Relaxed);
     }
@@ -413,6 +439,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         }
         if n > 0 {
             held.max_sub = held.max_sub.max(sub);
+            held.note_published(rel, span);
         }
         held.live += n;
         held.unchecked = held.unchecked.saturating_add(n);
@@ -516,6 +543,7 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
             self.withdraw(slot, &entries);
             published?;
         }
+        held.note_published(rel, &hull);
         self.withdraw(slot, &old);
         held.withdrawn = true;
         let th = held.table(rel);

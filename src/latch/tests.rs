@@ -746,6 +746,36 @@ mod escalation {
     }
 
     #[test]
+    fn the_journal_lists_what_was_published_and_what_escalation_folded_it_into() {
+        let t = small();
+        let l = Limits { escalate_points: 4, per_transaction: 64, per_role: 0 };
+        let mut h = Holdings::new();
+        latch(t, &mut h, 0, &pt(1), 7, &l);
+        assert_eq!(h.drain_journal().count(), 0, "nothing is journalled unless asked");
+        h.set_journaling(true);
+        latch(t, &mut h, 0, &sp(100, 200), 7, &l);
+        latch(t, &mut h, 0, &pt(150), 7, &l); // covered: nothing new
+        latch(t, &mut h, 0, &pt(2), 7, &l);
+        latch(t, &mut h, 0, &pt(3), 7, &l);
+        latch(t, &mut h, 0, &pt(4), 7, &l); // the fourth point: folded
+        let j: Vec<Span> = h
+            .drain_journal()
+            .map(|(r, s)| {
+                assert_eq!(r, REL);
+                s
+            })
+            .collect();
+        assert_eq!(j[..4], [sp(100, 200), pt(2), pt(3), pt(4)]);
+        assert_eq!(j.len(), 5, "the escalated span follows: {j:?}");
+        assert!(j[4].covers(&pt(1)) && j[4].covers(&pt(4)), "{:?}", j[4]);
+        // Whatever the journal lists covers every key the transaction latched.
+        for v in [1, 2, 3, 4, 150] {
+            assert!(j.iter().any(|s| s.covers(&pt(v))), "{v}");
+        }
+        assert_eq!(h.drain_journal().count(), 0, "drained");
+    }
+
+    #[test]
     fn a_write_inside_a_span_its_transaction_holds_takes_no_new_latch() {
         let t = small();
         let l = Limits::DEFAULT;
@@ -1094,4 +1124,24 @@ fn latches_of_one_table_over_a_span() {
     assert_eq!(of(&pt(25)), set(&[8]), "the other table's latch is not shown");
     assert_eq!(of(&sp(30, 40)), set(&[]), "half-open: [20, 30) ends before 30");
     assert_eq!(of(&Span::EMPTY), set(&[]));
+}
+
+#[test]
+fn the_fog_makes_every_older_writer_in_flight_a_holder_of_every_key() {
+    let t = small();
+    t.acquire(0, REL, &pt(10), &holder(50)).unwrap();
+    // No fog: only the real latch conflicts, and only where it is.
+    assert_eq!(conflicts_of(t, REL, &pt(20), &[40, 50, 60], 70), set(&[]));
+    assert_eq!(conflicts_of(t, REL, &pt(10), &[40, 50, 60], 70), set(&[50]));
+    // Writers below 55 may hold latches the table never saw: on every
+    // table, every key, as long as the snapshot has them in flight.
+    t.raise_fog(Xid(55));
+    assert_eq!(conflicts_of(t, REL, &pt(20), &[40, 50, 60], 70), set(&[40, 50]));
+    assert_eq!(conflicts_of(t, OTHER_REL, &pt(20), &[40, 60], 70), set(&[40]));
+    assert_eq!(conflicts_of(t, REL, &pt(20), &[60], 70), set(&[]), "ended before the snapshot");
+    // Only ever raised; and cleared when recovery ends.
+    t.raise_fog(Xid(45));
+    assert_eq!(conflicts_of(t, REL, &pt(20), &[40, 50], 70), set(&[40, 50]));
+    t.clear_fog();
+    assert_eq!(conflicts_of(t, REL, &pt(20), &[40, 50], 70), set(&[]));
 }

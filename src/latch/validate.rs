@@ -104,6 +104,15 @@ impl<L: LockSet> LatchTable<'_, L> {
         if spans.iter().all(Span::is_empty) {
             return out;
         }
+        if let Some(fog) = self.fog() {
+            for span in spans.iter().filter(|s| !s.is_empty()) {
+                // No snapshot lists a writer below its own xmin.
+                for xid in snap.in_flight_between(snap.xmin, Xid(fog.0.wrapping_sub(1))) {
+                    out.conflicted = true;
+                    on_conflict(Conflict { xid, rel, span: *span, at: *span, live: true });
+                }
+            }
+        }
         let mut d = self.mem.dir_read();
         let Some(t) = d.find_table(rel) else {
             return out; // never latched

@@ -445,3 +445,35 @@ pub unsafe fn call_run_hook(
         }
     }
 }
+
+// ---- WAL ---------------------------------------------------------------------
+
+/// Adds `data` to the WAL record being assembled (XLogRegisterData: PG16
+/// made its length unsigned, PG18 its data pointer const).
+///
+/// # Safety
+/// Between XLogBeginInsert and XLogInsert; `data` lives until XLogInsert.
+#[allow(clippy::unnecessary_cast)]
+pub unsafe fn xlog_register_data(data: &[u8]) {
+    // SAFETY: per the caller's contract; XLogInsert only reads the bytes.
+    unsafe {
+        #[cfg(pre_pg16)]
+        pg_sys::XLogRegisterData(data.as_ptr() as *mut std::ffi::c_char, data.len() as i32);
+        #[cfg(all(pg16_up, pre_pg18))]
+        pg_sys::XLogRegisterData(data.as_ptr() as *mut std::ffi::c_char, data.len() as u32);
+        #[cfg(pg18_up)]
+        pg_sys::XLogRegisterData(data.as_ptr() as *const std::ffi::c_void, data.len() as u32);
+    }
+}
+
+/// Leaves the condition variable this backend prepared to sleep on
+/// (PG16 made ConditionVariableCancelSleep say whether it was signalled).
+pub fn condition_variable_cancel_sleep() {
+    // SAFETY: harmless when not prepared to sleep; cannot raise.
+    unsafe {
+        #[cfg(pre_pg16)]
+        pg_sys::ConditionVariableCancelSleep();
+        #[cfg(pg16_up)]
+        let _ = pg_sys::ConditionVariableCancelSleep();
+    }
+}

@@ -18,6 +18,7 @@ pub mod names;
 pub mod raw;
 pub mod rel;
 pub mod settings;
+pub mod wal;
 pub mod walk;
 pub mod xact;
 

@@ -64,14 +64,3 @@ pub fn report_unprotected_read(msg: String) {
         guc::Unprotected::Warning => errors::warn_hint(PgSqlErrorCode::ERRCODE_WARNING, msg, hint),
     }
 }
-
-/// Refuses a protected read (or a wait for one) on a hot standby, with
-/// `message` and `hint`: its latch table is empty -- nothing latches or
-/// wakes there -- and its snapshots keep in-progress xids where reads of
-/// ours do not look.
-pub fn refuse_on_standby(message: &str, hint: &str) {
-    // SAFETY: a plain read of recovery state, which cannot raise.
-    if unsafe { crate::pg::raw::RecoveryInProgress() } {
-        errors::raise_hint(PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED, message, hint);
-    }
-}

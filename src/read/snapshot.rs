@@ -170,6 +170,7 @@ pub unsafe fn adopt_for_transaction(newer: Snapshot, after: Xid) -> bool {
         if !may_move_transaction_snapshot()
             || !only_first_read()
             || (*newer).xcnt > pg_sys::GetMaxSnapshotXidCount() as u32
+            || (*newer).subxcnt > pg_sys::GetMaxSnapshotSubxidCount()
         {
             return false;
         }
@@ -178,6 +179,23 @@ pub unsafe fn adopt_for_transaction(newer: Snapshot, after: Xid) -> bool {
         // Later statements judge writers against the state they read at.
         XACT_AFTER.with(|c| c.set(Some((crate::pg::local_xact_id(), after))));
         true
+    }
+}
+
+/// The array of a snapshot's running xids and its length: `xip`, or on a
+/// hot standby `subxip` (PostgreSQL puts every running xid there, and
+/// leaves `xip` empty).
+///
+/// # Safety
+/// `snap` is a valid MVCC snapshot.
+unsafe fn running_xids(snap: Snapshot) -> (*mut pg_sys::TransactionId, usize) {
+    // SAFETY: per the caller's contract.
+    unsafe {
+        if (*snap).takenDuringRecovery {
+            ((*snap).subxip, (*snap).subxcnt.max(0) as usize)
+        } else {
+            ((*snap).xip, (*snap).xcnt as usize)
+        }
     }
 }
 
@@ -195,12 +213,23 @@ pub unsafe fn fold_in_place(cx: pg_sys::MemoryContext, snap: Snapshot, template:
     // SAFETY: the caller passes valid MVCC snapshots, `template` holding xcnt xids in xip; the copy goes
     // into a fresh array in `cx`, which lives as long as `snap`, as set_in_progress needs.
     unsafe {
-        let n = (*template).xcnt as usize;
+        let (from, n) = running_xids(template);
         let xip = pg_sys::MemoryContextAlloc(cx, 4 * n.max(1)) as *mut pg_sys::TransactionId;
         if n > 0 {
-            std::ptr::copy_nonoverlapping((*template).xip, xip, n);
+            std::ptr::copy_nonoverlapping(from, xip, n);
         }
-        set_in_progress(snap, xip, (*template).xcnt, (*template).xmax)
+        if (*template).takenDuringRecovery {
+            // A standby's snapshot keeps them all in subxip, and XidInMVCCSnapshot
+            // reads only that one for a snapshot taken during recovery.
+            (*snap).subxip = xip;
+            (*snap).subxcnt = n as i32;
+            (*snap).xcnt = 0;
+            (*snap).xmax = (*template).xmax;
+            (*snap).suboverflowed = (*template).suboverflowed;
+            (*snap).takenDuringRecovery = true;
+            return;
+        }
+        set_in_progress(snap, xip, n as u32, (*template).xmax)
     }
 }
 
@@ -256,9 +285,13 @@ impl BaseSnapshot {
     /// `snap` is a valid MVCC snapshot that outlives this value, and every
     /// xid assigned before it was taken precedes `after`.
     pub unsafe fn of(snap: Snapshot, after: Xid) -> BaseSnapshot {
-        // SAFETY: the caller passes a valid MVCC snapshot, whose xip array holds xcnt xids.
-        let mut xip: Vec<Xid> =
-            unsafe { (0..(*snap).xcnt as usize).map(|i| Xid((*(*snap).xip.add(i)).into_inner())).collect() };
+        // SAFETY: the caller passes a valid MVCC snapshot; the running xids are in its xip array
+        // (xcnt of them), or for a snapshot taken during recovery all in subxip (subxcnt), which
+        // then also holds the subtransactions the standby knows of: extra xids, never latch holders.
+        let mut xip: Vec<Xid> = unsafe {
+            let (arr, n) = running_xids(snap);
+            (0..n).map(|i| Xid((*arr.add(i)).into_inner())).collect()
+        };
         xip.sort_unstable_by_key(|x| x.0);
         BaseSnapshot { snap, after, registered: false, xip }
     }
@@ -319,18 +352,23 @@ pub fn committed(xid: Xid) -> bool {
 
 /// Waits for transaction `xid` to end, through the lock manager: the wait
 /// shows in pg_locks, honours lock_timeout, statement_timeout and cancel,
-/// and takes part in deadlock detection.  Returns microseconds waited.
+/// and takes part in deadlock detection.  On a hot standby, where the
+/// primary's transactions hold no locks, until recovery replays its end
+/// (woken from our redo; cancel and statement_timeout honoured, recovery
+/// conflicts raised as PostgreSQL raises them).  Returns microseconds
+/// waited.
 pub fn wait_for(xid: Xid) -> i64 {
     // SAFETY: reading the clock and waiting on a transaction lock; with
-    // XLTW_None the relation and tuple are not used.
+    // XLTW_None the relation and tuple are not used.  The standby's test is
+    // a procarray lookup.
     unsafe {
         let t0 = pg_sys::GetCurrentTimestamp();
-        pg_sys::XactLockTableWait(
-            pg_sys::TransactionId::from(xid.0),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            pg_sys::XLTW_Oper::XLTW_None,
-        );
+        let x = pg_sys::TransactionId::from(xid.0);
+        if crate::pg::raw::RecoveryInProgress() {
+            crate::shmem::wakeups::sleep_until_replayed(|| !pg_sys::TransactionIdIsInProgress(x));
+        } else {
+            pg_sys::XactLockTableWait(x, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None);
+        }
         let us = pg_sys::GetCurrentTimestamp() - t0;
         backend::count(Stat::WaitMicros, us as u64);
         us

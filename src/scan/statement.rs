@@ -197,10 +197,6 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             }
             return;
         };
-        crate::read::admit::refuse_on_standby(
-            "pgkvx cannot protect LIMIT scans of latched tables on a hot standby",
-            "Read from the primary, or SET pgkvx.scan_mode = off to read without the no-skip guarantee.",
-        );
         guards.report_unprotected();
         if !restartable {
             strategy = ReadStrategy { mode: ReadMode::Fenced, declared_first: false, first_fixed_read: false };

@@ -215,7 +215,11 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *
     use pg_sys::XactEvent::*;
     let work = match event {
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
-            holds_latches() || purge_pending() || holdings_recorded() || super::drawn::pending()
+            holds_latches()
+                || purge_pending()
+                || holdings_recorded()
+                || super::drawn::pending()
+                || crate::standby::log::logged()
         }
         XACT_EVENT_PRE_PREPARE => holds_latches(),
         _ => false,
@@ -289,6 +293,11 @@ fn holdings_recorded() -> bool {
 unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     super::wakeups::xact_end(event);
+    match event {
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => crate::standby::log::transaction_ended(true),
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => crate::standby::log::transaction_ended(false),
+        _ => {}
+    }
     let Some(t) = super::table_if_attached().map(|t| t.writer()) else { return };
     let slot = my_slot();
     match event {
@@ -526,12 +535,22 @@ pub fn latch(relid: pg_sys::Oid, owner: pg_sys::Oid, span: &Span) {
     let l = limits();
     // SAFETY: reads the current subtransaction's id.
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
-    HOLDINGS.with(|held| held.borrow_mut().set_subxact(sub));
+    let log = crate::standby::log::wanted();
+    HOLDINGS.with(|held| {
+        let mut held = held.borrow_mut();
+        held.set_subxact(sub);
+        held.set_journaling(log);
+    });
     let mut result = HOLDINGS.with(|held| t.latch(slot, &mut held.borrow_mut(), rel, span, &h, &l));
     if result == Err(AcquireError::Full) {
         refresh_horizon(true);
         t.relieve_pressure(slot);
         result = HOLDINGS.with(|held| t.latch(slot, &mut held.borrow_mut(), rel, span, &h, &l));
+    }
+    // Before the write it covers, and before any error: what was
+    // published is held, so standbys must hold it too.
+    if log {
+        log_journal(&h);
     }
     wake_if_escalated();
     match result {
@@ -555,8 +574,30 @@ pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latc
         // that drew it (drawn.rs gives it back): its latch lasts to the end
         // of the top-level transaction.
         held.set_subxact(TOP_SUBXACT);
-        t.latch(my_slot(), &mut held, rel_id(relid), span, h, &unlimited)
+        let log = crate::standby::log::wanted();
+        held.set_journaling(log);
+        let published = t.latch(my_slot(), &mut held, rel_id(relid), span, h, &unlimited);
+        // Inside the section: WAL then orders this key's latch before any
+        // later-drawn key's commit.
+        if log {
+            log_drained(&mut held, h);
+        }
+        published
     })
+}
+
+/// WAL-logs the latches this transaction published since the last call
+/// (standby/log.rs): one record per table.
+fn log_journal(h: &Holder) {
+    HOLDINGS.with(|held| log_drained(&mut held.borrow_mut(), h));
+}
+
+fn log_drained(held: &mut Holdings, h: &Holder) {
+    let journal: Vec<(RelId, Span)> = held.drain_journal().collect();
+    for group in journal.chunk_by(|a, b| a.0 == b.0) {
+        let spans: Vec<Span> = group.iter().map(|(_, s)| *s).collect();
+        crate::standby::log::latches(group[0].0, h.owner, h.xid, h.pid, &spans);
+    }
 }
 
 /// What a key draw leaves for after its section: escalation and the
@@ -565,6 +606,7 @@ pub fn after_draw(relid: pg_sys::Oid, span: &Span, h: &Holder, published: Latche
     let t = table().writer();
     let rel = rel_id(relid);
     let r = HOLDINGS.with(|held| t.enforce_limits(my_slot(), &mut held.borrow_mut(), rel, h, &limits()));
+    log_journal(h);
     wake_if_escalated();
     if let Err(e) = r {
         raise_acquire_error(e);

@@ -117,14 +117,27 @@ pub fn table_if_attached() -> Option<&'static SharedLatchTable> {
     unsafe { &*TABLE.0.get() }.as_ref()
 }
 
-pub fn config() -> Config {
+/// Backend slots for PGPROCs: one per process that can run a transaction.
+fn proc_slots() -> u32 {
     // SAFETY: MaxBackends is set before shmem_request_hook runs.
-    let backends = unsafe { pg_sys::MaxBackends } as u32 + pg_sys::NUM_AUXILIARY_PROCS + 1;
+    unsafe { pg_sys::MaxBackends as u32 + pg_sys::NUM_AUXILIARY_PROCS + 1 }
+}
+
+/// The backend slots past every PGPROC's, one per transaction a primary
+/// can have in flight at once (it has at most as many backends as its hot
+/// standby): a standby replays each primary transaction's latches into one
+/// of them (standby/redo.rs).
+pub fn replay_slots() -> std::ops::Range<u32> {
+    // SAFETY: as in proc_slots.
+    proc_slots()..proc_slots() + unsafe { pg_sys::MaxBackends } as u32
+}
+
+pub fn config() -> Config {
     Config {
         max_entries: guc::MAX_LATCHES.get() as u32,
         max_ranges: guc::MAX_RANGES.get() as u32,
         max_tables: guc::MAX_TABLES.get() as u32,
-        max_backends: backends,
+        max_backends: replay_slots().end,
     }
 }
 

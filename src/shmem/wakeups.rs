@@ -77,6 +77,9 @@ struct Header {
     claiming: AtomicU32,
     nslots: u32,
     nwaiters: u32,
+    /// On a hot standby: broadcast whenever recovery replays the end of a
+    /// transaction that logged latches; readers waiting for one sleep on it.
+    replayed_end: UnsafeCell<pg_sys::ConditionVariable>,
 }
 
 #[repr(C)]
@@ -242,6 +245,7 @@ pub unsafe fn startup(max_tables: u32, max_backends: u32) {
             let hdr = mem as *mut Header;
             (*hdr).nslots = nslots;
             (*hdr).nwaiters = max_backends;
+            pg_sys::ConditionVariableInit((*hdr).replayed_end.get());
             let slots = mem.add(h) as *mut Slot;
             (*slots).key.store(OVERFLOW_KEY, SeqCst);
         }
@@ -678,6 +682,53 @@ pub fn waiters() -> Vec<WaiterInfo> {
             })
         })
         .collect()
+}
+
+/// On a hot standby, recovery replayed the commit of a transaction that
+/// latched keys from `lo` to `hi` of `rel`: wakes that table's `wait_for`
+/// callers whose cursor it passes, as the commit did on the primary.
+pub fn replayed_commit(rel: RelId, lo: &KeyBuf, hi: &KeyBuf) {
+    let Some(r) = region() else { return };
+    if r.hdr.waiting.load(SeqCst) == 0 {
+        return;
+    }
+    let key = key_of(rel);
+    let i = find(r, key).unwrap_or(0);
+    wake(r, i, key, lo, hi);
+}
+
+/// Recovery replayed the end of a transaction that logged latches: wakes
+/// the standby's readers waiting for one (standby/redo.rs).
+pub fn replayed_end() {
+    let Some(r) = region() else { return };
+    // SAFETY: a condition variable in shared memory, initialised with the
+    // region; broadcasting takes its spinlock only.
+    unsafe { pg_sys::ConditionVariableBroadcast(r.hdr.replayed_end.get()) };
+}
+
+/// How long a standby reader sleeps before it looks again without being
+/// woken: a writer whose end was never logged (its primary crashed) ends
+/// for the standby when recovery learns so from the primary's running
+/// transactions, which wakes nobody.
+const STANDBY_RECHECK_MS: i64 = 100;
+
+/// On a hot standby: sleeps until `ended()` says so, woken whenever
+/// recovery replays the end of a latching transaction.  The sleep is
+/// interruptible (cancel, statement_timeout, recovery conflicts) and shows
+/// as wait event Extension.
+pub fn sleep_until_replayed(ended: impl Fn() -> bool) {
+    let Some(r) = region() else { return };
+    let cv = r.hdr.replayed_end.get();
+    // SAFETY: the condition variable protocol: prepare, test, sleep, and
+    // cancel on the way out; the sleep checks for interrupts, and an error
+    // there cancels the sleep at abort.
+    unsafe {
+        pg_sys::ConditionVariablePrepareToSleep(cv);
+        while !ended() {
+            pg_sys::ConditionVariableTimedSleep(cv, STANDBY_RECHECK_MS, pg_sys::PG_WAIT_EXTENSION);
+        }
+        crate::pg::compat::condition_variable_cancel_sleep();
+    }
 }
 
 #[cfg(test)]

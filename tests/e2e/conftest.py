@@ -131,12 +131,23 @@ def wait_until(fn, what, timeout=60.0, step=0.1):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+STANDBY_DIR = f"{SCRATCH}-standby"
+
+
+def restart_standby():
+    """Restarts the `standby` fixture's server (fast shutdown): its replay
+    starts over from its last restartpoint, with an empty latch table."""
+    data = f"{STANDBY_DIR}/data"
+    as_postgres(f"{PG_BINDIR}/pg_ctl", "-D", data, "-l", f"{STANDBY_DIR}/server.log", "-w", "-t", "60",
+                "-m", "fast", "restart")
+
+
 @pytest.fixture(scope="module")
 def standby():
     """A hot standby of the scratch cluster, streaming, pgkvx preloaded as on
     the primary: yields its connection keywords."""
     import shutil
-    d = f"{SCRATCH}-standby"
+    d = STANDBY_DIR
     port = free_port(PORT + 3)
     data = f"{d}/data"
 
@@ -158,6 +169,35 @@ def standby():
         yield {"host": f"{d}/sock", "port": port}
     finally:
         stop()
+
+
+def replayed(p, s):
+    """Waits until the standby has replayed everything the primary wrote
+    so far.  The insert position: with synchronous_commit off (the scratch
+    cluster) the write position can still be before these commits."""
+    (lsn,) = p.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+    p.execute("SELECT pg_switch_wal()")  # pushes it out now
+    wait_until(lambda: s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone()[0],
+               "the standby to replay")
+
+
+def events_table(p, t):
+    """A gapless latched table `t` with keys 1..5 (made afresh)."""
+    p.execute(f"DROP TABLE IF EXISTS {t}")
+    p.execute(f"CREATE TABLE {t} (id bigserial PRIMARY KEY, payload text)")
+    p.execute(f"SELECT pgkvx.enable('{t}', gapless => true)")
+    p.execute(f"INSERT INTO {t} (payload) SELECT 'x' FROM generate_series(1, 5)")
+
+
+def writer_behind_a_commit(p, db, t):
+    """Makes `t` an events table, then leaves a writer with key 6 open
+    behind a committed key 7: returns the open writer's connection."""
+    events_table(p, t)
+    w6 = connect(db, autocommit=False)
+    w6.execute(f"INSERT INTO {t} (payload) VALUES ('late')")
+    with connect(db) as w7:
+        w7.execute(f"INSERT INTO {t} (payload) VALUES ('early')")
+    return w6
 
 
 def side_cluster(name, port, preload, **env):

@@ -7,9 +7,12 @@ from conftest import connect
 import torture
 
 
-def test_no_consumer_skips_a_row(db):
-    report = torture.run(functools.partial(connect, db), seed=20261123, seconds=20)
+def test_no_consumer_skips_a_row(db, standby):
+    # With consumers on a hot standby too (they need its replay to keep up).
+    report = torture.run(functools.partial(connect, db), seed=20261123, seconds=20,
+                         standby=functools.partial(connect, db, **standby))
     print(report.summary())
+    assert any(k.startswith("standby ") for k in report.consumers), report.consumers
     assert not report.errors, report.errors
     assert report.writer_txns > 200 and report.polls > 500, report.summary()
     assert report.neighbour_reads > 100, report.summary()

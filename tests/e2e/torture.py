@@ -421,68 +421,96 @@ def watermark_writer(connect, report, stop):
 
 
 class Consumer:
-    """One consumer thread: polls the tail, moves its cursor, never looks back."""
+    """One consumer thread: polls the tail, moves its cursor, never looks back.
+    With `reconnect` (a consumer on a hot standby, where recovery conflicts
+    cancel queries and end sessions, as PostgreSQL does), it reconnects and
+    polls on from its cursor."""
 
-    def __init__(self, name, connect, report, seed, stop, drained, setup, poll, matches, iso=None, table="events"):
+    def __init__(self, name, connect, report, seed, stop, drained, setup, poll, matches, iso=None, table="events",
+                 reconnect=False):
         self.name, self.connect, self.report = name, connect, report
         self.table = table
         self.rng = random.Random(seed)
         self.stop, self.drained = stop, drained
         self.setup, self.poll, self.matches, self.iso = setup, poll, matches, iso
+        self.reconnect = reconnect
         self.delivered = []
+        self.cursor, self.quiet = 0, 0
 
     def __call__(self):
         try:
-            with self.connect(autocommit=self.iso is None) as c:
-                for s in self.setup:
-                    c.execute(s)
-                if self.iso is not None:
-                    c.commit()
-                cursor, quiet = 0, 0
-                while True:
-                    try:
-                        if self.iso is not None:
-                            c.execute(f"SET TRANSACTION ISOLATION LEVEL {self.iso}")
-                        ids = self.poll(c, cursor, self.rng.randint(1, 20))
-                        if self.iso is not None:
-                            c.commit()
-                    except psycopg.Error as e:
-                        if not c.autocommit:
-                            c.rollback()
-                        if _sqlstate(e) not in RETRYABLE:
-                            raise
-                        self.report.consumer_retries += 1
-                        continue
-                    self.report.polls += 1
-                    for i in ids:
-                        if i <= cursor:
-                            self.report.disorder.append((self.name, cursor, i))
-                        self.delivered.append(i)
-                        cursor = i
-                    if ids:
-                        quiet = 0
-                        continue
-                    if self.drained.is_set():
-                        quiet += 1
-                        if quiet > 30:
-                            return
-                    time.sleep(0.001)
+            while not self._session():
+                self.report.consumer_retries += 1
         except Exception as e:  # noqa: BLE001 - reported, checked by the caller
             self.report.errors.append(f"{self.name}: {e!r}")
+
+    def _session(self):
+        """Polls on one connection until drained (True), or until it is
+        lost when the consumer reconnects (False)."""
+        with self.connect(autocommit=self.iso is None) as c:
+            for s in self.setup:
+                c.execute(s)
+            if self.iso is not None:
+                c.commit()
+            while True:
+                try:
+                    if self.iso is not None:
+                        c.execute(f"SET TRANSACTION ISOLATION LEVEL {self.iso}")
+                    ids = self.poll(c, self.cursor, self.rng.randint(1, 20))
+                    if self.iso is not None:
+                        c.commit()
+                except psycopg.Error as e:
+                    if self.reconnect and (c.broken or c.closed):
+                        return False
+                    if not c.autocommit:
+                        c.rollback()
+                    if _sqlstate(e) not in RETRYABLE:
+                        raise
+                    self.report.consumer_retries += 1
+                    continue
+                self.report.polls += 1
+                for i in ids:
+                    if i <= self.cursor:
+                        self.report.disorder.append((self.name, self.cursor, i))
+                    self.delivered.append(i)
+                    self.cursor = i
+                if ids:
+                    self.quiet = 0
+                    continue
+                if self.drained.is_set():
+                    self.quiet += 1
+                    if self.quiet > 30:
+                        return True
+                time.sleep(0.001)
 
 
 def _ids(rows):
     return [r[0] for r in rows]
 
 
-def consumers(connect, report, seed, stop, drained):
-    """Every consumer kind, with its predicate."""
+def consumers(connect, report, seed, stop, drained, standby=None):
+    """Every consumer kind, with its predicate; with `standby` (connects to
+    a hot standby of the primary), tails there too."""
     every = lambda cat: True  # noqa: E731
     out = []
 
-    def add(name, setup, poll, matches=every, iso=None, table="events"):
-        out.append(Consumer(name, connect, report, seed * 1000 + len(out), stop, drained, setup, poll, matches, iso,
-                            table))
+    def add(name, setup, poll, matches=every, iso=None, table="events", on=connect):
+        out.append(Consumer(name, on, report, seed * 1000 + len(out), stop, drained, setup, poll, matches, iso,
+                            table, reconnect=on is not connect))
+
+    if standby is not None:
+        for mode in ("optimistic", "fenced"):
+            add(f"standby tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
+                lambda c, cur, n: _ids(c.execute("SELECT id FROM events WHERE id > %s ORDER BY id LIMIT %s",
+                                                 (cur, n)).fetchall()), on=standby)
+        add("standby category c2", ["SET pgkvx.scan_mode = optimistic"],
+            lambda c, cur, n: _ids(c.execute(
+                "SELECT id FROM events WHERE category = 'c2' AND id > %s ORDER BY id LIMIT %s",
+                (cur, n)).fetchall()),
+            lambda x: x == "c2", on=standby)
+        add("standby repeatable read", ["SET pgkvx.scan_mode = optimistic"],
+            lambda c, cur, n: _ids(c.execute("SELECT id FROM events WHERE id > %s ORDER BY id LIMIT %s",
+                                             (cur, n)).fetchall()), iso="REPEATABLE READ", on=standby)
 
     for mode in ("optimistic", "fenced"):
         add(f"tail/{mode}", [f"SET pgkvx.scan_mode = {mode}"],
@@ -659,19 +687,35 @@ def _stats(connect):
         return dict(c.execute("SELECT stat, value FROM pgkvx.stats()").fetchall())
 
 
-def run(connect, seed, seconds, writers=4):
+def _caught_up(connect, standby):
+    """Waits until the standby has replayed all the primary wrote, so that
+    its consumers drain what the primary's do.  Bounds a hang only."""
+    with connect() as p, standby() as s:
+        (lsn,) = p.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+        p.execute("SELECT pg_switch_wal()")
+        for _ in range(600):
+            if s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone()[0]:
+                return
+            time.sleep(0.1)
+    raise AssertionError("the standby did not replay the round")
+
+
+def run(connect, seed, seconds, writers=4, standby=None):
     """One round: `connect(autocommit=True)` opens a connection to a database
-    with pgkvx installed.  Returns a Report."""
+    with pgkvx installed; `standby(autocommit=True)`, if given, to the same
+    database on a hot standby of it.  Returns a Report."""
     report = Report(seed=seed)
     with connect() as c:
         c.execute(SETUP)
+    if standby is not None:
+        _caught_up(connect, standby)  # its tables exist there too
     before = _stats(connect)
     ledger, pledger, ident_ledger, head_ledger = Ledger(), Ledger(), Ledger(), Ledger()
     ledgers = {"events": ledger, "pevents": pledger, "ident_events": ident_ledger, "head_events": head_ledger}
     head_waits_before = _read_waits(connect, "head_events")
     stop, drained = threading.Event(), threading.Event()
     ws = [Writer(connect, ledger, report, seed * 100 + i, stop, pledger, ident_ledger) for i in range(writers)]
-    cs = consumers(connect, report, seed, stop, drained)
+    cs = consumers(connect, report, seed, stop, drained, standby)
     ws.append(lambda: watermark_writer(connect, report, stop))
     ws.append(lambda: head_writer(connect, head_ledger, report, stop))
     for i in range(2):
@@ -683,6 +727,8 @@ def run(connect, seed, seconds, writers=4):
     stop.set()
     for t in threads[:len(ws)]:
         t.join()
+    if standby is not None:
+        _caught_up(connect, standby)
     drained.set()
     for t in threads[len(ws):]:
         t.join()

@@ -1,0 +1,59 @@
+//! The primary's side: each latch goes into WAL as it is published, and a
+//! transaction that logged latches logs its end right after its commit or
+//! abort record.
+
+use super::record;
+use crate::pg::wal;
+use pgkvx_latch::{RelId, Span, Xid};
+use std::cell::{Cell, RefCell};
+
+thread_local! {
+    /// The transaction whose latches this backend has logged.
+    static LOGGED: Cell<Option<Xid>> = const { Cell::new(None) };
+    static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether latches published now must be logged: this server writes WAL
+/// for standbys.
+pub fn wanted() -> bool {
+    wal::logs_for_standbys()
+}
+
+/// Logs latches of transaction `xid` (pid `pid`), just published on
+/// `spans` of `rel` (owned by `owner`).  The caller calls it where the
+/// latches are published, before the writes they cover: for a drawn key
+/// inside the draw's section, so that WAL orders a key's latch before any
+/// later-drawn key's commit (the standby's ordering argument, README.md).
+pub fn latches(rel: RelId, owner: u32, xid: Xid, pid: i32, spans: &[Span]) {
+    if spans.is_empty() {
+        return;
+    }
+    BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        b.clear();
+        record::encode_latch(rel, owner, xid, pid, spans, &mut b);
+        wal::insert(record::LATCH, &b);
+    });
+    LOGGED.with(|l| l.set(Some(xid)));
+}
+
+/// Whether this transaction logged latches (its end must be logged too).
+/// Panic-free: asked on every transaction's end.
+pub fn logged() -> bool {
+    LOGGED.try_with(|l| l.get().is_some()).unwrap_or(false)
+}
+
+/// The transaction ended: if it logged latches, logs that it did, so a
+/// standby drops them when it replays this (just after the commit or
+/// abort record) and wakes whoever waits there.  A release lost to a
+/// crash costs a standby nothing but memory until it sees the
+/// transaction gone (redo.rs).
+pub fn transaction_ended(committed: bool) {
+    let Some(xid) = LOGGED.with(|l| l.take()) else { return };
+    if !wal::logs_for_standbys() {
+        return;
+    }
+    let mut b = Vec::with_capacity(8);
+    record::encode_release(xid, committed, &mut b);
+    wal::insert(record::RELEASE, &b);
+}
