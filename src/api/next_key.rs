@@ -117,6 +117,7 @@ fn next_key(rel: Regclass) -> i64 {
         let published = backend::latch_in_draw(relid, &Span::point(key.bytes()), &h);
         (value, key, published)
     };
+    backend::log_draw(&h);
     // A failed publication raises only now, outside the section; the value
     // it drew is never written, so it leaves no hole.
     let published = published.unwrap_or_else(|e| backend::raise_acquire_error(e));

@@ -126,6 +126,22 @@ impl<'t, L: LockSet> Writer<'t, L> {
         self.0.holds_any(slot)
     }
 
+    /// Inside a draw section: a ticket for the drawn latch the backend in
+    /// `slot` logs right after the section (draw_order.rs).
+    pub fn take_draw_ticket(self, slot: u32) -> u64 {
+        self.0.take_draw_ticket(slot)
+    }
+
+    /// The drawn latch of `slot` is logged, or never will be.
+    pub fn return_draw_ticket(self, slot: u32) {
+        self.0.return_draw_ticket(slot)
+    }
+
+    /// Whether another backend holds a draw ticket older than `ticket`.
+    pub fn older_draw_unlogged(self, slot: u32, ticket: u64) -> bool {
+        self.0.older_draw_unlogged(slot, ticket)
+    }
+
     /// Takes table `rel`'s key-drawing lock (creating its slot if needed):
     /// draws and latch publications inside it are totally ordered.
     pub fn lock_draws(self, rel: RelId, owner: u32) -> Result<DrawLock<'t, L>, AcquireError> {

@@ -16,6 +16,7 @@
 //! tests) and `sim` (a simulated database running the read protocol under a
 //! seeded scheduler) are test-only.
 
+mod draw_order;
 mod face;
 pub mod holdings;
 mod inspect;

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 pub(crate) mod guard;
 
-pub const MAGIC: u64 = 0x706b_7678_6c74_0007; // "pkvxlt" v7
+pub const MAGIC: u64 = 0x706b_7678_6c74_0008; // "pkvxlt" v8
 
 /// Most ranges one table can be split into.
 pub const MAX_RANGES_PER_TABLE: usize = 128;
@@ -74,6 +74,8 @@ pub(crate) struct Header {
     pub cfg: Config,
     /// Publication order of latches; gives `next_key` draws a total order.
     pub seq: AtomicU64,
+    /// The next draw ticket (draw_order.rs).
+    pub draw_ticket: AtomicU64,
     /// Free entry stack, tagged against ABA: `tag << 32 | index`.
     pub free_head: AtomicU64,
     pub free_count: AtomicU32,
@@ -328,6 +330,9 @@ pub(crate) struct BackendSlot {
     pub role: AtomicU32,
     pub live: AtomicU32,
     pub stats: [AtomicU64; super::stats::NSTATS],
+    /// The draw ticket of a drawn latch this backend has not logged yet
+    /// (0: none; draw_order.rs).
+    pub unlogged_draw: AtomicU64,
 }
 
 // SAFETY: every field is atomic or behind an UnsafeCell whose access rules
@@ -438,6 +443,7 @@ unsafe fn write_header(at: *mut Header, cfg: &Config) {
         magic: MAGIC,
         cfg: *cfg,
         seq: AtomicU64::new(1),
+        draw_ticket: AtomicU64::new(1),
         free_head: AtomicU64::new(0),
         free_count: AtomicU32::new(cfg.max_entries),
         node_free_head: AtomicU64::new(0),
@@ -536,6 +542,7 @@ unsafe fn write_backends(at: *mut BackendSlot, cfg: &Config) {
             role: AtomicU32::new(0),
             live: AtomicU32::new(0),
             stats: std::array::from_fn(|_| AtomicU64::new(0)),
+            unlogged_draw: AtomicU64::new(0),
         };
         // SAFETY: per the steps' contract; i < max_backends.
         unsafe { std::ptr::write(at.add(i), slot) };

@@ -1145,3 +1145,25 @@ fn the_fog_makes_every_older_writer_in_flight_a_holder_of_every_key() {
     t.clear_fog();
     assert_eq!(conflicts_of(t, REL, &pt(20), &[40, 50], 70), set(&[]));
 }
+
+#[test]
+fn a_commit_waits_only_for_older_draws_not_yet_logged() {
+    let t = small();
+    let w = t.writer();
+    let first = w.take_draw_ticket(1);
+    let second = w.take_draw_ticket(2);
+    assert!(first < second, "tickets follow the order of the sections");
+    assert!(w.older_draw_unlogged(2, second), "the older draw is not logged yet");
+    assert!(!w.older_draw_unlogged(1, first), "a newer draw holds nobody up");
+    assert!(!w.older_draw_unlogged(2, first), "nor does the caller's own ticket");
+    w.return_draw_ticket(1);
+    assert!(!w.older_draw_unlogged(2, second), "logged: the later drawer commits");
+    // The first backend draws again, after the second: it holds up only
+    // whoever drew after it.
+    let third = w.take_draw_ticket(1);
+    assert!(!w.older_draw_unlogged(2, second));
+    assert!(w.older_draw_unlogged(3, third + 1));
+    w.return_draw_ticket(1);
+    w.return_draw_ticket(2);
+    assert!(!w.older_draw_unlogged(3, u64::MAX), "every ticket back");
+}

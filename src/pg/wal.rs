@@ -14,10 +14,11 @@ pub fn logs_for_standbys() -> bool {
     unsafe { pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_REPLICA as i32 && !crate::pg::raw::RecoveryInProgress() }
 }
 
-/// Writes one record of ours, of kind `info`, with body `data`.  Marked
-/// unimportant: it alone does not make an idle server checkpoint or
-/// switch segments (it always travels with the writes it describes).
-pub fn insert(info: u8, data: &[u8]) {
+/// Writes one record of ours, of kind `info`, with body `data`; where it
+/// ends.  Marked unimportant: it alone does not make an idle server
+/// checkpoint or switch segments (it always travels with the writes it
+/// describes).
+pub fn insert(info: u8, data: &[u8]) -> pg_sys::XLogRecPtr {
     // SAFETY: the record protocol in one piece (begin, flags, data,
     // insert); `data` lives across the insert, which copies it.  Errors
     // are Postgres errors raised from inside XLogInsert, before which
@@ -26,8 +27,18 @@ pub fn insert(info: u8, data: &[u8]) {
         pg_sys::XLogBeginInsert();
         pg_sys::XLogSetRecordFlags(pg_sys::XLOG_MARK_UNIMPORTANT as u8);
         crate::pg::compat::xlog_register_data(data);
-        pg_sys::XLogInsert(RMGR_ID, info);
+        pg_sys::XLogInsert(RMGR_ID, info)
     }
+}
+
+/// Has the WAL writer flush up to `lsn` soon, as for an asynchronous
+/// commit, without this backend waiting for it: walsenders send only
+/// flushed WAL, so a record written after its transaction's commit
+/// record would otherwise wait for whoever flushes next.
+pub fn flush_soon(lsn: pg_sys::XLogRecPtr) {
+    // SAFETY: takes a spinlock for a few stores and may set the WAL
+    // writer's latch; raises nothing.
+    unsafe { pg_sys::XLogSetAsyncXactLSN(lsn) }
 }
 
 /// The kind bits and body of the record `record` decodes.

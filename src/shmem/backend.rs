@@ -148,6 +148,7 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
         wake_maintenance();
     }
     forget_holdings();
+    forget_draw_ticket();
 }
 
 fn forget_holdings() {
@@ -220,8 +221,10 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *
                 || holdings_recorded()
                 || super::drawn::pending()
                 || crate::standby::log::logged()
+                || drew_logged_keys()
         }
         XACT_EVENT_PRE_PREPARE => holds_latches(),
+        XACT_EVENT_PRE_COMMIT => drew_logged_keys(),
         _ => false,
     };
     if work {
@@ -294,9 +297,16 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
     use pg_sys::XactEvent::*;
     super::wakeups::xact_end(event);
     match event {
+        XACT_EVENT_PRE_COMMIT => {
+            order_commit_after_earlier_draws();
+            return;
+        }
         XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => crate::standby::log::transaction_ended(true),
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => crate::standby::log::transaction_ended(false),
         _ => {}
+    }
+    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {
+        forget_draw_ticket();
     }
     let Some(t) = super::table_if_attached().map(|t| t.writer()) else { return };
     let slot = my_slot();
@@ -577,13 +587,67 @@ pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latc
         let log = crate::standby::log::wanted();
         held.set_journaling(log);
         let published = t.latch(my_slot(), &mut held, rel_id(relid), span, h, &unlimited);
-        // Inside the section: WAL then orders this key's latch before any
-        // later-drawn key's commit.
-        if log {
-            log_drained(&mut held, h);
+        // Logged right after the section (log_draw); the ticket makes every
+        // later drawer's commit wait for that (latch/draw_order.rs).
+        if held.journal_pending() {
+            let ticket = t.take_draw_ticket(my_slot());
+            DRAW_TICKET.with(|d| d.set(d.get().max(ticket)));
         }
         published
     })
+}
+
+thread_local! {
+    /// This transaction's newest draw ticket (0: it drew no logged key):
+    /// its commit waits for every older one (latch/draw_order.rs).
+    static DRAW_TICKET: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Right after a key-drawing section: WAL-logs the latch drawn there and
+/// hands its ticket back.  Before anything that can raise: an error on the
+/// way would leave the ticket out until the transaction's end.
+pub fn log_draw(h: &Holder) {
+    log_journal(h);
+    table().writer().return_draw_ticket(my_slot());
+}
+
+/// Whether this transaction drew keys whose latches went into WAL.
+/// Panic-free (see `xact_callback`).
+fn drew_logged_keys() -> bool {
+    DRAW_TICKET.try_with(|d| d.get() != 0).unwrap_or(false)
+}
+
+/// Before this transaction's commit record: waits until every key drawn
+/// before its own has its latch in WAL, so that a standby replays those
+/// latches before this commit.  The drawers log right after their
+/// sections, so this rarely waits and never long; no lock is held.
+fn order_commit_after_earlier_draws() {
+    let ticket = DRAW_TICKET.with(|d| d.get());
+    let t = table().writer();
+    let slot = my_slot();
+    let mut spins = 0u32;
+    while t.older_draw_unlogged(slot, ticket) {
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            pgrx::check_for_interrupts!();
+            // SAFETY: a plain sleep.
+            unsafe { pg_sys::pg_usleep(50) };
+        }
+    }
+}
+
+/// The transaction ended: its draws are ordered no more, and a ticket an
+/// error left out goes back.  Panic-free.
+fn forget_draw_ticket() {
+    if DRAW_TICKET.try_with(|d| d.replace(0)).unwrap_or(0) != 0 {
+        if let Some(t) = super::table_if_attached() {
+            if let Some(slot) = slot_in(t) {
+                t.writer().return_draw_ticket(slot);
+            }
+        }
+    }
 }
 
 /// WAL-logs the latches this transaction published since the last call

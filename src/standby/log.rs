@@ -22,8 +22,9 @@ pub fn wanted() -> bool {
 /// Logs latches of transaction `xid` (pid `pid`), just published on
 /// `spans` of `rel` (owned by `owner`).  The caller calls it where the
 /// latches are published, before the writes they cover: for a drawn key
-/// inside the draw's section, so that WAL orders a key's latch before any
-/// later-drawn key's commit (the standby's ordering argument, README.md).
+/// right after the draw's section, whose ticket makes every later-drawn
+/// key's commit wait for it (the standby's ordering argument,
+/// src/latch/README.md).
 pub fn latches(rel: RelId, owner: u32, xid: Xid, pid: i32, spans: &[Span]) {
     if spans.is_empty() {
         return;
@@ -45,7 +46,8 @@ pub fn logged() -> bool {
 
 /// The transaction ended: if it logged latches, logs that it did, so a
 /// standby drops them when it replays this (just after the commit or
-/// abort record) and wakes whoever waits there.  A release lost to a
+/// abort record) and wakes whoever waits there; flushed soon, not waited
+/// for, so a quiet primary still sends it promptly.  A release lost to a
 /// crash costs a standby nothing but memory until it sees the
 /// transaction gone (redo.rs).
 pub fn transaction_ended(committed: bool) {
@@ -55,5 +57,5 @@ pub fn transaction_ended(committed: bool) {
     }
     let mut b = Vec::with_capacity(8);
     record::encode_release(xid, committed, &mut b);
-    wal::insert(record::RELEASE, &b);
+    wal::flush_soon(wal::insert(record::RELEASE, &b));
 }

@@ -3,8 +3,9 @@
 //!
 //! - `LATCH`: transaction `xid` (pid `pid` on the primary) published write
 //!   latches on `spans` of table `rel` in database `db`, owned by `owner`.
-//!   Written when the latch is published, before the write it covers, and
-//!   for a drawn key inside the draw's section.
+//!   Written when the latch is published, before the write it covers; for
+//!   a drawn key right after the draw's section, before any later-drawn
+//!   key's commit.
 //! - `RELEASE`: transaction `xid` ended (committed or not); written just
 //!   after its commit or abort record.
 //!
