@@ -49,10 +49,12 @@ def pg_bindir():
                           text=True).stdout.strip()
 
 
-def connect(dbname=DBNAME, scan_mode=None, autocommit=True):
-    """A connection; scan_mode, when given, is set for the whole session."""
+def connect(dbname=DBNAME, scan_mode=None, autocommit=True, server=None):
+    """A connection, to the scratch cluster or to `server` (libpq keywords:
+    host, port); scan_mode, when given, is set for the whole session."""
     options = f"-c pgkvx.scan_mode={scan_mode}" if scan_mode else ""
-    return psycopg.connect(dbname=dbname, autocommit=autocommit, options=options)
+    return psycopg.connect(dbname=dbname, autocommit=autocommit, options=options,
+                           **(server or {}))
 
 
 def recreate_database(dbname=DBNAME):

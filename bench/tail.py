@@ -64,6 +64,7 @@ class TailConfig:
     poll_ms: float = 1.0            # consumer pause after a short batch
     drain_timeout: float = 20.0     # seconds consumers get to catch up after producers stop
     seed: int = 1
+    standby_consumers: int = 0      # more consumers, on the hot standby run_tail is given
 
 
 PLAIN_QUERY = "SELECT id, payload FROM events WHERE id > %s ORDER BY id LIMIT %s"
@@ -144,11 +145,12 @@ def producer(idx, cfg, ready, go, t0, out):
         out.put(("producer", idx, {"fatal": _first_line(e)}))
 
 
-def consumer(idx, cfg, mode, scan_mode, ready, go, t0, done, final_count, final_max, out):
+def consumer(idx, cfg, mode, scan_mode, server, ready, go, t0, done, final_count, final_max, out):
     """Tails events in batches of cfg.limit until it has caught up after the
-    producers stopped (or the drain timeout passed)."""
+    producers stopped (or the drain timeout passed); on the primary, or on
+    the standby `server` names."""
     try:
-        conn = connect(scan_mode=scan_mode)
+        conn = connect(scan_mode=scan_mode, server=server)
         ready.wait()
         go.wait()
         _wait_until(t0.value)
@@ -197,21 +199,28 @@ def consumer(idx, cfg, mode, scan_mode, ready, go, t0, done, final_count, final_
         out.put(("consumer", idx, {"fatal": _first_line(e)}))
 
 
-def run_tail(mode, scenario, cfg):
+def run_tail(mode, scenario, cfg, standby=None, scan_mode=None):
     """One run of the tail workload; returns its measurements.  Raises only
-    on setup failure or interruption; worker failures are in the result."""
-    scan_mode = mode.scan_mode
+    on setup failure or interruption; worker failures are in the result.
+    With `standby` (libpq keywords of a hot standby of the cluster),
+    cfg.standby_consumers more consumers tail there, measured apart
+    (result["standby"]); `scan_mode` overrides the mode's for every
+    consumer."""
+    scan_mode = scan_mode or mode.scan_mode
     with connect() as conn:
         setup_events(conn, mode)
         node = scan_node(conn, _explainable(mode, cfg), scan_mode)
         stats_before = stats_snapshot(conn)
+        if standby is not None:
+            wait_replayed(conn, standby)
+    placed = [None] * cfg.consumers + [standby] * (cfg.standby_consumers if standby else 0)
     # fork, not spawn: spawn would re-import the harness (matplotlib and all)
     # in every worker.  Workers inherit the parent's open libpq sockets but
     # never touch them, and multiprocessing ends a forked worker with
     # os._exit, so no inherited connection is closed or used behind the
     # parent's back.
     ctx = multiprocessing.get_context("fork")
-    ready = ctx.Barrier(cfg.producers + cfg.consumers + 1)
+    ready = ctx.Barrier(cfg.producers + len(placed) + 1)
     go, done = ctx.Event(), ctx.Event()
     t0 = ctx.Value("d", 0.0)
     final_count, final_max = ctx.Value("q", 0), ctx.Value("q", 0)
@@ -219,9 +228,9 @@ def run_tail(mode, scenario, cfg):
     procs = [ctx.Process(target=producer, args=(i, cfg, ready, go, t0, out))
              for i in range(cfg.producers)]
     procs += [ctx.Process(target=consumer,
-                          args=(i, cfg, mode, scan_mode, ready, go, t0, done, final_count,
-                                final_max, out))
-              for i in range(cfg.consumers)]
+                          args=(i, cfg, mode, scan_mode, server, ready, go, t0, done,
+                                final_count, final_max, out))
+              for i, server in enumerate(placed)]
     idle = None
     results = {"producer": {}, "consumer": {}}
     try:
@@ -248,7 +257,7 @@ def run_tail(mode, scenario, cfg):
             final_count.value = len(committed)
             final_max.value = max(committed, default=0)
             done.set()
-            _collect(out, results, "consumer", cfg.consumers, cfg.drain_timeout + 60)
+            _collect(out, results, "consumer", len(placed), cfg.drain_timeout + 60)
             stats = stats_delta(stats_before, stats_snapshot(conn))
         for p in procs:
             p.join(timeout=10)
@@ -259,7 +268,26 @@ def run_tail(mode, scenario, cfg):
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return {"scan_node": node, **summarize(cfg, results, committed, stats, t0.value)}
+    primary = {i: r for i, r in results["consumer"].items() if placed[i] is None}
+    result = {"scan_node": node,
+              **summarize(cfg, results["producer"], primary, committed, stats, t0.value)}
+    if standby is not None:
+        result["standby"] = summarize(cfg, results["producer"],
+                                      {i: r for i, r in results["consumer"].items()
+                                       if i not in primary}, committed, stats, t0.value)
+    return result
+
+
+def wait_replayed(conn, standby, timeout=60):
+    """Waits until `standby` has replayed all the WAL `conn`'s server has
+    written so far (its consumers then find the tables just made)."""
+    (lsn,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    deadline = time.monotonic() + timeout
+    with connect("postgres", server=standby) as s:
+        while not s.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the standby did not replay to {lsn} within {timeout}s")
+            time.sleep(0.05)
 
 
 def _explainable(mode, cfg):
@@ -282,10 +310,12 @@ def _collect(out, results, role, count, timeout):
         results[r][idx] = payload
 
 
-def summarize(cfg, results, committed, stats, start):
+def summarize(cfg, producers, reports, committed, stats, start):
+    """The run's figures for the consumers whose reports (by id) are in
+    `reports`."""
     errors = collections.Counter()
     commit_time, rollbacks = {}, 0
-    for r in results["producer"].values():
+    for r in producers.values():
         if "fatal" in r:
             errors["producer: " + r["fatal"]] += 1
             continue
@@ -295,7 +325,7 @@ def summarize(cfg, results, committed, stats, start):
     end = start + cfg.duration
     lags, delivered_in_window, skipped, duplicates, timed_out = [], [], 0, 0, False
     skipped_sample = set()   # a few skipped keys, in the JSON only, for whoever debugs
-    for r in results["consumer"].values():
+    for r in reports.values():
         if "fatal" in r:
             errors["consumer: " + r["fatal"]] += 1
             continue

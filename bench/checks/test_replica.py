@@ -83,3 +83,21 @@ def test_replica_delay_run_reports_its_commit_time_and_cleans_up(tmp_path):
     # --durable (implied) is undone: the scratch cluster's settings are back.
     with connect() as c:
         assert c.execute("SHOW fsync").fetchone()[0] == "off"
+
+
+def test_standby_tail_run_sees_skips_only_unprotected_and_cleans_up(tmp_path):
+    # An asynchronous standby, consumers on it and on the primary; `off`
+    # shows the run can see a skip on each side, optimistic skips none.
+    run(os.path.join(BENCH, "run"), "--standby", "--modes", "off,optimistic", "--duration", 3,
+        "--reps", 1, "--out", tmp_path)
+    data, md, _ = report(tmp_path, "-standby")
+    runs = {r["mode"]: r for r in data["runs"]}
+    assert set(runs) == {"off", "optimistic"} and all("error" not in r for r in runs.values()), runs
+    for mode, r in runs.items():
+        for side in (r, r["standby"]):
+            assert side["committed"] > 0 and side["delivered_per_s"] > 0, (mode, side)
+            assert side["duplicates"] == 0 and not side["drain_timed_out"], (mode, side)
+    assert runs["optimistic"]["skipped"] == 0 and runs["optimistic"]["standby"]["skipped"] == 0, runs
+    assert runs["off"]["standby"]["skipped"] > 0, "the standby consumer in off mode skipped nothing"
+    assert "| optimistic | standby |" in md
+    assert_replica_gone()

@@ -195,3 +195,51 @@ def test_wait_for_on_a_standby_wakes_when_the_commit_past_its_cursor_is_replayed
         assert out == [True]
         (woken,) = s.execute("SELECT woken FROM pgkvx.wait_stats() WHERE relid = 'sb_wait'::regclass").fetchone()
         assert woken == 1, "woken by the replayed commit, not by its timeout"
+
+
+def test_a_recovery_conflict_cancels_a_waiting_standby_tail_with_postgres_own_error(db, standby):
+    # An older transaction deletes rows and is running when the standby's
+    # tail takes its snapshot; it ends, the primary vacuums its deletes away
+    # (the writer the tail waits for is newer, so it does not hold them),
+    # and replaying that cleanup conflicts with the waiting tail's snapshot.
+    # PostgreSQL cancels it with its own error; nothing is returned.
+    with connect(db) as p, connect(db, **standby) as s:
+        p.execute("DROP TABLE IF EXISTS sb_conflict_junk")
+        p.execute("CREATE TABLE sb_conflict_junk (x int) WITH (autovacuum_enabled = off)")
+        p.execute("INSERT INTO sb_conflict_junk SELECT generate_series(1, 1000)")
+        s.execute("ALTER SYSTEM SET max_standby_streaming_delay = '500ms'")
+        s.execute("SELECT pg_reload_conf()")
+        try:
+            with connect(db, autocommit=False) as old:
+                old.execute("DELETE FROM sb_conflict_junk")
+                w6 = writer_behind_a_commit(p, db, "sb_conflict")
+                try:
+                    replayed(p, s)
+                    err = []
+
+                    def read():
+                        with connect(db, **standby) as r:
+                            r.execute("SET pgkvx.scan_mode = fenced")
+                            try:
+                                r.execute(TAIL.format(t="sb_conflict"), (5,)).fetchall()
+                            except psycopg.Error as e:
+                                err.append(e)
+                            # The session goes on.
+                            assert r.execute("SELECT 1").fetchone() == (1,)
+
+                    th = threading.Thread(target=read)
+                    th.start()
+                    time.sleep(0.5)
+                    old.commit()
+                    p.execute("VACUUM sb_conflict_junk")
+                    replayed(p, s)
+                    th.join(60)
+                    assert not th.is_alive(), "the conflicting tail was not cancelled"
+                    assert len(err) == 1 and err[0].sqlstate == "40001", err
+                    assert "conflict with recovery" in str(err[0]), err
+                finally:
+                    w6.rollback()
+                    w6.close()
+        finally:
+            s.execute("ALTER SYSTEM RESET max_standby_streaming_delay")
+            s.execute("SELECT pg_reload_conf()")
