@@ -152,8 +152,10 @@ fn refuse_holding_locks(table: &registry::Table, sole: bool) {
                 tables.push(table.relid);
                 let list = tables.iter().map(|o| o.to_u32().to_string()).collect::<Vec<_>>().join(",");
                 // The oids are numbers we print ourselves: nothing of the caller's
-                // reaches the text.
-                Spi::get_one::<bool>(&format!(
+                // reaches the text.  A read-only query: Spi::get_one would give the
+                // transaction an xid (refused on a standby, and a lock of its own
+                // the next call would find).
+                Spi::connect(|c| c.select(&format!(
             "SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 FROM pg_catalog.pg_locks l
               WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND l.granted
                 AND l.locktype OPERATOR(pg_catalog.=) 'relation'
@@ -161,7 +163,7 @@ fn refuse_holding_locks(table: &registry::Table, sole: bool) {
                      OR (l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
                          AND l.relation OPERATOR(pg_catalog.=) ANY ('{{{list}}}'::pg_catalog.oid[])))"
-        ))
+        ), Some(1), &[])?.first().get_one::<bool>())
         .ok()
         .flatten()
         .unwrap_or(true)

@@ -138,6 +138,17 @@ impl<'r, L: LockSet> LatchTable<'r, L> {
         self.mem.region.hdr.fog.store(0, Relaxed);
     }
 
+    /// Lifts the fog once `horizon` -- the oldest xid any snapshot may
+    /// still consider running -- has reached it: every transaction below
+    /// it has ended, and no snapshot has one in flight.
+    pub fn lift_fog_passed(&self, horizon: Xid) {
+        let fog = &self.mem.region.hdr.fog;
+        let cur = fog.load(Relaxed);
+        if cur != 0 && horizon.follows_or_equals(Xid(cur)) {
+            let _ = fog.compare_exchange(cur, 0, Relaxed, Relaxed);
+        }
+    }
+
     /// Xids below this may hold latches nobody knows of (None: no fog).
     pub(crate) fn fog(&self) -> Option<Xid> {
         Some(Xid(self.mem.region.hdr.fog.load(Relaxed))).filter(|x| x.is_valid())

@@ -4,6 +4,7 @@
 //! `walk` (expression and query tree walkers), `datum` (varlenas, values
 //! from text, times), `settings` (settings pinned around SQL of ours),
 //! `xact` (whether the transaction is live), `acl` (privileges), `memcx` (memory-context callbacks), `index_scan`,
+//! `recovery` (what a hot standby's startup process waits for), `wal` (our WAL records),
 //! `boundary` and `raw` (calling Postgres), and `compat`: every difference
 //! between the majors, one function each.
 
@@ -16,6 +17,7 @@ pub mod list;
 pub mod memcx;
 pub mod names;
 pub mod raw;
+pub mod recovery;
 pub mod rel;
 pub mod settings;
 pub mod wal;

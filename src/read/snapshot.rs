@@ -365,7 +365,10 @@ pub fn wait_for(xid: Xid) -> i64 {
         let t0 = pg_sys::GetCurrentTimestamp();
         let x = pg_sys::TransactionId::from(xid.0);
         if crate::pg::raw::RecoveryInProgress() {
-            crate::shmem::wakeups::sleep_until_replayed(|| !pg_sys::TransactionIdIsInProgress(x));
+            let how = crate::shmem::wakeups::sleep_until_replayed(|| !pg_sys::TransactionIdIsInProgress(x));
+            if how == crate::shmem::wakeups::Replayed::ReplayWaits {
+                replay_waits_for_us(xid);
+            }
         } else {
             pg_sys::XactLockTableWait(x, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None);
         }
@@ -373,6 +376,24 @@ pub fn wait_for(xid: Xid) -> i64 {
         backend::count(Stat::WaitMicros, us as u64);
         us
     }
+}
+
+/// Replay waits on a recovery conflict while this read waits for replay
+/// to show writer `xid`'s end: if the conflict is with this session (its
+/// snapshot, a lock it holds), neither would ever go on, and replay would
+/// stall for every reader of the standby until PostgreSQL cancels this
+/// one (max_standby_streaming_delay).  The read ends now instead, with
+/// the error PostgreSQL's own cancellation gives.
+fn replay_waits_for_us(xid: Xid) -> ! {
+    crate::errors::raise_full(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        "canceling statement due to conflict with recovery",
+        Some(format!(
+            "This read waited for transaction {} of the primary to end, and replay, which would show its end, waits for queries of this standby.",
+            xid.0
+        )),
+        Some("Run the read again. hot_standby_feedback = on avoids most conflicts with replay."),
+    )
 }
 
 /// Splicing against Postgres's own visibility test.  The xids used lie

@@ -34,6 +34,7 @@ use super::table;
 use crate::errors;
 use crate::guc;
 use crate::keys::KeyWriter;
+use crate::standby::End;
 use pgkvx_latch::holdings::TOP_SUBXACT;
 use pgkvx_latch::{AcquireError, Holder, Holdings, Latched, Limits, RelId, Span, Stat, TxEnd, Xid};
 use pgrx::pg_sys;
@@ -168,7 +169,16 @@ pub fn refresh_horizon(force: bool) {
         return;
     }
     LAST_HORIZON_REFRESH.with(|c| c.set(now));
-    table().maintainer().set_horizon(running_horizon());
+    let h = running_horizon();
+    table().maintainer().set_horizon(h);
+    // On a hot standby: the fog lifts once every transaction below it has
+    // ended.  Only once the standby tracks them all, which any process but
+    // the startup process may take for granted (none runs before); redo
+    // lifts it itself once it knows.
+    // SAFETY: plain read of recovery state.
+    if unsafe { crate::pg::raw::RecoveryInProgress() } && !crate::pg::recovery::in_startup_process() {
+        table().lift_fog_passed(h);
+    }
 }
 
 /// The oldest xid a running snapshot may still consider in progress: the
@@ -204,7 +214,27 @@ pub fn running_horizon() -> Xid {
             }
         }
         pg_sys::LWLockRelease(lock);
+        if crate::pg::raw::RecoveryInProgress() {
+            h = h.min(oldest_replayed_running());
+        }
         h
+    }
+}
+
+/// On a hot standby the primary's running transactions are in no PGPROC:
+/// without the oldest of them a horizon taken before a replayed writer's
+/// first latch could pass it, and its tombstone would go at its release
+/// while a standby snapshot still has it in flight.  PostgreSQL's oldest
+/// xid considered running includes them (KnownAssignedXids); any xid the
+/// standby learns of later follows every xid it had seen, as on a primary
+/// a later-assigned xid follows the horizon.
+fn oldest_replayed_running() -> Xid {
+    // SAFETY: takes ProcArrayLock (shared) itself; none of ours is held.
+    let x = Xid(unsafe { pg_sys::GetOldestTransactionIdConsideredRunning() }.into_inner());
+    if x.is_valid() {
+        x
+    } else {
+        Xid(Xid::FIRST_NORMAL)
     }
 }
 
@@ -224,6 +254,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, arg: *
                 || drew_logged_keys()
         }
         XACT_EVENT_PRE_PREPARE => holds_latches(),
+        XACT_EVENT_PREPARE => crate::standby::log::logged() || drew_logged_keys(),
         XACT_EVENT_PRE_COMMIT => drew_logged_keys(),
         _ => false,
     };
@@ -301,8 +332,16 @@ unsafe extern "C-unwind" fn xact_event(event: pg_sys::XactEvent::Type, _arg: *mu
             order_commit_after_earlier_draws();
             return;
         }
-        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => crate::standby::log::transaction_ended(true),
-        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => crate::standby::log::transaction_ended(false),
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => crate::standby::log::transaction_ended(End::Committed),
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => crate::standby::log::transaction_ended(End::Aborted),
+        // Refused while latches are held (PRE_PREPARE), so a prepared
+        // transaction holds none; a standby may still have those its
+        // rolled-back savepoints released here.
+        XACT_EVENT_PREPARE => {
+            crate::standby::log::transaction_ended(End::Prepared);
+            forget_draw_ticket();
+            return;
+        }
         _ => {}
     }
     if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT) {

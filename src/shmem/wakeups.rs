@@ -80,6 +80,10 @@ struct Header {
     /// On a hot standby: broadcast whenever recovery replays the end of a
     /// transaction that logged latches; readers waiting for one sleep on it.
     replayed_end: UnsafeCell<pg_sys::ConditionVariable>,
+    /// On a hot standby: the startup process's PGPROC number (-1: none
+    /// yet), so that readers waiting for replay see when replay waits for
+    /// them.
+    startup_proc: AtomicI32,
 }
 
 #[repr(C)]
@@ -246,6 +250,7 @@ pub unsafe fn startup(max_tables: u32, max_backends: u32) {
             (*hdr).nslots = nslots;
             (*hdr).nwaiters = max_backends;
             pg_sys::ConditionVariableInit((*hdr).replayed_end.get());
+            (*hdr).startup_proc.store(-1, SeqCst);
             let slots = mem.add(h) as *mut Slot;
             (*slots).key.store(OVERFLOW_KEY, SeqCst);
         }
@@ -706,28 +711,54 @@ pub fn replayed_end() {
     unsafe { pg_sys::ConditionVariableBroadcast(r.hdr.replayed_end.get()) };
 }
 
+/// Recovery starts in this process (the startup process): readers
+/// waiting for replay watch it from now on.
+pub fn note_startup_process() {
+    let Some(r) = region() else { return };
+    r.hdr.startup_proc.store(crate::pg::my_proc_number().unwrap_or(-1), SeqCst);
+}
+
 /// How long a standby reader sleeps before it looks again without being
-/// woken: a writer whose end was never logged (its primary crashed) ends
-/// for the standby when recovery learns so from the primary's running
-/// transactions, which wakes nobody.
-const STANDBY_RECHECK_MS: i64 = 100;
+/// woken: whether replay now waits on a recovery conflict (which wakes
+/// nobody), and a writer whose end was never logged (its primary crashed),
+/// which ends for the standby when recovery learns so from the primary's
+/// running transactions.
+const STANDBY_RECHECK_MS: i64 = 20;
+
+/// How a sleep for replay ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replayed {
+    /// `ended()` said so.
+    Ended,
+    /// Replay waits on a recovery conflict, maybe with this very session,
+    /// so it may never reach the end waited for.
+    ReplayWaits,
+}
 
 /// On a hot standby: sleeps until `ended()` says so, woken whenever
-/// recovery replays the end of a latching transaction.  The sleep is
-/// interruptible (cancel, statement_timeout, recovery conflicts) and shows
-/// as wait event Extension.
-pub fn sleep_until_replayed(ended: impl Fn() -> bool) {
-    let Some(r) = region() else { return };
+/// recovery replays the end of a latching transaction, or until replay
+/// itself waits on a recovery conflict.  The sleep is interruptible
+/// (cancel, statement_timeout, recovery conflicts) and shows as wait event
+/// Extension.
+pub fn sleep_until_replayed(ended: impl Fn() -> bool) -> Replayed {
+    let Some(r) = region() else { return Replayed::Ended };
     let cv = r.hdr.replayed_end.get();
+    let startup = r.hdr.startup_proc.load(SeqCst);
     // SAFETY: the condition variable protocol: prepare, test, sleep, and
     // cancel on the way out; the sleep checks for interrupts, and an error
     // there cancels the sleep at abort.
     unsafe {
         pg_sys::ConditionVariablePrepareToSleep(cv);
+        let mut how = Replayed::Ended;
         while !ended() {
+            if crate::pg::recovery::waits_on_recovery_conflict(startup) {
+                how = Replayed::ReplayWaits;
+                break;
+            }
             pg_sys::ConditionVariableTimedSleep(cv, STANDBY_RECHECK_MS, pg_sys::PG_WAIT_EXTENSION);
         }
         crate::pg::compat::condition_variable_cancel_sleep();
+        how
     }
 }
 

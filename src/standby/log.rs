@@ -2,7 +2,7 @@
 //! transaction that logged latches logs its end right after its commit or
 //! abort record.
 
-use super::record;
+use super::record::{self, End};
 use crate::pg::wal;
 use pgkvx_latch::{RelId, Span, Xid};
 use std::cell::{Cell, RefCell};
@@ -44,18 +44,18 @@ pub fn logged() -> bool {
     LOGGED.try_with(|l| l.get().is_some()).unwrap_or(false)
 }
 
-/// The transaction ended: if it logged latches, logs that it did, so a
-/// standby drops them when it replays this (just after the commit or
-/// abort record) and wakes whoever waits there; flushed soon, not waited
+/// The transaction ended (or prepared, holding no latches): if it logged
+/// latches, logs that it did, so a standby drops them when it replays
+/// this (just after the commit, abort or prepare record) and wakes whoever waits there; flushed soon, not waited
 /// for, so a quiet primary still sends it promptly.  A release lost to a
 /// crash costs a standby nothing but memory until it sees the
 /// transaction gone (redo.rs).
-pub fn transaction_ended(committed: bool) {
+pub fn transaction_ended(end: End) {
     let Some(xid) = LOGGED.with(|l| l.take()) else { return };
     if !wal::logs_for_standbys() {
         return;
     }
     let mut b = Vec::with_capacity(8);
-    record::encode_release(xid, committed, &mut b);
+    record::encode_release(xid, end, &mut b);
     wal::flush_soon(wal::insert(record::RELEASE, &b));
 }

@@ -15,6 +15,8 @@ pub mod log;
 mod record;
 mod redo;
 
+pub use record::End;
+
 use pgrx::pg_sys;
 
 /// The resource manager; Postgres keeps a pointer to it for the server's

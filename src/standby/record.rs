@@ -6,8 +6,9 @@
 //!   Written when the latch is published, before the write it covers; for
 //!   a drawn key right after the draw's section, before any later-drawn
 //!   key's commit.
-//! - `RELEASE`: transaction `xid` ended (committed or not); written just
-//!   after its commit or abort record.
+//! - `RELEASE`: transaction `xid` ended (committed, aborted, or prepared:
+//!   a prepared transaction holds no latches); written just after its
+//!   commit, abort or prepare record.
 //!
 //! All integers little-endian.  A span is its start (length byte, bytes)
 //! and its end (length byte, bytes; length 0xFF for +∞).
@@ -23,11 +24,28 @@ pub const KIND_MASK: u8 = 0xF0;
 
 const INFINITE_END: u8 = 0xFF;
 
+/// How a transaction that logged latches ended, as its `RELEASE` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Aborted = 0,
+    Committed = 1,
+    /// PREPARE TRANSACTION: refused while latches are held, so whatever
+    /// the standby still has of it (latches its rolled-back savepoints
+    /// released on the primary) goes.
+    Prepared = 2,
+}
+
+impl End {
+    fn of(b: u8) -> Option<End> {
+        [End::Aborted, End::Committed, End::Prepared].into_iter().find(|e| *e as u8 == b)
+    }
+}
+
 /// One decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Latch { rel: RelId, owner: u32, xid: Xid, pid: i32, spans: Vec<Span> },
-    Release { xid: Xid, committed: bool },
+    Release { xid: Xid, end: End },
 }
 
 /// Appends a `LATCH` record's body for `spans` (not empty) to `out`.
@@ -53,9 +71,9 @@ pub fn encode_latch(rel: RelId, owner: u32, xid: Xid, pid: i32, spans: &[Span], 
 }
 
 /// Appends a `RELEASE` record's body to `out`.
-pub fn encode_release(xid: Xid, committed: bool, out: &mut Vec<u8>) {
+pub fn encode_release(xid: Xid, end: End, out: &mut Vec<u8>) {
     out.extend_from_slice(&xid.0.to_le_bytes());
-    out.push(u8::from(committed));
+    out.push(end as u8);
 }
 
 struct Bytes<'a>(&'a [u8]);
@@ -95,7 +113,7 @@ pub fn decode(kind: u8, data: &[u8]) -> Option<Record> {
             }
             Record::Latch { rel: RelId::new(db, rel), owner, xid, pid, spans }
         }
-        RELEASE => Record::Release { xid: Xid(b.u32()?), committed: b.u8()? != 0 },
+        RELEASE => Record::Release { xid: Xid(b.u32()?), end: End::of(b.u8()?)? },
         _ => return None,
     };
     b.0.is_empty().then_some(rec)
@@ -133,8 +151,13 @@ impl fmt::Display for Record {
                 }
                 Ok(())
             }
-            Record::Release { xid, committed } => {
-                write!(f, "xid {} {}", xid.0, if *committed { "committed" } else { "aborted" })
+            Record::Release { xid, end } => {
+                let how = match end {
+                    End::Aborted => "aborted",
+                    End::Committed => "committed",
+                    End::Prepared => "prepared",
+                };
+                write!(f, "xid {} {how}", xid.0)
             }
         }
     }
@@ -157,9 +180,15 @@ mod tests {
             "xid 745 pid 4242 rel 16384/24576 owner 10 spans [8000000000000007, 800000000000000700) [0102, +inf) [, +inf)"
         );
         let mut buf = Vec::new();
-        encode_release(Xid(745), true, &mut buf);
-        assert_eq!(decode(RELEASE, &buf), Some(Record::Release { xid: Xid(745), committed: true }));
+        encode_release(Xid(745), End::Committed, &mut buf);
+        assert_eq!(decode(RELEASE, &buf), Some(Record::Release { xid: Xid(745), end: End::Committed }));
         assert_eq!(decode(RELEASE | 0x01, &buf), decode(RELEASE, &buf), "the low bits are not ours");
+        for end in [End::Aborted, End::Prepared] {
+            let mut buf = Vec::new();
+            encode_release(Xid(9), end, &mut buf);
+            assert_eq!(decode(RELEASE, &buf), Some(Record::Release { xid: Xid(9), end }));
+        }
+        assert_eq!(decode(RELEASE, &[9, 0, 0, 0, 3]), None, "an unknown end");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! full, the transaction's latches are not dropped but turned into fog
 //! (the latch core's `raise_fog`): every reader waits for it.
 
-use super::record::{self, Record};
+use super::record::{self, End, Record};
 use crate::pg::wal;
 use crate::shmem::{self, backend, table};
 use pgkvx_latch::{AcquireError, Holder, Holdings, KeyBuf, Limits, RelId, Span, TxEnd, Xid};
@@ -61,8 +61,8 @@ pub unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
     let (kind, data) = unsafe { wal::record_parts(record) };
     match record::decode(kind, data) {
         Some(Record::Latch { rel, owner, xid, pid, spans }) => replay_latches(rel, owner, xid, pid, &spans),
-        Some(Record::Release { xid, committed }) => {
-            REPLAY.with(|r| end(&mut r.borrow_mut(), xid, committed));
+        Some(Record::Release { xid, end: how }) => {
+            REPLAY.with(|r| end(&mut r.borrow_mut(), xid, how == End::Committed));
         }
         None => {
             // Unreadable: whatever it said, it said about an xid below the
@@ -169,6 +169,9 @@ fn sweep_now_and_then(r: &mut Replay) {
         return;
     }
     r.since_sweep = 0;
+    // Once every transaction below the fog has ended and no snapshot here
+    // has one in flight, the fog lifts (long before xids wrap around it).
+    table().lift_fog_passed(backend::running_horizon());
     let gone: Vec<u32> = r
         .by_xid
         .keys()
@@ -196,6 +199,7 @@ fn next_xid() -> Xid {
 #[pg_guard]
 pub extern "C-unwind" fn startup() {
     table().raise_fog(next_xid());
+    shmem::wakeups::note_startup_process();
 }
 
 /// Recovery ends (`rm_cleanup`: promotion, or the end of crash recovery):

@@ -243,3 +243,126 @@ def test_a_recovery_conflict_cancels_a_waiting_standby_tail_with_postgres_own_er
         finally:
             s.execute("ALTER SYSTEM RESET max_standby_streaming_delay")
             s.execute("SELECT pg_reload_conf()")
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "fenced"])
+def test_a_later_repeatable_read_tail_on_a_standby_fails_rather_than_skip_a_writer_that_committed(db, standby, mode):
+    # The transaction's snapshot has the writer of 6 in flight; it commits
+    # (and its latch is released on the standby) before the tail reads.
+    # The tail cannot show 6 at that snapshot, so it must fail, as on the
+    # primary -- not return 7 alone.  The standby's horizon must count the
+    # primary's running transactions, or the released latch goes at once.
+    with connect(db) as p, connect(db, **standby) as s, writer_behind_a_commit(p, db, f"sb_rr_{mode}") as w6:
+        replayed(p, s)
+        time.sleep(0.2)  # a horizon refreshed with nobody reading on the standby
+        with connect(db, autocommit=False, **standby) as r:
+            r.execute(f"SET pgkvx.scan_mode = {mode}")
+            r.commit()
+            r.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            r.execute("SELECT 1")
+            w6.commit()
+            replayed(p, s)
+            with pytest.raises(psycopg.errors.SerializationFailure):
+                r.execute(TAIL.format(t=f"sb_rr_{mode}"), (5,)).fetchall()
+            r.rollback()
+            # A fresh transaction reads both.
+            assert r.execute(TAIL.format(t=f"sb_rr_{mode}"), (5,)).fetchall() == [(6,), (7,)]
+
+
+def test_a_prepared_transaction_leaves_nothing_latched_on_the_standby(db, standby):
+    # Its savepoint latched key 5 and rolled back (the primary released the
+    # latch then); PREPARE needs no latches held, and the standby drops
+    # what it still has of the transaction when it replays the PREPARE.
+    with connect(db) as p, connect(db, **standby) as s:
+        if p.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'sb_prep'").fetchone()[0]:
+            p.execute("ROLLBACK PREPARED 'sb_prep'")  # left by an interrupted run
+        events_table(p, "sb_prep")
+        walinspect = p.execute(
+            "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'").fetchone()[0]
+        if walinspect:
+            p.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        (start,) = p.execute("SELECT pg_switch_wal()").fetchone()
+        with connect(db, autocommit=False) as w:
+            w.execute("SAVEPOINT s")
+            w.execute("UPDATE sb_prep SET payload = 'u' WHERE id = 5")
+            (xid,) = w.execute("SELECT txid_current()").fetchone()
+            w.execute("ROLLBACK TO SAVEPOINT s")
+            w.execute("PREPARE TRANSACTION 'sb_prep'")
+            # This session's next transaction logs no end for the prepared one.
+            w.execute("SELECT 1")
+            w.commit()
+        try:
+            replayed(p, s)
+            assert s.execute("SELECT count(*) FROM pgkvx.latches WHERE holder_xid = %s", (xid,)).fetchone() == (0,)
+            s.execute("SET statement_timeout = '10s'")
+            assert s.execute(TAIL.format(t="sb_prep"), (3,)).fetchall() == [(4,), (5,)]
+            if walinspect:
+                p.execute("SELECT pg_switch_wal()")
+                (end,) = p.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
+                ends = [r[0] for r in p.execute(
+                    "SELECT description FROM pg_get_wal_records_info(%s, %s) "
+                    "WHERE resource_manager = 'pgkvx' AND record_type = 'RELEASE' AND description LIKE %s",
+                    (start, end, f"xid {xid} %")).fetchall()]
+                assert ends == [f"xid {xid} prepared"], ends
+        finally:
+            p.execute("ROLLBACK PREPARED 'sb_prep'")
+
+
+def test_wait_for_on_a_standby_runs_inside_a_transaction_block(db, standby):
+    with connect(db) as p, connect(db, **standby) as s:
+        events_table(p, "sb_wait_tx")
+        replayed(p, s)
+        # Its lock check is a read: it assigns no xid (refused in recovery).
+        s.execute("BEGIN")
+        assert s.execute("SELECT pgkvx.wait_for('sb_wait_tx', '5', '50 milliseconds')").fetchone() == (False,)
+        assert s.execute("SELECT pgkvx.wait_for('sb_wait_tx', '4', '50 milliseconds')").fetchone() == (True,)
+        s.execute("COMMIT")
+
+
+def test_a_standby_tail_does_not_hold_replay_up_when_replay_waits_for_it(db, standby):
+    # The tail waits for the writer of 6; behind that writer's end, WAL
+    # holds a cleanup that conflicts with the tail's snapshot.  Replay waits
+    # for the tail, the tail for replay: the tail gives way, with
+    # PostgreSQL's own recovery-conflict error, and replay goes on.  With
+    # max_standby_streaming_delay = -1 PostgreSQL never cancels the tail
+    # itself: without pgkvx giving way, it would end only at its
+    # statement_timeout (57014).
+    with connect(db) as p, connect(db, **standby) as s:
+        s.execute("ALTER SYSTEM SET max_standby_streaming_delay = -1")
+        s.execute("SELECT pg_reload_conf()")
+        p.execute("DROP TABLE IF EXISTS sb_stall_junk")
+        p.execute("CREATE TABLE sb_stall_junk (x int) WITH (autovacuum_enabled = off)")
+        p.execute("INSERT INTO sb_stall_junk SELECT generate_series(1, 1000)")
+        with connect(db, autocommit=False) as old:
+            old.execute("DELETE FROM sb_stall_junk")
+            w6 = writer_behind_a_commit(p, db, "sb_stall")
+            try:
+                replayed(p, s)
+                err = []
+
+                def read():
+                    with connect(db, **standby) as r:
+                        r.execute("SET pgkvx.scan_mode = fenced")
+                        r.execute("SET statement_timeout = '30s'")
+                        try:
+                            r.execute(TAIL.format(t="sb_stall"), (5,)).fetchall()
+                        except psycopg.Error as e:
+                            err.append(e)
+
+                th = threading.Thread(target=read)
+                th.start()
+                time.sleep(0.5)
+                old.commit()
+                p.execute("VACUUM sb_stall_junk")
+                w6.commit()
+                replayed(p, s)  # replay reaches the writer's end
+                th.join(60)
+                assert not th.is_alive()
+                assert len(err) == 1 and err[0].sqlstate == "40001", err
+                assert "conflict with recovery" in str(err[0]), err
+            finally:
+                w6.close()
+                s.execute("ALTER SYSTEM RESET max_standby_streaming_delay")
+                s.execute("SELECT pg_reload_conf()")
+        with connect(db, **standby) as s2:
+            assert s2.execute(TAIL.format(t="sb_stall"), (5,)).fetchall() == [(6,), (7,)]

@@ -444,14 +444,31 @@ class Consumer:
         except Exception as e:  # noqa: BLE001 - reported, checked by the caller
             self.report.errors.append(f"{self.name}: {e!r}")
 
+    def _connect(self):
+        """A connection; on a standby, a session ended by a recovery
+        conflict while it starts (it reads the catalogs) is tried again."""
+        for attempt in range(50):
+            try:
+                return self.connect(autocommit=self.iso is None)
+            except psycopg.OperationalError as e:
+                if not self.reconnect or "conflict with recovery" not in str(e) or attempt == 49:
+                    raise
+                self.report.consumer_retries += 1
+                time.sleep(0.01)
+
     def _session(self):
         """Polls on one connection until drained (True), or until it is
         lost when the consumer reconnects (False)."""
-        with self.connect(autocommit=self.iso is None) as c:
-            for s in self.setup:
-                c.execute(s)
-            if self.iso is not None:
-                c.commit()
+        with self._connect() as c:
+            try:
+                for s in self.setup:
+                    c.execute(s)
+                if self.iso is not None:
+                    c.commit()
+            except psycopg.OperationalError:
+                if self.reconnect and (c.broken or c.closed):
+                    return False
+                raise
             while True:
                 try:
                     if self.iso is not None:
