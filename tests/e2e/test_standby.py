@@ -366,3 +366,30 @@ def test_a_standby_tail_does_not_hold_replay_up_when_replay_waits_for_it(db, sta
                 s.execute("SELECT pg_reload_conf()")
         with connect(db, **standby) as s2:
             assert s2.execute(TAIL.format(t="sb_stall"), (5,)).fetchall() == [(6,), (7,)]
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "off"])
+def test_arrow_scan_on_a_standby_waits_for_a_writer_inside_what_it_reads(db, standby, mode):
+    from test_arrow import chunks, read_pyarrow
+    t = f"sb_arrow_{mode}"
+    with connect(db) as p, connect(db, **standby) as s, writer_behind_a_commit(p, db, t) as w6:
+        replayed(p, s)
+        out = []
+
+        def scan():
+            with connect(db, **standby) as r:
+                r.execute(f"SET pgkvx.scan_mode = {mode}")
+                r.execute("SET statement_timeout = '60s'")
+                buf = b"".join(chunks(r, "SELECT pgkvx.arrow_scan(%s::regclass)", (t,)))
+                out.append(read_pyarrow(buf).column("id").to_pylist())
+
+        th = threading.Thread(target=scan)
+        th.start()
+        time.sleep(1.0)  # time for a scan that did not wait to return without 6
+        w6.commit()
+        replayed(p, s)
+        th.join(60)
+        assert not th.is_alive()
+        # Protected, the scan waited and has 6; off, it did not (what makes
+        # this test able to fail).
+        assert out == [[1, 2, 3, 4, 5, 6, 7] if mode == "optimistic" else [1, 2, 3, 4, 5, 7]], out
