@@ -74,8 +74,9 @@ pub(crate) struct Header {
     pub cfg: Config,
     /// Publication order of latches; gives `next_key` draws a total order.
     pub seq: AtomicU64,
-    /// The next draw ticket (draw_order.rs).
+    /// The next draw ticket, and how many are out (draw_order.rs).
     pub draw_ticket: AtomicU64,
+    pub draw_tickets_out: AtomicU32,
     /// Free entry stack, tagged against ABA: `tag << 32 | index`.
     pub free_head: AtomicU64,
     pub free_count: AtomicU32,
@@ -444,6 +445,7 @@ unsafe fn write_header(at: *mut Header, cfg: &Config) {
         cfg: *cfg,
         seq: AtomicU64::new(1),
         draw_ticket: AtomicU64::new(1),
+        draw_tickets_out: AtomicU32::new(0),
         free_head: AtomicU64::new(0),
         free_count: AtomicU32::new(cfg.max_entries),
         node_free_head: AtomicU64::new(0),

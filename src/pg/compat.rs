@@ -26,6 +26,22 @@ pub fn my_proc_number() -> Option<i32> {
     Some(unsafe { pg_sys::MyProcNumber })
 }
 
+/// Whether this backend holds a lock on `tag` in a mode a standby query
+/// can take (ACCESS SHARE to ROW EXCLUSIVE).
+#[cfg(pre_pg17)]
+pub fn holds_lock(tag: &pg_sys::LOCKTAG) -> bool {
+    // SAFETY: a lookup in this backend's own lock table.
+    (1..=pg_sys::RowExclusiveLock as pg_sys::LOCKMODE).any(|m| unsafe { pg_sys::LockHeldByMe(tag, m) })
+}
+
+/// Whether this backend holds a lock on `tag` in a mode a standby query
+/// can take (ACCESS SHARE or stronger).  PG17 added `orstronger`.
+#[cfg(pg17_up)]
+pub fn holds_lock(tag: &pg_sys::LOCKTAG) -> bool {
+    // SAFETY: a lookup in this backend's own lock table.
+    unsafe { pg_sys::LockHeldByMe(tag, pg_sys::AccessShareLock as pg_sys::LOCKMODE, true) }
+}
+
 /// get_ordering_op_properties: the btree family, input type and strategy
 /// number (BTLessStrategyNumber or BTGreaterStrategyNumber) of ordering
 /// operator `op`, or None when it is none.  PG18 answers with a CompareType,

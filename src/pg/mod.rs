@@ -5,6 +5,7 @@
 //! from text, times), `settings` (settings pinned around SQL of ours),
 //! `xact` (whether the transaction is live), `acl` (privileges), `memcx` (memory-context callbacks), `index_scan`,
 //! `recovery` (what a hot standby's startup process waits for), `wal` (our WAL records),
+//! `wait_event` (pg_stat_activity's wait event for a wait of ours),
 //! `boundary` and `raw` (calling Postgres), and `compat`: every difference
 //! between the majors, one function each.
 
@@ -20,6 +21,7 @@ pub mod raw;
 pub mod recovery;
 pub mod rel;
 pub mod settings;
+pub mod wait_event;
 pub mod wal;
 pub mod walk;
 pub mod xact;
@@ -34,6 +36,7 @@ pub use list::{bitmapset_members, list_ints, list_iter, list_len, list_nth, list
 pub use names::{qualified_name, quote_ident, quote_literal, regclass_text, rel_name, relation_named};
 pub use rel::{tupdesc_attrs, Attr, OpenRel};
 pub use settings::{with_pinned_settings, with_settings};
+pub use wait_event::WaitEvent;
 pub use xact::in_live_transaction;
 
 #[cfg(feature = "pg_test")]

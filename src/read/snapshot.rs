@@ -378,12 +378,12 @@ pub fn wait_for(xid: Xid) -> i64 {
     }
 }
 
-/// Replay waits on a recovery conflict while this read waits for replay
-/// to show writer `xid`'s end: if the conflict is with this session (its
-/// snapshot, a lock it holds), neither would ever go on, and replay would
-/// stall for every reader of the standby until PostgreSQL cancels this
-/// one (max_standby_streaming_delay).  The read ends now instead, with
-/// the error PostgreSQL's own cancellation gives.
+/// Replay waits on a recovery conflict with this session (its snapshot, a
+/// lock it holds) while this read waits for replay to show writer `xid`'s
+/// end: neither would ever go on, and replay would stall for every reader
+/// of the standby until PostgreSQL cancels this one
+/// (max_standby_streaming_delay).  The read ends now instead, with the
+/// error PostgreSQL's own cancellation gives.
 fn replay_waits_for_us(xid: Xid) -> ! {
     crate::errors::raise_full(
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,

@@ -172,11 +172,10 @@ pub fn refresh_horizon(force: bool) {
     let h = running_horizon();
     table().maintainer().set_horizon(h);
     // On a hot standby: the fog lifts once every transaction below it has
-    // ended.  Only once the standby tracks them all, which any process but
-    // the startup process may take for granted (none runs before); redo
+    // ended -- known only once the standby tracks them all, which it does
+    // once it admits queries (maintenance workers run before); redo
     // lifts it itself once it knows.
-    // SAFETY: plain read of recovery state.
-    if unsafe { crate::pg::raw::RecoveryInProgress() } && !crate::pg::recovery::in_startup_process() {
+    if crate::pg::recovery::hot_standby_active() && !crate::pg::recovery::in_startup_process() {
         table().lift_fog_passed(h);
     }
 }
@@ -627,8 +626,11 @@ pub fn latch_in_draw(relid: pg_sys::Oid, span: &Span, h: &Holder) -> Result<Latc
         held.set_journaling(log);
         let published = t.latch(my_slot(), &mut held, rel_id(relid), span, h, &unlimited);
         // Logged right after the section (log_draw); the ticket makes every
-        // later drawer's commit wait for that (latch/draw_order.rs).
-        if held.journal_pending() {
+        // later drawer's commit wait for that (latch/draw_order.rs).  Every
+        // draw takes one, also one its transaction's own span covers (a
+        // bulk load's latch_span): its commit must still follow every
+        // earlier draw's latch in WAL.
+        if log {
             let ticket = t.take_draw_ticket(my_slot());
             DRAW_TICKET.with(|d| d.set(d.get().max(ticket)));
         }
@@ -664,6 +666,10 @@ fn order_commit_after_earlier_draws() {
     let ticket = DRAW_TICKET.with(|d| d.get());
     let t = table().writer();
     let slot = my_slot();
+    if !t.older_draw_unlogged(slot, ticket) {
+        return;
+    }
+    let _wait = crate::pg::WaitEvent::extension();
     let mut spins = 0u32;
     while t.older_draw_unlogged(slot, ticket) {
         spins += 1;
@@ -726,5 +732,26 @@ pub fn make_room() {
     if t.free_entries() < 64 {
         refresh_horizon(true);
         t.relieve_pressure(my_slot());
+    }
+}
+
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// Every key draw takes a draw ticket, so its commit waits for earlier
+    /// draws' latches to be in WAL -- also a draw the transaction's own
+    /// span latch covers (nothing new published, nothing to log).
+    #[pg_test]
+    fn every_draw_orders_its_commit_covered_or_not() {
+        if !crate::standby::log::wanted() {
+            return; // a server writing no WAL for standbys orders nothing
+        }
+        Spi::run("CREATE TABLE dt (id bigserial PRIMARY KEY); SELECT pgkvx.enable('dt', gapless => true)").unwrap();
+        Spi::run("SELECT pgkvx.latch_span('dt', NULL, NULL)").unwrap();
+        assert!(!super::drew_logged_keys());
+        Spi::run("INSERT INTO dt DEFAULT VALUES").unwrap();
+        assert!(super::drew_logged_keys(), "a draw under the transaction's own span took no ticket");
     }
 }

@@ -730,14 +730,14 @@ const STANDBY_RECHECK_MS: i64 = 20;
 pub enum Replayed {
     /// `ended()` said so.
     Ended,
-    /// Replay waits on a recovery conflict, maybe with this very session,
-    /// so it may never reach the end waited for.
+    /// Replay waits on a recovery conflict this session is part of, so it
+    /// would never reach the end waited for.
     ReplayWaits,
 }
 
 /// On a hot standby: sleeps until `ended()` says so, woken whenever
 /// recovery replays the end of a latching transaction, or until replay
-/// itself waits on a recovery conflict.  The sleep is interruptible
+/// itself waits on a recovery conflict with this session.  The sleep is interruptible
 /// (cancel, statement_timeout, recovery conflicts) and shows as wait event
 /// Extension.
 pub fn sleep_until_replayed(ended: impl Fn() -> bool) -> Replayed {
@@ -751,7 +751,7 @@ pub fn sleep_until_replayed(ended: impl Fn() -> bool) -> Replayed {
         pg_sys::ConditionVariablePrepareToSleep(cv);
         let mut how = Replayed::Ended;
         while !ended() {
-            if crate::pg::recovery::waits_on_recovery_conflict(startup) {
+            if crate::pg::recovery::replay_waits_on_me(startup) {
                 how = Replayed::ReplayWaits;
                 break;
             }

@@ -393,3 +393,40 @@ def test_arrow_scan_on_a_standby_waits_for_a_writer_inside_what_it_reads(db, sta
         # Protected, the scan waited and has 6; off, it did not (what makes
         # this test able to fail).
         assert out == [[1, 2, 3, 4, 5, 6, 7] if mode == "optimistic" else [1, 2, 3, 4, 5, 7]], out
+
+
+def test_a_standby_tail_keeps_waiting_through_a_recovery_conflict_it_is_no_part_of(db, standby):
+    # Replay waits for another standby session's lock on another table; the
+    # tail holds nothing replay waits for, so it keeps waiting for its
+    # writer (an error would do nothing for replay), and reads 6 and 7
+    # once that session lets go and replay shows the writer's commit.
+    with connect(db) as p, connect(db, **standby) as s:
+        p.execute("DROP TABLE IF EXISTS sb_other")
+        p.execute("CREATE TABLE sb_other (x int)")
+        s.execute("ALTER SYSTEM SET max_standby_streaming_delay = -1")
+        s.execute("SELECT pg_reload_conf()")
+        w6 = writer_behind_a_commit(p, db, "sb_bystander")
+        try:
+            replayed(p, s)
+            with connect(db, autocommit=False, **standby) as other:
+                other.execute("SELECT count(*) FROM sb_other")  # holds ACCESS SHARE on it
+                th, out = read_in_thread(standby, db, "fenced", TAIL.format(t="sb_bystander"), (5,))
+                time.sleep(0.3)
+                with connect(db, autocommit=False) as locker:
+                    locker.execute("LOCK TABLE sb_other IN ACCESS EXCLUSIVE MODE")
+                    locker.execute("SELECT txid_current()")
+                    locker.commit()
+                w6.commit()
+                # Replay now waits for `other`; the tail must not give way.
+                time.sleep(0.5)
+                assert th.is_alive() and out == [], out
+                other.rollback()
+            with connect(db, **standby) as s2:
+                replayed(p, s2)
+            th.join(60)
+            assert not th.is_alive()
+            assert out == [[6, 7]], out
+        finally:
+            w6.close()
+            s.execute("ALTER SYSTEM RESET max_standby_streaming_delay")
+            s.execute("SELECT pg_reload_conf()")
