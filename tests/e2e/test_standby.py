@@ -3,6 +3,7 @@ standby waits for exactly the writers a tail on the primary would -- one
 whose latch it replayed, one that ended, and one whose latch it never saw
 because it started before the standby's replay did -- and every other read
 there runs as plain PostgreSQL."""
+import contextlib
 import threading
 import time
 
@@ -197,52 +198,67 @@ def test_wait_for_on_a_standby_wakes_when_the_commit_past_its_cursor_is_replayed
         assert woken == 1, "woken by the replayed commit, not by its timeout"
 
 
-def test_a_recovery_conflict_cancels_a_waiting_standby_tail_with_postgres_own_error(db, standby):
+@contextlib.contextmanager
+def standby_setting(s, name, value):
+    """`name` set to `value` on the standby `s` is connected to, for the
+    block."""
+    s.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+    s.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        s.execute(f"ALTER SYSTEM RESET {name}")
+        s.execute("SELECT pg_reload_conf()")
+
+
+@pytest.mark.parametrize("delay", ["500ms", "-1"])
+def test_a_waiting_standby_tail_replay_waits_for_gives_way_with_postgres_own_error(db, standby, delay):
     # An older transaction deletes rows and is running when the standby's
     # tail takes its snapshot; it ends, the primary vacuums its deletes away
     # (the writer the tail waits for is newer, so it does not hold them),
-    # and replaying that cleanup conflicts with the waiting tail's snapshot.
-    # PostgreSQL cancels it with its own error; nothing is returned.
-    with connect(db) as p, connect(db, **standby) as s:
-        p.execute("DROP TABLE IF EXISTS sb_conflict_junk")
-        p.execute("CREATE TABLE sb_conflict_junk (x int) WITH (autovacuum_enabled = off)")
-        p.execute("INSERT INTO sb_conflict_junk SELECT generate_series(1, 1000)")
-        s.execute("ALTER SYSTEM SET max_standby_streaming_delay = '500ms'")
-        s.execute("SELECT pg_reload_conf()")
-        try:
-            with connect(db, autocommit=False) as old:
-                old.execute("DELETE FROM sb_conflict_junk")
-                w6 = writer_behind_a_commit(p, db, "sb_conflict")
-                try:
-                    replayed(p, s)
-                    err = []
+    # and the writer commits.  Replay of the cleanup waits for the tail, the
+    # tail for replay of the commit behind it: the tail gives way with
+    # PostgreSQL's own recovery-conflict error, and replay goes on.  With
+    # max_standby_streaming_delay = -1 PostgreSQL never cancels the tail
+    # itself: without pgkvx giving way it would end only at its
+    # statement_timeout (57014).
+    t = "sb_conflict" + ("_forever" if delay == "-1" else "")
+    with connect(db) as p, connect(db, **standby) as s, standby_setting(s, "max_standby_streaming_delay", delay):
+        p.execute(f"DROP TABLE IF EXISTS {t}_junk")
+        p.execute(f"CREATE TABLE {t}_junk (x int) WITH (autovacuum_enabled = off)")
+        p.execute(f"INSERT INTO {t}_junk SELECT generate_series(1, 1000)")
+        with connect(db, autocommit=False) as old:
+            old.execute(f"DELETE FROM {t}_junk")
+            w6 = writer_behind_a_commit(p, db, t)
+            try:
+                replayed(p, s)
+                err = []
 
-                    def read():
-                        with connect(db, **standby) as r:
-                            r.execute("SET pgkvx.scan_mode = fenced")
-                            try:
-                                r.execute(TAIL.format(t="sb_conflict"), (5,)).fetchall()
-                            except psycopg.Error as e:
-                                err.append(e)
-                            # The session goes on.
-                            assert r.execute("SELECT 1").fetchone() == (1,)
+                def read():
+                    with connect(db, **standby) as r:
+                        r.execute("SET pgkvx.scan_mode = fenced")
+                        r.execute("SET statement_timeout = '30s'")
+                        try:
+                            r.execute(TAIL.format(t=t), (5,)).fetchall()
+                        except psycopg.Error as e:
+                            err.append(e)
+                        # The session goes on.
+                        assert r.execute("SELECT 1").fetchone() == (1,)
 
-                    th = threading.Thread(target=read)
-                    th.start()
-                    time.sleep(0.5)
-                    old.commit()
-                    p.execute("VACUUM sb_conflict_junk")
-                    replayed(p, s)
-                    th.join(60)
-                    assert not th.is_alive(), "the conflicting tail was not cancelled"
-                    assert len(err) == 1 and err[0].sqlstate == "40001", err
-                    assert "conflict with recovery" in str(err[0]), err
-                finally:
-                    w6.rollback()
-                    w6.close()
-        finally:
-            s.execute("ALTER SYSTEM RESET max_standby_streaming_delay")
-            s.execute("SELECT pg_reload_conf()")
+                th = threading.Thread(target=read)
+                th.start()
+                time.sleep(0.5)
+                old.commit()
+                p.execute(f"VACUUM {t}_junk")
+                w6.commit()
+                replayed(p, s)  # replay reaches the writer's end
+                th.join(60)
+                assert not th.is_alive(), "the conflicting tail did not give way"
+                assert len(err) == 1 and err[0].sqlstate == "40001", err
+                assert "conflict with recovery" in str(err[0]), err
+            finally:
+                w6.close()
+        assert s.execute(TAIL.format(t=t), (5,)).fetchall() == [(6,), (7,)]
 
 
 @pytest.mark.parametrize("mode", ["optimistic", "fenced"])
@@ -319,55 +335,6 @@ def test_wait_for_on_a_standby_runs_inside_a_transaction_block(db, standby):
         s.execute("COMMIT")
 
 
-def test_a_standby_tail_does_not_hold_replay_up_when_replay_waits_for_it(db, standby):
-    # The tail waits for the writer of 6; behind that writer's end, WAL
-    # holds a cleanup that conflicts with the tail's snapshot.  Replay waits
-    # for the tail, the tail for replay: the tail gives way, with
-    # PostgreSQL's own recovery-conflict error, and replay goes on.  With
-    # max_standby_streaming_delay = -1 PostgreSQL never cancels the tail
-    # itself: without pgkvx giving way, it would end only at its
-    # statement_timeout (57014).
-    with connect(db) as p, connect(db, **standby) as s:
-        s.execute("ALTER SYSTEM SET max_standby_streaming_delay = -1")
-        s.execute("SELECT pg_reload_conf()")
-        p.execute("DROP TABLE IF EXISTS sb_stall_junk")
-        p.execute("CREATE TABLE sb_stall_junk (x int) WITH (autovacuum_enabled = off)")
-        p.execute("INSERT INTO sb_stall_junk SELECT generate_series(1, 1000)")
-        with connect(db, autocommit=False) as old:
-            old.execute("DELETE FROM sb_stall_junk")
-            w6 = writer_behind_a_commit(p, db, "sb_stall")
-            try:
-                replayed(p, s)
-                err = []
-
-                def read():
-                    with connect(db, **standby) as r:
-                        r.execute("SET pgkvx.scan_mode = fenced")
-                        r.execute("SET statement_timeout = '30s'")
-                        try:
-                            r.execute(TAIL.format(t="sb_stall"), (5,)).fetchall()
-                        except psycopg.Error as e:
-                            err.append(e)
-
-                th = threading.Thread(target=read)
-                th.start()
-                time.sleep(0.5)
-                old.commit()
-                p.execute("VACUUM sb_stall_junk")
-                w6.commit()
-                replayed(p, s)  # replay reaches the writer's end
-                th.join(60)
-                assert not th.is_alive()
-                assert len(err) == 1 and err[0].sqlstate == "40001", err
-                assert "conflict with recovery" in str(err[0]), err
-            finally:
-                w6.close()
-                s.execute("ALTER SYSTEM RESET max_standby_streaming_delay")
-                s.execute("SELECT pg_reload_conf()")
-        with connect(db, **standby) as s2:
-            assert s2.execute(TAIL.format(t="sb_stall"), (5,)).fetchall() == [(6,), (7,)]
-
-
 @pytest.mark.parametrize("mode", ["optimistic", "off"])
 def test_arrow_scan_on_a_standby_waits_for_a_writer_inside_what_it_reads(db, standby, mode):
     from test_arrow import chunks, read_pyarrow
@@ -400,11 +367,9 @@ def test_a_standby_tail_keeps_waiting_through_a_recovery_conflict_it_is_no_part_
     # tail holds nothing replay waits for, so it keeps waiting for its
     # writer (an error would do nothing for replay), and reads 6 and 7
     # once that session lets go and replay shows the writer's commit.
-    with connect(db) as p, connect(db, **standby) as s:
+    with connect(db) as p, connect(db, **standby) as s, standby_setting(s, "max_standby_streaming_delay", "-1"):
         p.execute("DROP TABLE IF EXISTS sb_other")
         p.execute("CREATE TABLE sb_other (x int)")
-        s.execute("ALTER SYSTEM SET max_standby_streaming_delay = -1")
-        s.execute("SELECT pg_reload_conf()")
         w6 = writer_behind_a_commit(p, db, "sb_bystander")
         try:
             replayed(p, s)
@@ -428,5 +393,3 @@ def test_a_standby_tail_keeps_waiting_through_a_recovery_conflict_it_is_no_part_
             assert out == [[6, 7]], out
         finally:
             w6.close()
-            s.execute("ALTER SYSTEM RESET max_standby_streaming_delay")
-            s.execute("SELECT pg_reload_conf()")
