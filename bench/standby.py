@@ -53,11 +53,10 @@ def standby_server():
     """Starts the asynchronous standby; its libpq keywords."""
     script = os.path.join(ROOT, "scripts", "replica")
     subprocess.run([script, "start-async"], check=True)
-    env = subprocess.run(["bash", "-c", f". {ROOT}/scripts/env.sh; echo $PGKVX_CLUSTER"],
-                         check=True, capture_output=True, text=True).stdout.strip()
-    with open(f"{env}-replica/port") as f:
+    replica = os.environ["PGKVX_CLUSTER"] + "-replica"  # bench/run exports it (scripts/env.sh)
+    with open(f"{replica}/port") as f:
         port = f.read().strip()
-    return {"host": f"{env}-replica/sock", "port": port}
+    return {"host": f"{replica}/sock", "port": port}
 
 
 def main(argv):

@@ -172,11 +172,6 @@ impl Holdings {
         }
     }
 
-    /// Whether latches were published since the last drain.
-    pub fn journal_pending(&self) -> bool {
-        !self.journal.is_empty()
-    }
-
     /// The latches published since the last drain, in publication order.
     pub fn drain_journal(&mut self) -> std::vec::Drain<'_, (RelId, Span)> {
         self.journal.drain(..)

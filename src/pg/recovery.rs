@@ -3,14 +3,9 @@
 
 use pgrx::pg_sys;
 
-/// Whether this process is recovery's startup process.
-pub fn in_startup_process() -> bool {
-    // SAFETY: plain read of a process global set at process start.
-    unsafe { pg_sys::MyBackendType == pg_sys::BackendType::B_STARTUP }
-}
-
 /// Whether this is a hot standby that admits queries: it then tracks
-/// every transaction running on the primary.
+/// every transaction running on the primary (in every process, the
+/// startup process included).
 pub fn hot_standby_active() -> bool {
     // SAFETY: reads recovery state in shared memory under its spinlock.
     unsafe { crate::pg::raw::RecoveryInProgress() && pg_sys::HotStandbyActive() }

@@ -169,9 +169,6 @@ fn sweep_now_and_then(r: &mut Replay) {
         return;
     }
     r.since_sweep = 0;
-    // Once every transaction below the fog has ended and no snapshot here
-    // has one in flight, the fog lifts (long before xids wrap around it).
-    table().lift_fog_passed(backend::running_horizon());
     let gone: Vec<u32> = r
         .by_xid
         .keys()
