@@ -4,8 +4,8 @@
 //! The map of a statement's life through these modules, a glossary and
 //! where each rule lives: README.md in this folder.
 //!
-//! - plan time: `planner` (which reads are tails), `restartable`,
-//!   `plan_data`, `tree`;
+//! - plan time: `planner` (which reads are tails), `cte_bound` (a cursor
+//!   joined from a CTE made a bound), `restartable`, `plan_data`, `tree`;
 //! - executor start: `statement` (the hooks, the mode), `guards` (decoded
 //!   once), `probe` (where a fenced read ends), `cut` (when a read may stop
 //!   before a later writer's key),
@@ -16,6 +16,7 @@
 
 pub mod attempts;
 pub mod buffer;
+pub mod cte_bound;
 pub mod cut;
 pub mod explain;
 pub mod guards;

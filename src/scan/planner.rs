@@ -89,6 +89,8 @@ unsafe extern "C-unwind" fn planner_hook(
     // SAFETY: the Query about to be planned; identity draws into gapless tables become pgkvx.next_key calls
     // before anything reads it.
     let parse = unsafe { crate::gapless::rewrite::draw_through_next_key(parse) };
+    // SAFETY: the same Query: a tail's cursor joined from a CTE becomes an index bound before planning.
+    unsafe { super::cte_bound::add_cursor_bounds(parse) };
     // SAFETY: the planner's own arguments, read before planning changes them.
     let restartable = unsafe { super::restartable::statement(parse, cursor_options) };
     // SAFETY: chaining the previous hook (or the standard planner) with the same arguments, as plain C calls:

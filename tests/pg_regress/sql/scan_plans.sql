@@ -174,5 +174,31 @@ SELECT bool_and(line !~ 'Index|Disabled') AS no_disabled_scan, bool_or(line ~ 'S
        bool_or(line ~ 'PgkvxLimitScan') AS guarded
   FROM test_support.explain('SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3', false) line;
 RESET enable_indexscan; RESET enable_indexonlyscan; RESET enable_bitmapscan;
+-- a cursor a tail joins to from a CTE PostgreSQL materializes (row locks,
+-- MATERIALIZED) is a bound: the scan starts at it, through an init plan
+-- over the same CTE; an inlined CTE's plan is left as it is.  Each answer
+-- equals the same statement's over a table that is not latched
+CREATE TABLE offs (name text PRIMARY KEY, c bigint);
+INSERT INTO offs VALUES ('a', 1900), ('b', 1500), ('n', NULL);
+SELECT bool_or(line ~ 'Index Cond: \(k > ') AS bounded, bool_or(line ~ 'PgkvxLimitScan') AS guarded,
+       bool_or(line ~ 'InitPlan') AS init_plan
+  FROM test_support.explain('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) '
+                            'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3', false) line;
+SELECT bool_or(line ~ 'Index Cond: \(k > ') AS bounded, bool_or(line ~ 'InitPlan') AS init_plan
+  FROM test_support.explain('WITH o AS (SELECT c FROM offs WHERE name = ''a'') '
+                            'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3', false) line;
+SELECT q, results(q) IS NOT DISTINCT FROM results(replace(q, 'kv', 'plain')) AS same_as_unlatched,
+       same_everywhere(q), results(q) AS answer
+FROM (VALUES
+  ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
+  ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k FROM o JOIN kv ON o.c < kv.k ORDER BY kv.k LIMIT 3'),
+  ('WITH o AS MATERIALIZED (SELECT c FROM offs WHERE name = ''a'') SELECT kv.k FROM kv, o WHERE kv.k >= o.c AND kv.v >= 0 ORDER BY kv.k LIMIT 3'),
+  ('WITH o AS (SELECT c FROM offs WHERE name IN (''a'', ''b'') FOR UPDATE) SELECT kv.k, o.c FROM kv, o WHERE kv.k > o.c ORDER BY kv.k, o.c LIMIT 8'),
+  ('WITH o AS (SELECT c FROM offs WHERE name = ''n'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
+  ('WITH o AS (SELECT c FROM offs WHERE name = ''none'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
+  ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k, o.c FROM kv LEFT JOIN o ON kv.k > o.c ORDER BY kv.k LIMIT 3'),
+  ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c OR kv.k = 10 ORDER BY kv.k LIMIT 3')
+) t(q);
+DROP TABLE offs;
 DROP TABLE kv, comp, plain;
 DROP FUNCTION same_everywhere, results;
