@@ -180,6 +180,12 @@ pub(super) struct OptimisticAttempts {
     /// The latest attempt's footprint against later writers, until the
     /// snapshot moves (a fenced fallback reads at another).
     pub(super) later: Option<Footprint>,
+    /// The statement's guards, decoded at its start; they outlive the
+    /// attempts.
+    pub(super) guards: *const super::guards::Guards,
+    /// Where a fenced fallback's read ends (`probe.rs`), found when first
+    /// asked.
+    pub(super) shapes: Option<Option<Vec<super::probe::Shape>>>,
 }
 
 /// The footprint of the guarded scans of a started executor that has run.
@@ -252,6 +258,28 @@ impl Reader for OptimisticAttempts {
         // show what the rows left out would have matched (an outer
         // join's NULLs, a bound read from another table).
         self.may_cut(CutRule::Strict).then(|| pgkvx_latch::protocol::past(touched))
+    }
+
+    fn probe(&mut self, base: &BaseSnapshot) -> Option<Footprint> {
+        // A read that may stop short strictly stops past what its attempts
+        // touched instead (`stop_past`): no wait past them at all.  Others
+        // probe as a fenced statement does (statement.rs, start_fenced),
+        // where their bounds are known before they run: a bound the
+        // statement computes may differ at the fallback's snapshot.
+        // SAFETY: our statement's QueryDesc, started and run once, and the guards decoded at its start, all
+        // live while it runs.
+        unsafe {
+            let (stmt, params, guards) = ((*self.qd).plannedstmt, (*self.qd).params, &*self.guards);
+            let strict = plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, CutRule::Strict))
+                && cut::statement_may_cut(stmt, self.sole_root, CutRule::Strict);
+            if strict {
+                return None;
+            }
+            let shapes = self.shapes.get_or_insert_with(|| {
+                guards.bounds_known_at_start().then(|| super::probe::shapes(stmt, guards, params)).flatten()
+            });
+            super::probe::probe(&guards.0, shapes.as_deref()?, params, base.snap, crate::read::run::Later::No)
+        }
     }
 
     fn later_ends(&mut self, _base: &BaseSnapshot) -> Option<Footprint> {

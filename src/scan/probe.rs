@@ -55,19 +55,35 @@ use crate::read::span;
 use pgkvx_latch::{Footprint, Span};
 use pgrx::pg_sys::{self, Node};
 
-/// A guard whose read's end can be probed: its index scan's quals and the
-/// rows its LIMIT takes.
+/// A guard whose read's end can be probed: how far it reads, and whether
+/// row locks lie above it.
 pub struct Shape {
     /// Which of the statement's guards.
     guard: usize,
-    /// The scan keys of its index scan, as `ExecIndexBuildScanKeys` makes
-    /// them.
-    keys: Vec<pg_sys::ScanKeyData>,
-    /// The rows its LIMIT takes; None: no LIMIT, it reads to its bound.
-    want: Option<u64>,
+    /// How far its read goes.
+    reach: Reach,
     /// Row locks lie between it and its LIMIT: its scan must stop past
     /// what the fence checked ([`stop_past_checked`]).
     locked: bool,
+}
+
+/// How far a probeable guard's read goes.
+enum Reach {
+    /// The first `want` rows of its index scan with `keys` (the scan keys
+    /// `ExecIndexBuildScanKeys` makes of its quals): a LIMIT with nothing
+    /// between that drops rows.
+    Rows { keys: Vec<pg_sys::ScanKeyData>, want: u64 },
+    /// Every row of that index scan: no LIMIT, it reads to its bound.
+    ToBound { keys: Vec<pg_sys::ScanKeyData> },
+    /// Its end cannot be found by reading its scan's rows (a join or a
+    /// filter lies under its LIMIT, a bound is computed by the statement),
+    /// but it is a tail up the key from a bound open above: it returns no
+    /// row past the last key visible at the snapshot it reads at.  At that
+    /// snapshot it is what an optimistic read that ran out of rows there
+    /// touched (`runtime.rs`, `ran_out`): writers past that key can hold no
+    /// row it returns, and a consumer moving its cursor to its last row
+    /// reads their rows next time.
+    LastVisible,
 }
 
 /// The probeable guards of a statement, found once at executor start;
@@ -116,20 +132,50 @@ unsafe fn shape_of(
     sole_root: Option<pg_sys::Oid>,
 ) -> Option<Shape> {
     let latched = g.latched.as_deref()?;
+    let (order, open_above) = (cut::order_by_plan(g), guards::open_above(&g.plan, &latched.key));
     // SAFETY: the caller's contract: `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
     // parameters.
     unsafe {
-        let Probeable { quals, want, locked } = probeable(stmt, g.cs, &g.plan, latched, params)?;
-        if locked {
-            let (order, open_above) = (cut::order_by_plan(g), guards::open_above(&g.plan, &latched.key));
-            if !cut::may_stop_early(stmt, g.cs, &latched.key, order, open_above, CutRule::LastResort)
-                || !cut::statement_may_cut(stmt, sole_root, CutRule::LastResort)
-            {
+        let may_stop = || {
+            cut::may_stop_early(stmt, g.cs, &latched.key, order, open_above, CutRule::LastResort)
+                && cut::statement_may_cut(stmt, sole_root, CutRule::LastResort)
+        };
+        let exact = probeable(stmt, g.cs, &g.plan, latched, params).and_then(|Probeable { quals, want, locked }| {
+            if locked && !may_stop() {
                 return None;
             }
+            let keys = scan_keys(&latched.key, quals, params)?;
+            let reach = match want {
+                Some(want) => Reach::Rows { keys, want },
+                None => Reach::ToBound { keys },
+            };
+            Some(Shape { guard: 0, reach, locked })
+        });
+        if exact.is_some() {
+            return exact;
         }
-        let keys = scan_keys(&latched.key, quals, params)?;
-        Some(Shape { guard: 0, keys, want, locked })
+        // A tail up the key from a bound open above (Reach::LastVisible);
+        // one in a partition tree reads several indexes.
+        if g.plan.tree || !open_above || order == cut::RowOrder::Other {
+            return None;
+        }
+        let locked = locks_above(stmt, g.cs);
+        if locked && !may_stop() {
+            return None;
+        }
+        Some(Shape { guard: 0, reach: Reach::LastVisible, locked })
+    }
+}
+
+/// Whether row locks lie anywhere above guard `cs` in `stmt`'s plan.
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt holding `cs`.
+unsafe fn locks_above(stmt: *mut pg_sys::PlannedStmt, cs: *mut pg_sys::CustomScan) -> bool {
+    // SAFETY: the caller's contract; plan nodes are only looked at by tag.
+    unsafe {
+        super::plan_walk::path_in_statement(stmt, cs)
+            .is_none_or(|path| path.iter().any(|&p| node_tag(p as *const Node) == pg_sys::NodeTag::T_LockRows))
     }
 }
 
@@ -364,7 +410,8 @@ unsafe fn same_at_every_snapshot(e: *mut Node) -> bool {
 /// the first snapshot (`later`), up to the last row even where the span is
 /// bounded further (the latch core's `protocol`: a reader never chases
 /// them); against every writer a bounded span stays whole, and a read with
-/// no LIMIT is not probed (None).
+/// no LIMIT is not probed (None), unless its end is the last key visible
+/// ([`Reach::LastVisible`]).
 ///
 /// # Safety
 /// `snap` is a registered MVCC snapshot; `shapes` are of `gs`, whose
@@ -376,7 +423,7 @@ pub unsafe fn probe(
     snap: pg_sys::Snapshot,
     later: Later,
 ) -> Option<Footprint> {
-    if later == Later::No && shapes.iter().any(|s| s.want.is_none()) {
+    if later == Later::No && shapes.iter().any(|s| matches!(s.reach, Reach::ToBound { .. })) {
         return None;
     }
     let mut out = Footprint::new();
@@ -386,14 +433,19 @@ pub unsafe fn probe(
         // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; `shapes` are of `gs`, whose
         // statement is starting; `params` its parameters.
         let d = unsafe { guards::declared_of(g, params) };
-        let spans = match s.want {
-            // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; `shapes` are of `gs`,
-            // whose statement is starting; `params` its parameters.
-            None => d.up_to_last(unsafe { last_of_all(&s.keys, latched, snap) }.as_ref(), true),
-            Some(want) => {
-                // SAFETY: the caller's contract: `snap` is a registered MVCC snapshot; `shapes` are of `gs`,
-                // whose statement is starting; `params` its parameters.
-                let (last, full) = unsafe { last_key(&s.keys, want, latched, snap) };
+        // SAFETY (each arm): the caller's contract: `snap` is a registered MVCC snapshot; `shapes` are of
+        // `gs`, whose statement is starting; `params` its parameters.
+        let spans = match &s.reach {
+            Reach::ToBound { keys } => d.up_to_last(unsafe { last_of_all(keys, latched, snap) }.as_ref(), true),
+            Reach::LastVisible => {
+                let last = unsafe { last_of_all(&[], latched, snap) };
+                match later {
+                    Later::Yes => d.up_to_last(last.as_ref(), true),
+                    Later::No => d.ran_out(last.as_ref(), true),
+                }
+            }
+            Reach::Rows { keys, want } => {
+                let (last, full) = unsafe { last_key(keys, *want, latched, snap) };
                 match later {
                     Later::Yes if !full => d.up_to_last(last.as_ref(), true),
                     _ => returned(&d, last.as_ref(), full),

@@ -580,6 +580,8 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
             first: Some(first.footprint),
             rule: None,
             later: Some(first.later),
+            guards: &raw const (*st).guards,
+            shapes: None,
         };
         // Only a read that falls back to fenced needs its declared spans.
         let guards = &(*st).guards;

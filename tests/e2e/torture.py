@@ -74,7 +74,7 @@ SELECT pgkvx.enable('head_events', gapless => true);
 CREATE TABLE watermark (k int PRIMARY KEY, hw bigint);
 INSERT INTO watermark VALUES (1, NULL);
 CREATE TABLE consumer_offsets (name text PRIMARY KEY, cur bigint NOT NULL);
-INSERT INTO consumer_offsets VALUES ('cte', 0), ('go FOR UPDATE', 0), ('go', 0);
+INSERT INTO consumer_offsets VALUES ('cte', 0), ('cte join', 0), ('go FOR UPDATE', 0), ('go', 0);
 -- statistics that make the planner pick the index plans a tail uses
 INSERT INTO orders SELECT g, true, NULL FROM generate_series(-5000, -1) g;
 ANALYZE orders, subscriptions;
@@ -632,6 +632,15 @@ def consumers(connect, report, seed, stop, drained, standby=None):
                 report.inconsistent.append(("materialized CTE", total, distinct))
         return _ids(rows)
     add("cursor from a CTE, fenced at the scan", ["SET pgkvx.scan_mode = fenced"], cte_poll)
+
+    def cte_join_poll(c, cur, n):
+        # The cursor joined from the CTE, not read by a subquery: bounded
+        # all the same (scan/cte_bound.rs).
+        c.execute("UPDATE consumer_offsets SET cur = %s WHERE name = 'cte join'", (cur,))
+        return _ids(c.execute(
+            "WITH o AS (SELECT cur FROM consumer_offsets WHERE name = 'cte join' FOR UPDATE) "
+            "SELECT e.id FROM events e, o WHERE e.id > o.cur ORDER BY e.id LIMIT %s", (n,)).fetchall())
+    add("cursor joined from a CTE", ["SET pgkvx.scan_mode = optimistic"], cte_join_poll)
 
     # At the head of head_events, whatever the shape, no read ever waits
     # (Report.head_read_waits).
