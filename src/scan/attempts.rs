@@ -264,8 +264,10 @@ impl Reader for OptimisticAttempts {
         // A read that may stop short strictly stops past what its attempts
         // touched instead (`stop_past`): no wait past them at all.  Others
         // probe as a fenced statement does (statement.rs, start_fenced),
-        // where their bounds are known before they run: a bound the
-        // statement computes may differ at the fallback's snapshot.
+        // over their declared spans as known before they ran: a bound the
+        // statement computes (a cursor read from a table) is left out,
+        // which only widens them -- it may differ at the fallback's
+        // snapshot.
         // SAFETY: our statement's QueryDesc, started and run once, and the guards decoded at its start, all
         // live while it runs.
         unsafe {
@@ -275,9 +277,7 @@ impl Reader for OptimisticAttempts {
             if strict {
                 return None;
             }
-            let shapes = self.shapes.get_or_insert_with(|| {
-                guards.bounds_known_at_start().then(|| super::probe::shapes(stmt, guards, params)).flatten()
-            });
+            let shapes = self.shapes.get_or_insert_with(|| super::probe::shapes(stmt, guards, params));
             super::probe::probe(&guards.0, shapes.as_deref()?, params, base.snap, crate::read::run::Later::No)
         }
     }

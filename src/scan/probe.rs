@@ -24,7 +24,16 @@
 //! PostgreSQL picks for a small table, such as an outbox its relay keeps
 //! nearly empty.  The Sort hands up the first rows in key order of those
 //! the filter passes, which are the rows the key index returns for the
-//! same quals.  Everything else fences its declared span, as before.
+//! same quals.
+//!
+//! Where no such probe can tell where the rows end (a join or a filter
+//! under the LIMIT), a tail up the key from a bound open above still
+//! returns no row past the last key visible at the snapshot it reads at:
+//! it fences only up to there ([`Reach::LastVisible`]), what an optimistic
+//! read that ran out of rows at that snapshot touched.  Each round of the
+//! protocol probes again at its fresh snapshot, so a row committed since
+//! is never read past unchecked.  Everything else fences its declared
+//! span.
 //!
 //! Row locks (`FOR UPDATE` and the like) would make it go further too:
 //! LockRows drops a row a concurrent writer deleted, or whose new version
