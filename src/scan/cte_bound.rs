@@ -30,9 +30,18 @@
 //! read is fenced from its value when its scan starts, as the scalar
 //! subquery form is (`node.rs`, `fence_at_start`).
 //!
-//! Only for a CTE PostgreSQL materializes anyway (one with row locks or a
-//! data-modifying one, or `MATERIALIZED`, or already read twice): another
-//! reference to a CTE it would have inlined would change its plan.
+//! Only for a CTE with row locks, or a data-modifying one: PostgreSQL
+//! materializes both however often they are read (another reference to a
+//! CTE it would have inlined would change its plan), and neither is one
+//! whose reading the statement may want to put off.  The bound reads the
+//! CTE when the scan starts, before the scan's first row: a data-modifying
+//! CTE runs to completion anyway, and a locking one locks its rows then --
+//! what a consumer polling from a locked cursor asks for, and what the
+//! scalar-subquery form of the same poll does -- even when the stream has
+//! no row past the cursor (the join alone would not read the CTE then).  A
+//! plain CTE, `MATERIALIZED` or not, is read only as far as the statement
+//! fetches it (a recursive one may never end, a large one need not be read
+//! whole), so it keeps the plan PostgreSQL gives it.
 
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::registry;
@@ -243,7 +252,7 @@ unsafe fn conjuncts(qual: *mut Node) -> Vec<*mut Node> {
 
 /// For conjunct `conj` of level `q`, `key > cte.col` (or `>=`, or written
 /// the other way round) with `key` the lead column `lead` of range table
-/// entry `rti` and `cte` a CTE PostgreSQL materializes: the same
+/// entry `rti` and `cte` a CTE that locks or writes: the same
 /// comparison with the least `cte.col` instead (module doc), the CTE
 /// counted as read once more.  None for anything else.
 ///
@@ -321,9 +330,10 @@ unsafe fn cursor_bound(
     }
 }
 
-/// Whether PostgreSQL materializes `cte` however often it is read: it has
-/// row locks, writes, is recursive or `MATERIALIZED`, or is read more
-/// than once already.  (subselect.c inlines the rest, read once.)
+/// Whether `cte` locks the rows it reads or writes (module doc): then
+/// PostgreSQL materializes it however often it is read (subselect.c
+/// inlines only CTEs without either), and reading it when the scan starts
+/// puts off nothing the statement may want put off.
 ///
 /// # Safety
 /// `cte` is a valid CommonTableExpr of the Query being planned.
@@ -331,16 +341,11 @@ unsafe fn materialized_anyway(cte: *mut pg_sys::CommonTableExpr) -> bool {
     // SAFETY: the caller's contract; the CTE's query is a Query.
     unsafe {
         let c = &*cte;
-        if c.ctematerialized == pg_sys::CTEMaterialize::CTEMaterializeNever {
-            return false;
-        }
         let q = c.ctequery as *mut Query;
-        c.ctematerialized == pg_sys::CTEMaterialize::CTEMaterializeAlways
-            || c.cterecursive
-            || c.cterefcount > 1
-            || (!q.is_null()
-                && node_tag(q) == pg_sys::NodeTag::T_Query
-                && ((*q).commandType != pg_sys::CmdType::CMD_SELECT || !(*q).rowMarks.is_null()))
+        !c.cterecursive
+            && !q.is_null()
+            && node_tag(q) == pg_sys::NodeTag::T_Query
+            && ((*q).commandType != pg_sys::CmdType::CMD_SELECT || !(*q).rowMarks.is_null())
     }
 }
 

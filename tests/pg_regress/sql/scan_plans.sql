@@ -174,31 +174,51 @@ SELECT bool_and(line !~ 'Index|Disabled') AS no_disabled_scan, bool_or(line ~ 'S
        bool_or(line ~ 'PgkvxLimitScan') AS guarded
   FROM test_support.explain('SELECT * FROM kv WHERE k > 100 ORDER BY k LIMIT 3', false) line;
 RESET enable_indexscan; RESET enable_indexonlyscan; RESET enable_bitmapscan;
--- a cursor a tail joins to from a CTE PostgreSQL materializes (row locks,
--- MATERIALIZED) is a bound: the scan starts at it, through an init plan
--- over the same CTE; an inlined CTE's plan is left as it is.  Each answer
--- equals the same statement's over a table that is not latched
+-- a cursor a tail joins to from a CTE that locks its rows is a bound: the
+-- scan starts at it, through an init plan over the same CTE; a plain CTE
+-- (inlined, or MATERIALIZED and read only as far as the statement fetches
+-- it) keeps its plan.  Each answer equals the same statement's over a
+-- table that is not latched
 CREATE TABLE offs (name text PRIMARY KEY, c bigint);
 INSERT INTO offs VALUES ('a', 1900), ('b', 1500), ('n', NULL);
 SELECT bool_or(line ~ 'Index Cond: \(k > ') AS bounded, bool_or(line ~ 'PgkvxLimitScan') AS guarded,
        bool_or(line ~ 'InitPlan') AS init_plan
   FROM test_support.explain('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) '
                             'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3', false) line;
-SELECT bool_or(line ~ 'Index Cond: \(k > ') AS bounded, bool_or(line ~ 'InitPlan') AS init_plan
-  FROM test_support.explain('WITH o AS (SELECT c FROM offs WHERE name = ''a'') '
-                            'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3', false) line;
+SELECT q, bool_or(line ~ 'Index Cond: \(k > ') AS bounded, bool_or(line ~ 'InitPlan') AS init_plan
+  FROM (VALUES ('WITH o AS (SELECT c FROM offs WHERE name = ''a'') '
+                'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
+               ('WITH o AS MATERIALIZED (SELECT c FROM offs WHERE name = ''a'') '
+                'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
+               ('WITH RECURSIVE o(c) AS (SELECT 1900::bigint UNION ALL SELECT c + 1 FROM o) '
+                'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3')) t(q),
+       test_support.explain(q, false) line
+ GROUP BY q ORDER BY q;
+-- a plain CTE is read only when the join needs it: one that never ends is
+-- never read when the tail's other quals leave no row (no bound reads it
+-- when the scan starts)
+SET statement_timeout = '10s';
+WITH RECURSIVE o(c) AS (SELECT 1900::bigint UNION ALL SELECT c + 1 FROM o)
+SELECT kv.k FROM kv, o WHERE kv.k > o.c AND kv.v < 0 ORDER BY kv.k LIMIT 3;
+RESET statement_timeout;
 SELECT q, results(q) IS NOT DISTINCT FROM results(replace(q, 'kv', 'plain')) AS same_as_unlatched,
        same_everywhere(q), results(q) AS answer
 FROM (VALUES
   ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
   ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k FROM o JOIN kv ON o.c < kv.k ORDER BY kv.k LIMIT 3'),
-  ('WITH o AS MATERIALIZED (SELECT c FROM offs WHERE name = ''a'') SELECT kv.k FROM kv, o WHERE kv.k >= o.c AND kv.v >= 0 ORDER BY kv.k LIMIT 3'),
+  ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR SHARE) SELECT kv.k FROM kv, o WHERE kv.k >= o.c AND kv.v >= 0 ORDER BY kv.k LIMIT 3'),
   ('WITH o AS (SELECT c FROM offs WHERE name IN (''a'', ''b'') FOR UPDATE) SELECT kv.k, o.c FROM kv, o WHERE kv.k > o.c ORDER BY kv.k, o.c LIMIT 8'),
   ('WITH o AS (SELECT c FROM offs WHERE name = ''n'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
   ('WITH o AS (SELECT c FROM offs WHERE name = ''none'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3'),
   ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k, o.c FROM kv LEFT JOIN o ON kv.k > o.c ORDER BY kv.k LIMIT 3'),
   ('WITH o AS (SELECT c FROM offs WHERE name = ''a'' FOR UPDATE) SELECT kv.k FROM kv, o WHERE kv.k > o.c OR kv.k = 10 ORDER BY kv.k LIMIT 3')
 ) t(q);
+-- a data-modifying CTE (only at a statement's top level)
+SELECT bool_or(line ~ 'Index Cond: \(k > ') AS bounded
+  FROM test_support.explain('WITH o AS (UPDATE offs SET c = c WHERE name = ''b'' RETURNING c) '
+                            'SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3', false) line;
+WITH o AS (UPDATE offs SET c = c WHERE name = 'b' RETURNING c) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3;
+WITH o AS (UPDATE offs SET c = c WHERE name = 'b' RETURNING c) SELECT p.k FROM plain p, o WHERE p.k > o.c ORDER BY p.k LIMIT 3;
 DROP TABLE offs;
 DROP TABLE kv, comp, plain;
 DROP FUNCTION same_everywhere, results;
