@@ -58,37 +58,12 @@ use std::ffi::c_void;
 pub unsafe fn add_cursor_bounds(parse: *mut Query) {
     // SAFETY: the caller's contract: `parse` is the Query about to be planned.
     unsafe {
-        if parse.is_null() || (*parse).commandType == pg_sys::CmdType::CMD_UTILITY || !has_ctes(parse) {
+        if parse.is_null() || (*parse).commandType == pg_sys::CmdType::CMD_UTILITY {
             return;
         }
         let mut levels: Vec<*mut Query> = Vec::new();
         visit(parse as *mut Node, &mut levels as *mut Vec<*mut Query> as *mut c_void);
     }
-}
-
-/// Whether any level of `q` defines a CTE: the cheap test every planned
-/// statement passes.
-///
-/// # Safety
-/// `q` is a valid Query.
-unsafe fn has_ctes(q: *mut Query) -> bool {
-    #[pg_guard]
-    unsafe extern "C-unwind" fn walk(node: *mut Node, cx: *mut c_void) -> bool {
-        if node.is_null() {
-            return false;
-        }
-        // SAFETY: nodes of a valid tree, cast after their tag is checked.
-        unsafe {
-            if node_tag(node) == pg_sys::NodeTag::T_Query {
-                let q = node as *mut Query;
-                return !(*q).cteList.is_null()
-                    || pg_sys::ffi::pg_guard_ffi_boundary(|| crate::pg::walk::query_tree_walker(q, Some(walk), cx, 0));
-            }
-            pg_sys::ffi::pg_guard_ffi_boundary(|| crate::pg::walk::expression_tree_walker(node, Some(walk), cx))
-        }
-    }
-    // SAFETY: the caller's contract: a valid Query; the walk only reads.
-    unsafe { walk(q as *mut Node, std::ptr::null_mut()) }
 }
 
 /// The walk: at each Query, its own level first (with the levels above it
@@ -180,6 +155,12 @@ unsafe fn tail_of(q: *mut Query) -> Option<(i32, std::rc::Rc<registry::Latched>)
 unsafe fn bound_level(q: *mut Query, levels: &[*mut Query]) {
     // SAFETY: the caller's contract: `q` and the levels above it are valid Queries.
     unsafe {
+        // The cheap test every level of every planned statement passes.
+        let reads_a_cte =
+            list_iter::<pg_sys::RangeTblEntry>((*q).rtable).any(|r| (*r).rtekind == pg_sys::RTEKind::RTE_CTE);
+        if !reads_a_cte {
+            return;
+        }
         let Some((rti, latched)) = tail_of(q) else { return };
         let lead = &latched.key.cols[0];
         for slot in qual_slots(q) {
