@@ -186,6 +186,9 @@ pub(super) struct OptimisticAttempts {
     /// Where a fenced fallback's read ends (`probe.rs`), found when first
     /// asked.
     pub(super) shapes: Option<Option<Vec<super::probe::Shape>>>,
+    /// The fenced fallback fences when its scans start, at their bounds
+    /// as they are then (a bound the statement computes).
+    pub(super) fence_at_scan: bool,
 }
 
 /// The footprint of the guarded scans of a started executor that has run.
@@ -262,16 +265,20 @@ impl Reader for OptimisticAttempts {
 
     fn probe(&mut self, base: &BaseSnapshot) -> Option<Footprint> {
         // A read that may stop short strictly stops past what its attempts
-        // touched instead (`stop_past`): no wait past them at all.  Others
-        // probe as a fenced statement does (statement.rs, start_fenced),
-        // over their declared spans as known before they ran: a bound the
-        // statement computes (a cursor read from a table) is left out,
-        // which only widens them -- it may differ at the fallback's
-        // snapshot.
+        // touched instead (`stop_past`): no wait past them at all.  One
+        // whose bound the statement computes (a cursor read from a table)
+        // is fenced as a fenced statement of its kind is, when its scans
+        // start, from their bounds as they are then (statement.rs,
+        // start_fenced_at_scan): nothing to check before.  Others probe as
+        // a fenced statement does (start_fenced).
         // SAFETY: our statement's QueryDesc, started and run once, and the guards decoded at its start, all
         // live while it runs.
         unsafe {
             let (stmt, params, guards) = ((*self.qd).plannedstmt, (*self.qd).params, &*self.guards);
+            if !guards.bounds_known_at_start() {
+                self.fence_at_scan = true;
+                return Some(Footprint::new());
+            }
             let strict = plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, CutRule::Strict))
                 && cut::statement_may_cut(stmt, self.sole_root, CutRule::Strict);
             if strict {

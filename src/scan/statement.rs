@@ -582,6 +582,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
             later: Some(first.later),
             guards: &raw const (*st).guards,
             shapes: None,
+            fence_at_scan: false,
         };
         // Only a read that falls back to fenced needs its declared spans.
         let guards = &(*st).guards;
@@ -618,6 +619,12 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
                 let q2 = start_second_executor(qd, base.snap, (*qd).dest, eflags);
                 if !cut.is_empty() {
                     cut::apply_cut(&plan_walk::guard_nodes(q2), &cut, reader.rule());
+                }
+                if reader.fence_at_scan {
+                    let (after, sole_root) = (snapshot::after_for_statement(), guards.sole_root());
+                    for n in plan_walk::guard_nodes(q2) {
+                        runtime::with_runtime(n, |rt| rt.fence_at_first_run(after, sole_root));
+                    }
                 }
                 RowSource::Second(q2)
             }
