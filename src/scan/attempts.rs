@@ -265,17 +265,27 @@ impl Reader for OptimisticAttempts {
 
     fn probe(&mut self, base: &BaseSnapshot) -> Option<Footprint> {
         // A read that may stop short strictly stops past what its attempts
-        // touched instead (`stop_past`): no wait past them at all.  One
+        // touched instead (`stop_past`): no wait past them at all.  A tail
         // whose bound the statement computes (a cursor read from a table)
         // is fenced as a fenced statement of its kind is, when its scans
         // start, from their bounds as they are then (statement.rs,
         // start_fenced_at_scan): nothing to check before.  Others probe as
-        // a fenced statement does (start_fenced).
+        // a fenced statement does (start_fenced), over their declared
+        // spans as known before they ran (a computed bound left out, which
+        // only widens them).
         // SAFETY: our statement's QueryDesc, started and run once, and the guards decoded at its start, all
         // live while it runs.
         unsafe {
             let (stmt, params, guards) = ((*self.qd).plannedstmt, (*self.qd).params, &*self.guards);
-            if !guards.bounds_known_at_start() {
+            // Only where each scan may stop before the writers it meets
+            // then: one that cannot (a range bounded above) would fail with
+            // 40001 at a snapshot that can no longer move, where waiting
+            // over its widened span below still settles it.
+            let may_stop = || {
+                plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, CutRule::LastResort))
+                    && cut::statement_may_cut(stmt, self.sole_root, CutRule::LastResort)
+            };
+            if !guards.bounds_known_at_start() && may_stop() {
                 self.fence_at_scan = true;
                 return Some(Footprint::new());
             }
