@@ -50,8 +50,8 @@ use pgrx::prelude::*;
 use std::ffi::c_void;
 
 /// Adds the cursor bound to every tail level of `parse` that joins its
-/// key to a materialized CTE's column (module doc).  Changes the Query in
-/// place, as the planner does with its input.
+/// key to the column of a CTE that locks or writes (module doc).  Changes
+/// the Query in place, as the planner does with its input.
 ///
 /// # Safety
 /// `parse` is the Query about to be planned.
@@ -148,7 +148,7 @@ unsafe fn tail_of(q: *mut Query) -> Option<(i32, std::rc::Rc<registry::Latched>)
 }
 
 /// Adds the cursor bound to level `q` (the top of `levels`), if it is a
-/// tail joined to a materialized CTE's column.
+/// tail joined to the column of a CTE that locks or writes.
 ///
 /// # Safety
 /// `q` is a valid Query; `levels` the queries above it, outermost first.
@@ -285,7 +285,7 @@ unsafe fn cursor_bound(
         let owner = *levels.len().checked_sub(1 + (*rte).ctelevelsup as usize).and_then(|i| levels.get(i))?;
         let cte = list_iter::<pg_sys::CommonTableExpr>((*owner).cteList)
             .find(|&c| std::ffi::CStr::from_ptr((*c).ctename) == std::ffi::CStr::from_ptr((*rte).ctename))?;
-        if !materialized_anyway(cte) {
+        if !locks_or_writes(cte) {
             return None;
         }
         // The least value by the key's own order, NULLs last, compared
@@ -318,7 +318,7 @@ unsafe fn cursor_bound(
 ///
 /// # Safety
 /// `cte` is a valid CommonTableExpr of the Query being planned.
-unsafe fn materialized_anyway(cte: *mut pg_sys::CommonTableExpr) -> bool {
+unsafe fn locks_or_writes(cte: *mut pg_sys::CommonTableExpr) -> bool {
     // SAFETY: the caller's contract; the CTE's query is a Query.
     unsafe {
         let c = &*cte;
