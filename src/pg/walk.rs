@@ -34,3 +34,17 @@ pub unsafe fn any_node(node: *mut Node, mut visit: impl FnMut(*mut Node) -> Opti
     // this frame for the whole walk, which is all `step` reads through `cx`.
     unsafe { step(node, &mut visit as *mut &mut dyn FnMut(*mut Node) -> Option<bool> as *mut c_void) }
 }
+
+/// `e` with binary-compatible casts (RelabelType) peeled off.
+///
+/// # Safety
+/// `e` is a valid expression node (or NULL).
+pub unsafe fn strip_relabel(mut e: *mut Node) -> *mut Node {
+    // SAFETY: checked by tag before the cast.
+    unsafe {
+        while !e.is_null() && super::node_tag(e) == pg_sys::NodeTag::T_RelabelType {
+            e = (*(e as *mut pg_sys::RelabelType)).arg as *mut Node;
+        }
+    }
+    e
+}

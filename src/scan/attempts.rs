@@ -225,16 +225,21 @@ impl OptimisticAttempts {
     /// Whether every guard, and the statement, allow a cut by `rule`; if
     /// so, the rule the read's cut is applied by widens to it.
     fn may_cut(&mut self, rule: CutRule) -> bool {
-        // SAFETY: our statement's QueryDesc, started and run once: its
-        // guard nodes have begun.
-        let ok = unsafe {
-            plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, rule))
-                && cut::statement_may_cut((*self.qd).plannedstmt, self.sole_root, rule)
-        };
+        let ok = self.allows_cut(rule);
         if ok {
             self.rule = Some(crate::read::run::widest(self.rule, rule));
         }
         ok
+    }
+
+    /// Whether every guard, and the statement, allow a cut by `rule`.
+    fn allows_cut(&self, rule: CutRule) -> bool {
+        // SAFETY: our statement's QueryDesc, started and run once: its
+        // guard nodes have begun.
+        unsafe {
+            plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, rule))
+                && cut::statement_may_cut((*self.qd).plannedstmt, self.sole_root, rule)
+        }
     }
 
     fn cut_by(&mut self, rule: CutRule, conflicts: &[Conflict]) -> Option<Footprint> {
@@ -281,17 +286,11 @@ impl Reader for OptimisticAttempts {
             // then: one that cannot (a range bounded above) would fail with
             // 40001 at a snapshot that can no longer move, where waiting
             // over its widened span below still settles it.
-            let may_stop = || {
-                plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, CutRule::LastResort))
-                    && cut::statement_may_cut(stmt, self.sole_root, CutRule::LastResort)
-            };
-            if !guards.bounds_known_at_start() && may_stop() {
+            if !guards.bounds_known_at_start() && self.allows_cut(CutRule::LastResort) {
                 self.fence_at_scan = true;
                 return Some(Footprint::new());
             }
-            let strict = plan_walk::guard_nodes(self.qd).iter().all(|&n| cut::can_stop_early(n, CutRule::Strict))
-                && cut::statement_may_cut(stmt, self.sole_root, CutRule::Strict);
-            if strict {
+            if self.allows_cut(CutRule::Strict) {
                 return None;
             }
             let shapes = self.shapes.get_or_insert_with(|| super::probe::shapes(stmt, guards, params));

@@ -90,20 +90,6 @@ unsafe extern "C-unwind" fn visit(node: *mut Node, cx: *mut c_void) -> bool {
     }
 }
 
-/// `e` with binary-compatible casts peeled off.
-///
-/// # Safety
-/// `e` is a valid expression or NULL.
-unsafe fn strip_relabel(mut e: *mut Node) -> *mut Node {
-    // SAFETY: checked by tag before the cast.
-    unsafe {
-        while !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_RelabelType {
-            e = (*(e as *mut pg_sys::RelabelType)).arg as *mut Node;
-        }
-    }
-    e
-}
-
 /// `e` as a Var of this level, if it is one.
 ///
 /// # Safety
@@ -111,7 +97,7 @@ unsafe fn strip_relabel(mut e: *mut Node) -> *mut Node {
 unsafe fn level_var(e: *mut Node) -> Option<*mut pg_sys::Var> {
     // SAFETY: checked by tag before the cast.
     unsafe {
-        let e = strip_relabel(e);
+        let e = crate::pg::walk::strip_relabel(e);
         (!e.is_null() && node_tag(e) == pg_sys::NodeTag::T_Var && (*(e as *mut pg_sys::Var)).varlevelsup == 0)
             .then_some(e as *mut pg_sys::Var)
     }

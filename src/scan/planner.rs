@@ -27,6 +27,7 @@
 //! runs, which must be this process.
 
 use super::plan_data::{BoundQual, GuardPlan, StaticMethods, NAME};
+use crate::pg::walk::strip_relabel;
 use crate::pg::{list_iter, list_nth, list_oids, make_list, node_tag, rel_name};
 use crate::registry;
 use pgrx::pg_sys::{self, List, Node, PlannerInfo, RelOptInfo};
@@ -112,20 +113,6 @@ unsafe extern "C-unwind" fn planner_hook(
             stmt
         })
     }
-}
-
-/// `e` with binary-compatible casts (RelabelType) peeled off.
-///
-/// # Safety
-/// `e` is a valid expression node.
-unsafe fn strip_relabel(mut e: *mut Node) -> *mut Node {
-    // SAFETY: checked by tag before the cast.
-    unsafe {
-        while !e.is_null() && node_tag(e) == pg_sys::NodeTag::T_RelabelType {
-            e = (*(e as *mut pg_sys::RelabelType)).arg as *mut Node;
-        }
-    }
-    e
 }
 
 /// Whether `e` is column `attnum` of range table entry `rti` at this level.

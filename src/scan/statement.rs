@@ -256,9 +256,24 @@ unsafe fn start_fenced_at_scan(qd: *mut QueryDesc, eflags: i32, guards: Guards) 
         let sole_root = guards.sole_root();
         let nodes = start_executor(qd, eflags, &guards);
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::FencedAtScan, false));
-        for &n in &(*st).nodes {
-            runtime::with_runtime(n, |rt| rt.fence_at_first_run(after, sole_root));
-        }
+        fence_at_first_run(&(*st).nodes, after, sole_root);
+    }
+}
+
+/// Makes each guard node of `nodes` fence when its scan first runs
+/// (`node::fence_at_start`), for a statement whose snapshot is `after`
+/// and whose guards read `sole_root` alone.
+///
+/// # Safety
+/// `nodes` are begun guard nodes of a started executor.
+unsafe fn fence_at_first_run(
+    nodes: &[*mut pg_sys::CustomScanState],
+    after: pgkvx_latch::Xid,
+    sole_root: Option<pg_sys::Oid>,
+) {
+    for &n in nodes {
+        // SAFETY: the caller's contract: a begun guard node.
+        unsafe { runtime::with_runtime(n, |rt| rt.fence_at_first_run(after, sole_root)) };
     }
 }
 
@@ -621,10 +636,11 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
                     cut::apply_cut(&plan_walk::guard_nodes(q2), &cut, reader.rule());
                 }
                 if reader.fence_at_scan {
-                    let (after, sole_root) = (snapshot::after_for_statement(), guards.sole_root());
-                    for n in plan_walk::guard_nodes(q2) {
-                        runtime::with_runtime(n, |rt| rt.fence_at_first_run(after, sole_root));
-                    }
+                    fence_at_first_run(
+                        &plan_walk::guard_nodes(q2),
+                        snapshot::after_for_statement(),
+                        guards.sole_root(),
+                    );
                 }
                 RowSource::Second(q2)
             }
