@@ -32,7 +32,7 @@ use crate::read::run::{self, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
 use crate::read::span::{self, Declared};
 use crate::registry::Latched;
-use pgkvx_latch::{Footprint, KeyBuf, RelId, Span};
+use pgkvx_latch::{Footprint, KeyBuf, RelId};
 
 /// The request, as arrow_scan received it.
 pub struct ScanRequest {
@@ -477,9 +477,9 @@ impl run::Reader for OptimisticAttempt<'_> {
             }
         }
         let (last, _) = st.track_last.take().expect("tracked");
-        let spans: Vec<Span> = match st.max_rows {
+        let spans: span::Spans = match st.max_rows {
             // Asked for nothing, read nothing.
-            Some(0) => Vec::new(),
+            Some(0) => span::Spans::new(),
             // Stopped at max_rows: the scan looked at D up to the last key.
             Some(_) if st.remaining == Some(0) => {
                 let key = st.source.as_ref().expect("source").current_key(self.latched);

@@ -24,6 +24,14 @@ use crate::keys::datum::encode_value;
 use crate::keys::KeyDesc;
 use pgkvx_latch::{KeyBuf, Span};
 use pgrx::pg_sys;
+use smallvec::{smallvec, SmallVec};
+
+/// A few spans, inline: a read's D and T are one or two intervals nearly
+/// always, and are computed afresh every statement.
+pub type Spans = SmallVec<[Span; 2]>;
+
+/// Pieces on their way into a [`Declared`].
+type Pieces = SmallVec<[Piece; 2]>;
 
 /// The most intervals a declared span keeps apart; past it, one interval
 /// covers them all.
@@ -62,7 +70,7 @@ impl KeyQual {
 /// a tail) and the first one's start.  Every other end is a bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Declared {
-    pub spans: Vec<Span>,
+    pub spans: Spans,
     pub open_above: bool,
     pub open_below: bool,
 }
@@ -79,17 +87,17 @@ struct Piece {
 impl Declared {
     /// Every key.
     pub fn all() -> Declared {
-        Declared { spans: vec![Span::ALL], open_above: true, open_below: true }
+        Declared { spans: smallvec![Span::ALL], open_above: true, open_below: true }
     }
 
     /// No key at all (`k = NULL`).
     pub fn none() -> Declared {
-        Declared { spans: Vec::new(), open_above: false, open_below: false }
+        Declared { spans: Spans::new(), open_above: false, open_below: false }
     }
 
     /// One interval.
     pub fn one(span: Span, open_above: bool, open_below: bool) -> Declared {
-        normalized(vec![Piece { span, lo_open: open_below, hi_open: open_above }])
+        normalized(smallvec![Piece { span, lo_open: open_below, hi_open: open_above }])
     }
 
     /// Whether the quals leave the keys open in a scan's direction.
@@ -118,7 +126,7 @@ impl Declared {
     /// The keys in both.  Each end of a piece is open as the end it comes
     /// from is (both, where they meet): a bound of either caps the other.
     pub fn intersect(&self, other: &Declared) -> Declared {
-        let mut out = Vec::new();
+        let mut out = Pieces::new();
         for a in self.pieces() {
             for b in other.pieces() {
                 let span = a.span.intersect(&b.span);
@@ -152,7 +160,7 @@ impl Declared {
     /// tail -- only up to `last` (none of it when `last` lies before it);
     /// every other interval whole: a range or a list in an OR beside the
     /// tail was read to its bound.  Where it is bounded, all of it.
-    pub fn ran_out(&self, last: Option<&KeyWriter>, forward: bool) -> Vec<Span> {
+    pub fn ran_out(&self, last: Option<&KeyWriter>, forward: bool) -> Spans {
         if !self.open_toward(forward) {
             return self.spans.clone();
         }
@@ -162,12 +170,12 @@ impl Declared {
     /// What a read of it up the key (`forward`) or down returns rows from
     /// when its last row is `last` (None: no row): its far interval only
     /// up to `last`, bounded or not; every other interval whole.
-    pub fn up_to_last(&self, last: Option<&KeyWriter>, forward: bool) -> Vec<Span> {
+    pub fn up_to_last(&self, last: Option<&KeyWriter>, forward: bool) -> Spans {
         if self.spans.is_empty() {
-            return Vec::new();
+            return Spans::new();
         }
         let far = if forward { self.spans.len() - 1 } else { 0 };
-        let mut out = Vec::with_capacity(self.spans.len());
+        let mut out = Spans::with_capacity(self.spans.len());
         for (i, s) in self.spans.iter().enumerate() {
             if i != far {
                 out.push(*s);
@@ -193,10 +201,19 @@ impl Declared {
 /// as far, only if both are), and at most [`MAX_INTERVALS`] of them: past
 /// that, one bounded interval covers all but an open first or last one,
 /// which stays apart -- a list folded into a tail would be cut with it.
-fn normalized(mut ps: Vec<Piece>) -> Declared {
+fn normalized(mut ps: Pieces) -> Declared {
+    // One piece, a tail's D nearly always: nothing to sort or merge.
+    if ps.len() <= 1 {
+        return match ps.pop() {
+            Some(p) if !p.span.is_empty() => {
+                Declared { spans: smallvec![p.span], open_above: p.hi_open, open_below: p.lo_open }
+            }
+            _ => Declared::none(),
+        };
+    }
     ps.retain(|p| !p.span.is_empty());
     ps.sort_unstable_by_key(|p| p.span.start);
-    let mut out: Vec<Piece> = Vec::with_capacity(ps.len());
+    let mut out = Pieces::with_capacity(ps.len());
     for p in ps {
         match out.last_mut() {
             Some(last) if p.span.start <= last.span.end => {
@@ -221,7 +238,7 @@ fn normalized(mut ps: Vec<Piece>) -> Declared {
         let lo = usize::from(first.lo_open);
         let hi = n - usize::from(last.hi_open);
         let middle = out[lo..hi].iter().fold(Span::EMPTY, |a, p| a.hull(&p.span));
-        let mut folded = Vec::with_capacity(3);
+        let mut folded = Pieces::new();
         if first.lo_open {
             folded.push(first);
         }
@@ -279,7 +296,7 @@ fn tighter(desc: &KeyDesc, i: usize, cur: Option<ColumnBound>, new: ColumnBound,
 /// D from evaluated quals on key columns: the quals of group 0, ANDed with
 /// each OR group's union of its branches.
 pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Declared {
-    let quals: Vec<KeyQual> = quals.into_iter().collect();
+    let quals: SmallVec<[KeyQual; 4]> = quals.into_iter().collect();
     let mut d = conjunction(desc, quals.iter().filter(|q| q.group == 0));
     let mut groups: Vec<(u16, u16)> = quals.iter().filter(|q| q.group != 0).map(|q| (q.group, q.branch)).collect();
     groups.sort_unstable();
@@ -303,7 +320,7 @@ pub fn declared(desc: &KeyDesc, quals: impl IntoIterator<Item = KeyQual>) -> Dec
 
 /// D of quals that all hold at once.
 fn conjunction<'a>(desc: &KeyDesc, quals: impl Iterator<Item = &'a KeyQual>) -> Declared {
-    let mut cols: Vec<ColumnBounds> = vec![ColumnBounds::default(); desc.cols.len()];
+    let mut cols: SmallVec<[ColumnBounds; 4]> = smallvec![ColumnBounds::default(); desc.cols.len()];
     for q in quals {
         if q.isnull {
             // `k op NULL` is never true: the read returns nothing.
@@ -452,7 +469,7 @@ pub fn scan_keys_cap(
     up: bool,
 ) -> bool {
     let ncols = desc.cols.len();
-    let mut fixed = vec![false; ncols];
+    let mut fixed: SmallVec<[bool; 8]> = smallvec![false; ncols];
     let caps = keys.iter().any(|sk| {
         let flags = sk.sk_flags as u32;
         if flags & (pg_sys::SK_SEARCHNULL | pg_sys::SK_SEARCHNOTNULL) != 0 {
@@ -486,7 +503,7 @@ fn assemble(desc: &KeyDesc, cols: &mut [ColumnBounds]) -> Declared {
     // The prefixes equalities fix: one per combination of their values,
     // while that stays within MAX_INTERVALS; the column where it would not
     // is bounded by its least and greatest value instead.
-    let mut prefixes = vec![KeyWriter::new()];
+    let mut prefixes: SmallVec<[KeyWriter; 1]> = smallvec![KeyWriter::new()];
     let mut j = 0;
     while j < cols.len() {
         let Some(mut values) = cols[j].eq.take() else { break };
@@ -640,19 +657,19 @@ mod unit {
         let tail = Declared::one(iv(101, None), true, false);
         let d = range.union(&tail);
         assert!(d.open_above && !d.open_below);
-        assert_eq!(d.ran_out(Some(&key(15)), true), vec![iv(13, Some(20))]);
-        assert_eq!(d.ran_out(None, true), vec![iv(13, Some(20))]);
-        assert_eq!(d.ran_out(Some(&key(150)), true), vec![iv(13, Some(20)), upto(101, 150)]);
+        assert_eq!(d.ran_out(Some(&key(15)), true).to_vec(), vec![iv(13, Some(20))]);
+        assert_eq!(d.ran_out(None, true).to_vec(), vec![iv(13, Some(20))]);
+        assert_eq!(d.ran_out(Some(&key(150)), true).to_vec(), vec![iv(13, Some(20)), upto(101, 150)]);
         // Bounded the way it read: all of it.
-        assert_eq!(range.ran_out(Some(&key(15)), true), vec![iv(13, Some(20))]);
+        assert_eq!(range.ran_out(Some(&key(15)), true).to_vec(), vec![iv(13, Some(20))]);
         assert_eq!(d.ran_out(Some(&key(15)), false), d.spans);
         // A tail alone: up to the last key, none of it without a row.
-        assert_eq!(tail.ran_out(Some(&key(120)), true), vec![upto(101, 120)]);
-        assert_eq!(tail.ran_out(None, true), Vec::<Span>::new());
+        assert_eq!(tail.ran_out(Some(&key(120)), true).to_vec(), vec![upto(101, 120)]);
+        assert_eq!(tail.ran_out(None, true), Spans::new());
         // Up to the last row, bounded or not.
-        assert_eq!(range.up_to_last(Some(&key(15)), true), vec![upto(13, 15)]);
-        assert_eq!(range.up_to_last(None, true), Vec::<Span>::new());
-        assert_eq!(d.up_to_last(Some(&key(15)), true), vec![iv(13, Some(20))]);
+        assert_eq!(range.up_to_last(Some(&key(15)), true).to_vec(), vec![upto(13, 15)]);
+        assert_eq!(range.up_to_last(None, true), Spans::new());
+        assert_eq!(d.up_to_last(Some(&key(15)), true).to_vec(), vec![iv(13, Some(20))]);
     }
 
     #[test]
@@ -679,25 +696,25 @@ mod unit {
     fn sets_intersect_and_unite_with_their_bounds() {
         let point = |a: i64| Declared::one(iv(a, Some(a + 1)), false, false);
         let points = point(30).union(&point(10)).union(&point(10));
-        assert_eq!(points.spans, vec![iv(10, Some(11)), iv(30, Some(31))]);
+        assert_eq!(points.spans.to_vec(), vec![iv(10, Some(11)), iv(30, Some(31))]);
         let above = Declared::one(iv(20, None), true, false);
         let both = points.intersect(&above);
-        assert_eq!((both.spans.clone(), both.open_above), (vec![iv(30, Some(31))], false));
+        assert_eq!((both.spans.to_vec(), both.open_above), (vec![iv(30, Some(31))], false));
         // Past MAX_INTERVALS, one bounded interval covers them, beside an
         // open tail, which stays apart.
         let n = MAX_INTERVALS as i64 + 1;
         let many = (0..n).fold(Declared::none(), |d, i| d.union(&point(i * 2)));
-        assert_eq!(many.spans, vec![iv(0, Some(n * 2 - 1))]);
+        assert_eq!(many.spans.to_vec(), vec![iv(0, Some(n * 2 - 1))]);
         let with_tail = many.union(&Declared::one(iv(1000, None), true, false));
         assert_eq!(
-            (with_tail.spans.clone(), with_tail.open_above),
+            (with_tail.spans.to_vec(), with_tail.open_above),
             (vec![iv(0, Some(n * 2 - 1)), iv(1000, None)], true)
         );
-        assert_eq!(with_tail.ran_out(None, true), vec![iv(0, Some(n * 2 - 1))]);
+        assert_eq!(with_tail.ran_out(None, true).to_vec(), vec![iv(0, Some(n * 2 - 1))]);
         // Intersected, a bounded piece of an open operand is bounded.
         let prefix = Declared::one(iv(0, Some(100)), true, true);
         let cut = prefix.intersect(&Declared::one(iv(0, Some(50)), false, true));
-        assert_eq!((cut.spans.clone(), cut.open_above), (vec![iv(0, Some(50))], false));
+        assert_eq!((cut.spans.to_vec(), cut.open_above), (vec![iv(0, Some(50))], false));
         assert_eq!(Declared::none().union(&above), above);
     }
 }

@@ -207,7 +207,7 @@ unsafe fn footprint(qd: *mut QueryDesc) -> (Footprint, Footprint) {
 /// `nodes` are the guard nodes of a started executor.
 #[inline(never)]
 unsafe fn footprint_of(nodes: &[*mut pg_sys::CustomScanState]) -> (Footprint, Footprint) {
-    let (mut fp, mut later) = (Footprint::new(), Footprint::new());
+    let (mut fp, mut later) = (Footprint::with_capacity(nodes.len()), Footprint::with_capacity(nodes.len()));
     // SAFETY: the caller's contract: `nodes` are the guard nodes of a started executor.
     unsafe {
         for &n in nodes {

@@ -341,7 +341,10 @@ pub(super) unsafe fn value_at_start(
 ///
 /// # Safety
 /// `expr` is a valid expression; `params` the statement's (or NULL).
-unsafe fn direct_value(expr: *mut pg_sys::Expr, params: pg_sys::ParamListInfo) -> Option<(pg_sys::Datum, bool)> {
+pub(super) unsafe fn direct_value(
+    expr: *mut pg_sys::Expr,
+    params: pg_sys::ParamListInfo,
+) -> Option<(pg_sys::Datum, bool)> {
     // SAFETY: the caller's contract: `expr` is a valid expression; `params` the statement's (or NULL). Each
     // cast follows a tag check, and a parameter
     // is read only within numParams.

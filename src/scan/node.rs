@@ -16,7 +16,9 @@
 use super::explain::explain;
 use super::plan_data::{GuardPlan, StaticMethods, NAME};
 use super::position::{key_source_of, position_of, ScanPosition};
-use super::runtime::{cut_of_node, note_key, seen_for, with_runtime, FenceAtStart, NodeRuntime, NodeState, Seen};
+use super::runtime::{
+    cut_of_node, has_cut, note_key, seen_for, with_runtime, FenceAtStart, NodeRuntime, NodeState, Seen,
+};
 use crate::pg::raw;
 use crate::pg::{list_iter, list_nth, make_list, node_tag};
 use crate::read::run::CutRule;
@@ -136,8 +138,8 @@ unsafe fn begin_node(node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::ES
                 static_declared: None,
                 started: false,
                 last: std::ptr::null_mut(),
-                touched: Vec::new(),
-                touched_later: Vec::new(),
+                touched: Default::default(),
+                touched_later: Default::default(),
                 statement: None,
                 fence_at_start: None,
                 epq: (*estate).es_epq_active,
@@ -207,20 +209,24 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
     // SAFETY: our node, set up by begin(); the child's ExecProcNode is the
     // function the executor installed for it (ExecInitNode always sets one).
     unsafe {
-        if with_runtime(node, |rt| rt.fence_at_start.is_some()) {
-            fence_at_start(node);
-        }
-        let child = with_runtime(node, |rt| {
-            rt.started = true;
-            rt.child
+        // One lend before the child runs and one after: this runs per row.
+        let (fence, child) = with_runtime(node, |rt| {
+            let fence = rt.fence_at_start.is_some();
+            rt.started |= !fence;
+            (fence, rt.child)
         });
+        if fence {
+            fence_at_start(node);
+            with_runtime(node, |rt| rt.started = true);
+        }
         // What Postgres's inline ExecProcNode does first: a child whose
         // parameters changed (an inner scan of a nested loop) starts over.
         if !(*child).chgParam.is_null() {
             rescan_child(child);
         }
         let slot = ((*child).ExecProcNode.unwrap_unchecked())(child);
-        let cut = cut_of_node(node);
+        // The cut is copied out only where there is one.
+        let cut = if has_cut(node) { cut_of_node(node) } else { None };
         with_runtime(node, |rt| {
             rt.last = slot;
             let slot = match cut {

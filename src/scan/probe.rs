@@ -543,7 +543,7 @@ unsafe fn scan_key_index(
 /// The spans of `d` a read up the key returns rows from when its scan's
 /// last row is `last`, `full` when that filled its LIMIT: nothing past it;
 /// else as an optimistic read that ran out of rows (runtime.rs, T).
-fn returned(d: &span::Declared, last: Option<&KeyWriter>, full: bool) -> Vec<Span> {
+fn returned(d: &span::Declared, last: Option<&KeyWriter>, full: bool) -> span::Spans {
     match (last, full) {
         (Some(k), true) => d.within(&span::up_to(k, true)).collect(),
         _ => d.ran_out(last, true),
@@ -565,7 +565,7 @@ pub unsafe fn probe_started(
     node: *mut pg_sys::CustomScanState,
     sole_root: Option<pg_sys::Oid>,
     snap: pg_sys::Snapshot,
-) -> Option<(Vec<Span>, bool)> {
+) -> Option<(span::Spans, bool)> {
     // As for [`shapes`]: one latched table.
     sole_root?;
     // SAFETY: the caller's contract: `node` is a begun guard node about to run for the first time; `snap` its

@@ -11,11 +11,12 @@ use crate::keys::codec::KeyWriter;
 use crate::keys::KeyDesc;
 use crate::pg::raw;
 use crate::pg::{list_iter, node_tag};
-use crate::read::span::{self, Declared, KeyQual};
+use crate::read::span::{self, Declared, KeyQual, Spans};
 use crate::registry::Latched;
 use pgkvx_latch::{RelId, Span};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use smallvec::SmallVec;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -114,6 +115,9 @@ pub struct FenceAtStart {
     pub sole_root: Option<pg_sys::Oid>,
 }
 
+/// The bounds' expression states: a few pointers, inline.
+pub(super) type BoundStates = SmallVec<[*mut pg_sys::ExprState; 4]>;
+
 pub struct NodeRuntime {
     pub(super) plan: Rc<GuardPlan>,
     /// None when the table stopped being latched after planning.
@@ -123,7 +127,7 @@ pub struct NodeRuntime {
     pub(super) position: ScanPosition,
     /// The bounds' expression states, built when first evaluated: most
     /// statements know their bounds at start and never ask the node.
-    pub(super) bounds: Option<Vec<*mut pg_sys::ExprState>>,
+    pub(super) bounds: Option<BoundStates>,
     /// D from the quals known before the statement ran (cached).
     pub(super) static_declared: Option<Rc<Declared>>,
     pub(super) seen: Seen,
@@ -133,12 +137,12 @@ pub struct NodeRuntime {
     /// stays in its slot until the child is run again, which only this
     /// node does.
     pub(super) last: *mut pg_sys::TupleTableSlot,
-    pub(super) touched: Vec<Span>,
+    pub(super) touched: Spans,
     /// T against writers that started after the statement's first
     /// snapshot: where a read bounded in its direction ran out of rows,
     /// only up to the last key it examined (the latch core's `protocol`:
     /// a reader never chases them); elsewhere as `touched`.
-    pub(super) touched_later: Vec<Span>,
+    pub(super) touched_later: Spans,
     /// The statement's protocol outcome, for EXPLAIN.
     pub(super) statement: Option<Rc<RefCell<StatementReport>>>,
     /// A fenced statement whose bounds are known only once it runs: the
@@ -270,29 +274,37 @@ impl NodeRuntime {
         if let Some(d) = &self.static_declared {
             return d.clone();
         }
-        if self.latched.is_none() {
-            return Rc::new(Declared::all());
-        }
-        // SAFETY: `node` is this runtime's begun node (the caller's contract): its plan node and
-        // expression context, which the bounds are evaluated in, are live.
-        let states = unsafe { self.bound_states(node) };
-        let Some(key) = self.latched.as_ref().map(|l| &l.key) else { return Rc::new(Declared::all()) };
-        // SAFETY: expression states of this node, evaluated in its per-tuple
-        // context.
-        let quals: Vec<KeyQual> = unsafe {
-            let econtext = (*node).ss.ps.ps_ExprContext;
-            self.plan
-                .bounds
-                .iter()
-                .zip(states)
-                .map(|(b, e)| {
-                    let mut isnull = false;
-                    let value = crate::pg::boundary::pass(|| raw::eval_expr(e, econtext, &mut isnull));
-                    b.qual(value, isnull)
-                })
-                .collect()
+        let Some(latched) = self.latched.clone() else { return Rc::new(Declared::all()) };
+        // Constants and a client's parameters, nearly every tail's bounds,
+        // are read where they live: no expression state built for them.
+        // SAFETY: `node` is this runtime's begun node (the caller's
+        // contract): its plan node's expressions and its executor's
+        // parameters are live; a by-reference value is used at once.
+        let direct: Option<SmallVec<[(pg_sys::Datum, bool); 4]>> = unsafe {
+            let params = (*(*node).ss.ps.state).es_param_list_info;
+            let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+            list_iter::<pg_sys::Expr>((*cs).custom_exprs).map(|e| super::guards::direct_value(e, params)).collect()
         };
-        let d = Rc::new(span::declared(key, quals));
+        let quals: SmallVec<[KeyQual; 4]> = match direct {
+            Some(values) => self.plan.bounds.iter().zip(values).map(|(b, (v, isnull))| b.qual(v, isnull)).collect(),
+            // SAFETY: as above: expression states of this node, evaluated
+            // in its per-tuple context.
+            None => unsafe {
+                let states = self.bound_states(node);
+                let econtext = (*node).ss.ps.ps_ExprContext;
+                self.plan
+                    .bounds
+                    .iter()
+                    .zip(states)
+                    .map(|(b, e)| {
+                        let mut isnull = false;
+                        let value = crate::pg::boundary::pass(|| raw::eval_expr(e, econtext, &mut isnull));
+                        b.qual(value, isnull)
+                    })
+                    .collect()
+            },
+        };
+        let d = Rc::new(span::declared(&latched.key, quals));
         self.static_declared = Some(d.clone());
         d
     }
@@ -302,13 +314,13 @@ impl NodeRuntime {
     ///
     /// # Safety
     /// `node` is this runtime's node.
-    pub(super) unsafe fn bound_states(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<*mut pg_sys::ExprState> {
+    pub(super) unsafe fn bound_states(&mut self, node: *mut pg_sys::CustomScanState) -> BoundStates {
         if let Some(b) = &self.bounds {
             return b.clone();
         }
         // SAFETY: `node` is this runtime's node (the caller's contract): our plan node's
         // expressions, initialised for our plan state in its executor's query context.
-        let b: Vec<_> = unsafe {
+        let b: BoundStates = unsafe {
             let ps = &raw mut (*node).ss.ps;
             let cs = (*ps).plan as *mut pg_sys::CustomScan;
             let old = pg_sys::MemoryContextSwitchTo((*(*ps).state).es_query_cxt);
@@ -339,8 +351,8 @@ impl NodeRuntime {
         let stmt = unsafe { (*(*node).ss.ps.state).es_plannedstmt };
         // SAFETY: the child's scan keys (evaluated for this execution), its
         // slots and the row it handed up last, all live for the scan.
-        let (t, t_later): (Vec<Span>, Vec<Span>) = unsafe {
-            let both = |t: Vec<Span>| (t.clone(), t);
+        let (t, t_later): (Spans, Spans) = unsafe {
+            let both = |t: Spans| (t.clone(), t);
             match &self.position {
                 ScanPosition::Ordered { scan, keys, nkeys, key_col, attnos, forward } => {
                     let sks: &[pg_sys::ScanKeyData] =
@@ -384,8 +396,7 @@ impl NodeRuntime {
             Some(c) => t.intersect(&Span { start: Span::ALL.start, end: c }),
             None => t,
         };
-        let (t, t_later): (Vec<Span>, Vec<Span>) =
-            (t.into_iter().map(cut).collect(), t_later.into_iter().map(cut).collect());
+        let (t, t_later): (Spans, Spans) = (t.into_iter().map(cut).collect(), t_later.into_iter().map(cut).collect());
         for t in t {
             add_span(&mut self.touched, t);
         }
@@ -415,7 +426,7 @@ impl NodeRuntime {
         forward: bool,
         scan: *mut pg_sys::ScanState,
         attnos: &[i32],
-    ) -> (Vec<Span>, Vec<Span>) {
+    ) -> (Spans, Spans) {
         let all = || (d.spans.clone(), d.spans.clone());
         let Some(latched) = self.latched.as_deref() else { return all() };
         // SAFETY: `stmt` is this node's statement (the caller's contract), live while it runs.
@@ -455,7 +466,7 @@ impl NodeRuntime {
     ///
     /// # Safety
     /// `node` is this runtime's node.
-    pub unsafe fn touched(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<Span> {
+    pub unsafe fn touched(&mut self, node: *mut pg_sys::CustomScanState) -> Spans {
         // SAFETY: `node` is this runtime's node (the caller's contract).
         unsafe { self.fold(node) };
         self.touched.clone()
@@ -465,7 +476,7 @@ impl NodeRuntime {
     ///
     /// # Safety
     /// `node` is this runtime's node.
-    pub unsafe fn touched_later(&mut self, node: *mut pg_sys::CustomScanState) -> Vec<Span> {
+    pub unsafe fn touched_later(&mut self, node: *mut pg_sys::CustomScanState) -> Spans {
         // SAFETY: `node` is this runtime's node (the caller's contract).
         unsafe { self.fold(node) };
         self.touched_later.clone()
@@ -482,7 +493,7 @@ impl NodeRuntime {
 }
 
 /// Adds span `t` of one execution to `spans`.
-fn add_span(spans: &mut Vec<Span>, t: Span) {
+fn add_span(spans: &mut Spans, t: Span) {
     if t.is_empty() {
         return;
     }
@@ -497,7 +508,7 @@ fn add_span(spans: &mut Vec<Span>, t: Span) {
         // Many scattered executions (an inner loop): one span over them
         // all is wider, never narrower.
         let all = spans.iter().fold(Span::EMPTY, |a, s| a.hull(s));
-        *spans = vec![all];
+        *spans = smallvec::smallvec![all];
     }
 }
 
@@ -523,6 +534,18 @@ pub(super) unsafe fn cut_of_node(node: *mut pg_sys::CustomScanState) -> Option<p
     // SAFETY: the caller's contract: `node` is a NodeState; a shared read
     // of a Cell no `&mut NodeRuntime` covers.
     unsafe { (*(node as *const NodeState)).cut.get() }
+}
+
+/// Whether a begun node has a cut, without copying it out.
+///
+/// # Safety
+/// `node` is a `PgkvxLimitScan` state that has begun.
+#[inline(always)]
+pub(super) unsafe fn has_cut(node: *mut pg_sys::CustomScanState) -> bool {
+    // SAFETY: the caller's contract: `node` is a NodeState; the Cell is
+    // read in place, and nothing writes it while this reads (this backend
+    // runs one thing at a time, and no `&mut` to the NodeState is live).
+    unsafe { (*(*(node as *const NodeState)).cut.as_ptr()).is_some() }
 }
 
 /// Lends a begun node's runtime to `f` for the length of the call: the

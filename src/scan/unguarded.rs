@@ -26,7 +26,7 @@
 //! cached plan released, a one-shot plan's portal dropped).  Only the
 //! common shape is spliced: a single guard, below the top, reached from it
 //! through nodes with one child (LIMIT, a projection, a sort, DISTINCT, a
-//! material), with no init plans of its own.  Any other plan keeps its
+//! material, an aggregate), with no init plans of its own.  Any other plan keeps its
 //! node, which behaves the same, only dearer.
 
 use super::guards::Guards;
@@ -169,6 +169,9 @@ fn flat_size(tag: pg_sys::NodeTag) -> Option<usize> {
         pg_sys::NodeTag::T_IncrementalSort => size_of::<pg_sys::IncrementalSort>(),
         pg_sys::NodeTag::T_Unique => size_of::<pg_sys::Unique>(),
         pg_sys::NodeTag::T_Material => size_of::<pg_sys::Material>(),
+        // An aggregate over a batch (`count(*) FROM (… LIMIT n)`): its
+        // grouping-set chain and its expressions stay the original's.
+        pg_sys::NodeTag::T_Agg => size_of::<pg_sys::Agg>(),
         _ => return None,
     })
 }
