@@ -134,3 +134,22 @@ def test_neighbours_runs_every_kind_beside_the_plain_table(tmp_path):
         if r["table"] == "nb_latched" and r.get("consumer"):
             assert r["skipped"] == 0 and r["duplicates"] == 0, r
     assert "## `pgkvx.scan_mode = optimistic`" in md
+
+
+def test_instructions_counts_each_mode_against_the_plain_table(tmp_path):
+    # Counts, so the same build gives the same figures: a latched read
+    # does more than a plain one in every mode, and an optimistic one,
+    # which validates after a buffered first run, the most.
+    run(os.path.join(BENCH, "instructions"), "--limits", 1, "--statements", 20, "--out", tmp_path)
+    (name,) = os.listdir(tmp_path)
+    assert name.endswith("-instructions.md"), name
+    with open(os.path.join(tmp_path, name)) as f:
+        md = f.read()
+    assert "bench/instructions --limits 1 --statements 20" in md, md
+    (row,) = [line for line in md.splitlines() if line.startswith("| 1 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 5, row
+    plain = int(cells[1])
+    off, optimistic, fenced = (int(c.split()[0]) for c in cells[2:])
+    assert plain > 0, row
+    assert off >= plain and fenced >= plain and optimistic > max(off, fenced), row
