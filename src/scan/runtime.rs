@@ -16,7 +16,7 @@ use crate::registry::Latched;
 use pgkvx_latch::{RelId, Span};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use smallvec::SmallVec;
+use smallvec::{smallvec, SmallVec};
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -508,7 +508,7 @@ fn add_span(spans: &mut Spans, t: Span) {
         // Many scattered executions (an inner loop): one span over them
         // all is wider, never narrower.
         let all = spans.iter().fold(Span::EMPTY, |a, s| a.hull(s));
-        *spans = smallvec::smallvec![all];
+        *spans = smallvec![all];
     }
 }
 
