@@ -77,7 +77,6 @@ fn next_key(rel: Regclass) -> i64 {
         relid
     };
     let (seq, identity) = sequence::drawn_sequence(relid, &latched.key);
-    check_sequence_cache(seq);
     // An identity sequence is the table's own: writing the table is the
     // right to draw from it, as for Postgres's own identity default.
     if !identity && !acl::may(seq, pg_sys::ACL_USAGE | pg_sys::ACL_UPDATE) {
@@ -89,13 +88,9 @@ fn next_key(rel: Regclass) -> i64 {
     // nextval's own lock and relcache entry, taken now: inside the section
     // it finds the lock held and the entry built, and waits for neither.
     let _seq = OpenRel::open(seq, pg_sys::RowExclusiveLock);
-    // SAFETY: warms the catalog cache entry nextval reads.
-    unsafe {
-        let t = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(seq));
-        if !t.is_null() {
-            pg_sys::ReleaseSysCache(t);
-        }
-    }
+    // Its pg_sequence entry, read under that lock, is also the one nextval
+    // reads: the check leaves it in the catalog cache.
+    check_sequence_cache(seq);
     let h = backend::holder(latched.owner);
     backend::make_room();
     // Invalidations that arrived meanwhile are processed here, outside the

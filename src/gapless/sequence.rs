@@ -10,18 +10,19 @@ use crate::registry;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::CStr;
 
 thread_local! {
     /// Per table: the identity sequence of its gapless key column, or None
     /// when the table is not a gapless identity table.  Dropped with the
     /// table's relcache entry (enable, disable, identity DDL all send one).
-    static IDENTITY_SEQUENCES: RefCell<HashMap<Oid, Option<Oid>>> = RefCell::new(HashMap::new());
+    static IDENTITY_SEQUENCES: RefCell<OidMap<Option<Oid>>> = RefCell::default();
     /// Per latched gapless table: its key sequence, and whether that is the
     /// key's identity sequence (what `next_key` draws from).
-    static KEY_SEQUENCES: RefCell<HashMap<Oid, (Oid, bool)>> = RefCell::new(HashMap::new());
+    static KEY_SEQUENCES: RefCell<OidMap<(Oid, bool)>> = RefCell::default();
 }
+
+type OidMap<V> = crate::fast_hash::Map<Oid, V>;
 
 /// Installs the caches' relcache callback; called from `_PG_init`.
 pub fn init() {
@@ -34,7 +35,7 @@ pub fn init() {
 /// it only touches the maps.
 #[pg_guard]
 unsafe extern "C-unwind" fn on_relcache_inval(_arg: pg_sys::Datum, relid: Oid) {
-    fn forget<V>(c: &RefCell<HashMap<Oid, V>>, relid: Oid) {
+    fn forget<V>(c: &RefCell<OidMap<V>>, relid: Oid) {
         if let Ok(mut c) = c.try_borrow_mut() {
             if relid == pg_sys::InvalidOid {
                 c.clear();

@@ -1,7 +1,8 @@
 //! Privileges of the current user: every question pgkvx asks of the
 //! catalog's ACLs, row-level security and ownership, in one place.  Each
 //! answers for `GetUserId()`, the role a statement runs as (the owner
-//! inside a SECURITY DEFINER function), as PostgreSQL's own checks do.
+//! inside a SECURITY DEFINER function), as PostgreSQL's own checks do; it
+//! is a read that cannot raise, so it is called without pgrx's guard.
 
 use pgrx::pg_sys::{self, AclMode, Oid};
 
@@ -10,14 +11,16 @@ use pgrx::pg_sys::{self, AclMode, Oid};
 /// for exactly that privilege).
 pub fn may(relid: Oid, mode: u32) -> bool {
     // SAFETY: a catalog ACL check for the current user.
-    unsafe { pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), mode as AclMode) == pg_sys::AclResult::ACLCHECK_OK }
+    unsafe {
+        pg_sys::pg_class_aclcheck(relid, super::raw::GetUserId(), mode as AclMode) == pg_sys::AclResult::ACLCHECK_OK
+    }
 }
 
 /// Whether the current user has some privilege in `mode` on table `relid`.
 pub fn may_any(relid: Oid, mode: u32) -> bool {
     // SAFETY: a catalog ACL check for the current user.
     unsafe {
-        pg_sys::pg_class_aclmask(relid, pg_sys::GetUserId(), mode as AclMode, pg_sys::AclMaskHow::ACLMASK_ANY) != 0
+        pg_sys::pg_class_aclmask(relid, super::raw::GetUserId(), mode as AclMode, pg_sys::AclMaskHow::ACLMASK_ANY) != 0
     }
 }
 
@@ -29,7 +32,7 @@ pub fn may_any_column(relid: Oid, mode: u32) -> bool {
         || unsafe {
             pg_sys::pg_attribute_aclcheck_all(
                 relid,
-                pg_sys::GetUserId(),
+                super::raw::GetUserId(),
                 mode as AclMode,
                 pg_sys::AclMaskHow::ACLMASK_ANY,
             ) == pg_sys::AclResult::ACLCHECK_OK
@@ -41,7 +44,7 @@ pub fn may_any_column(relid: Oid, mode: u32) -> bool {
 pub fn may_column(relid: Oid, attnum: i16, mode: u32) -> bool {
     // SAFETY: a catalog ACL check for the current user.
     unsafe {
-        pg_sys::pg_attribute_aclcheck(relid, attnum, pg_sys::GetUserId(), mode as AclMode)
+        pg_sys::pg_attribute_aclcheck(relid, attnum, super::raw::GetUserId(), mode as AclMode)
             == pg_sys::AclResult::ACLCHECK_OK
     }
 }
@@ -69,7 +72,7 @@ pub unsafe fn owns(relid: Oid, role: Oid) -> bool {
 /// Whether the current user owns relation `relid`.
 pub fn is_owner(relid: Oid) -> bool {
     // SAFETY: a syscache lookup inside the caller's transaction.
-    unsafe { owns(relid, pg_sys::GetUserId()) }
+    unsafe { owns(relid, super::raw::GetUserId()) }
 }
 
 /// Raises PostgreSQL's own 42501 ("must be owner of table …") unless the
@@ -108,7 +111,7 @@ pub struct Visibility {
 pub fn may_see(relid: Oid, key_attnums: &[i16]) -> Visibility {
     // SAFETY: catalog ACL and row-security checks for the current user.
     unsafe {
-        let me = pg_sys::GetUserId();
+        let me = super::raw::GetUserId();
         // A table dropped while its ranges wait to be reclaimed: nothing
         // of it is anyone's to see.
         let mut missing = false;

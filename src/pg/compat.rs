@@ -468,17 +468,19 @@ pub unsafe fn call_run_hook(
 /// made its length unsigned, PG18 its data pointer const).
 ///
 /// # Safety
-/// Between XLogBeginInsert and XLogInsert; `data` lives until XLogInsert.
+/// Between XLogBeginInsert and XLogInsert, inside an FFI guard (a plain
+/// C call: it raises only past the record's room for pieces); `data`
+/// lives until XLogInsert.
 #[allow(clippy::unnecessary_cast)]
 pub unsafe fn xlog_register_data(data: &[u8]) {
     // SAFETY: per the caller's contract; XLogInsert only reads the bytes.
     unsafe {
         #[cfg(pre_pg16)]
-        pg_sys::XLogRegisterData(data.as_ptr() as *mut std::ffi::c_char, data.len() as i32);
+        super::raw::XLogRegisterData(data.as_ptr() as *mut std::ffi::c_char, data.len() as i32);
         #[cfg(all(pg16_up, pre_pg18))]
-        pg_sys::XLogRegisterData(data.as_ptr() as *mut std::ffi::c_char, data.len() as u32);
+        super::raw::XLogRegisterData(data.as_ptr() as *mut std::ffi::c_char, data.len() as u32);
         #[cfg(pg18_up)]
-        pg_sys::XLogRegisterData(data.as_ptr() as *const std::ffi::c_void, data.len() as u32);
+        super::raw::XLogRegisterData(data.as_ptr() as *const std::ffi::c_void, data.len() as u32);
     }
 }
 

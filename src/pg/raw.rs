@@ -11,6 +11,7 @@ extern "C-unwind" {
     // statement: without pgrx's guard they cost no jump buffer.
     pub fn GetUserId() -> pg_sys::Oid;
     pub fn GetOuterUserId() -> pg_sys::Oid;
+    pub fn GetCurrentTimestamp() -> pg_sys::TimestampTz;
     pub fn RecoveryInProgress() -> bool;
     pub fn IsTransactionState() -> bool;
     pub fn GetTopTransactionIdIfAny() -> pg_sys::TransactionId;
@@ -109,6 +110,17 @@ extern "C-unwind" {
         mutator: Option<unsafe extern "C-unwind" fn(*mut pg_sys::Node, *mut std::ffi::c_void) -> *mut pg_sys::Node>,
         context: *mut std::ffi::c_void,
     ) -> *mut pg_sys::Node;
+    // access/xloginsert.h: a record of ours is assembled and inserted
+    // inside one `pg_guard_ffi_boundary` (wal.rs), not one guard per call.
+    pub fn XLogBeginInsert();
+    pub fn XLogSetRecordFlags(flags: u8);
+    #[cfg(pre_pg16)]
+    pub fn XLogRegisterData(data: *mut std::ffi::c_char, len: std::ffi::c_int);
+    #[cfg(all(pg16_up, pre_pg18))]
+    pub fn XLogRegisterData(data: *mut std::ffi::c_char, len: u32);
+    #[cfg(pg18_up)]
+    pub fn XLogRegisterData(data: *const std::ffi::c_void, len: u32);
+    pub fn XLogInsert(rmid: pg_sys::RmgrId, info: u8) -> pg_sys::XLogRecPtr;
     // The heap page fetch of arrow/fetch.rs, run inside one
     // `pg_guard_ffi_boundary` per page rather than one guard per call.
     pub fn index_getnext_tid(

@@ -19,15 +19,19 @@ pub fn logs_for_standbys() -> bool {
 /// checkpoint or switch segments (it always travels with the writes it
 /// describes).
 pub fn insert(info: u8, data: &[u8]) -> pg_sys::XLogRecPtr {
+    use crate::pg::raw;
     // SAFETY: the record protocol in one piece (begin, flags, data,
-    // insert); `data` lives across the insert, which copies it.  Errors
-    // are Postgres errors raised from inside XLogInsert, before which
-    // nothing is half made.
+    // insert) inside one FFI guard; `data` lives across the insert, which
+    // copies it.  Errors are Postgres errors raised from inside XLogInsert
+    // (the others only fill in the record being assembled), before which
+    // nothing is half made; the guard turns them into a Rust panic.
     unsafe {
-        pg_sys::XLogBeginInsert();
-        pg_sys::XLogSetRecordFlags(pg_sys::XLOG_MARK_UNIMPORTANT as u8);
-        crate::pg::compat::xlog_register_data(data);
-        pg_sys::XLogInsert(RMGR_ID, info)
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            raw::XLogBeginInsert();
+            raw::XLogSetRecordFlags(pg_sys::XLOG_MARK_UNIMPORTANT as u8);
+            crate::pg::compat::xlog_register_data(data);
+            raw::XLogInsert(RMGR_ID, info)
+        })
     }
 }
 

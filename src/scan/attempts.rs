@@ -82,17 +82,10 @@ unsafe fn new_buffer(qd: *mut QueryDesc) -> *mut BufferDest {
     // SAFETY: the caller's contract: `qd` has been started. Contexts of the executor's memory go with it.
     unsafe {
         let query_cxt = (*(*qd).estate).es_query_cxt;
-        let cx = pg_sys::AllocSetContextCreateInternal(
-            query_cxt,
-            c"pgkvx held rows".as_ptr(),
-            pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
-            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
-            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
-        );
         let max_rows = guc::MAX_OPTIMISTIC_ROWS.get() as usize;
         let max_bytes = pg_sys::work_mem as usize * 1024;
         let old = pg_sys::MemoryContextSwitchTo(query_cxt);
-        let buffer = BufferDest::new(cx, max_rows, max_bytes);
+        let buffer = BufferDest::new(query_cxt, max_rows, max_bytes);
         pg_sys::MemoryContextSwitchTo(old);
         buffer
     }

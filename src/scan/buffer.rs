@@ -16,7 +16,12 @@ pub struct BufferDest {
     base: pg_sys::DestReceiver,
     /// The copied rows, a List of MinimalTuples in `cx`.
     rows: *mut pg_sys::List,
+    /// Where rows go: the executor's memory for the first attempt, a
+    /// context of the buffer's own (reset by [`Self::clear`]) for any
+    /// later one.  Most statements run one attempt, and a context made
+    /// and deleted for each of them cost more than its rows.
     cx: pg_sys::MemoryContext,
+    own_cx: bool,
     max_rows: usize,
     max_bytes: usize,
     bytes: usize,
@@ -50,7 +55,7 @@ unsafe extern "C-unwind" fn noop(_dest: *mut pg_sys::DestReceiver) {}
 
 impl BufferDest {
     /// An empty buffer in the current memory context whose rows live in
-    /// `cx` (a context of their own, reset by [`Self::clear`]).
+    /// `cx`, the executor's memory, until the first [`Self::clear`].
     pub fn new(cx: pg_sys::MemoryContext, max_rows: usize, max_bytes: usize) -> *mut BufferDest {
         let b = BufferDest {
             base: pg_sys::DestReceiver {
@@ -62,6 +67,7 @@ impl BufferDest {
             },
             rows: std::ptr::null_mut(),
             cx,
+            own_cx: false,
             max_rows,
             max_bytes,
             bytes: 0,
@@ -85,13 +91,30 @@ impl BufferDest {
         self.overflowed
     }
 
-    /// Forgets the rows (and frees their memory) for the next attempt.
+    /// Forgets the rows for the next attempt, and frees their memory when
+    /// they are in the buffer's own context.  The first attempt's stay in
+    /// the executor's memory until the statement ends: at most one
+    /// buffer's worth (`max_rows`, `max_bytes` and a row's overshoot).
     pub fn clear(&mut self) {
         self.rows = std::ptr::null_mut();
         self.bytes = 0;
         self.overflowed = false;
-        // SAFETY: the context is ours and nothing references its rows now.
-        unsafe { pg_sys::MemoryContextReset(self.cx) };
+        // SAFETY: nothing references the rows now; the own context is a
+        // child of the executor's memory, which frees it at the latest.
+        unsafe {
+            if self.own_cx {
+                pg_sys::MemoryContextReset(self.cx);
+            } else {
+                self.cx = pg_sys::AllocSetContextCreateInternal(
+                    self.cx,
+                    c"pgkvx held rows".as_ptr(),
+                    pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+                );
+                self.own_cx = true;
+            }
+        }
     }
 
     /// The rows, to be handed on (they stay in the buffer's context).

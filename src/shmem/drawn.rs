@@ -10,7 +10,7 @@
 
 use pgrx::pg_sys::{self, Oid, SubTransactionId};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// The top-level transaction's subtransaction id (xact.h).
 const TOP_SUBXACT: SubTransactionId = 1;
@@ -19,7 +19,7 @@ const TOP_SUBXACT: SubTransactionId = 1;
 struct Drawn {
     /// Drawn and not yet written, per table, as disjoint inclusive
     /// intervals (a transaction drawing many keys mostly draws runs).
-    free: HashMap<Oid, BTreeMap<i64, i64>>,
+    free: crate::fast_hash::Map<Oid, BTreeMap<i64, i64>>,
     /// Written inside a subtransaction that is still open: given back if
     /// it rolls back.
     used: Vec<(SubTransactionId, Oid, i64)>,

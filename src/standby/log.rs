@@ -25,8 +25,8 @@ pub fn wanted() -> bool {
 /// right after the draw's section, whose ticket makes every later-drawn
 /// key's commit wait for it (the standby's ordering argument,
 /// src/latch/README.md).
-pub fn latches(rel: RelId, owner: u32, xid: Xid, pid: i32, spans: &[Span]) {
-    if spans.is_empty() {
+pub fn latches<'a>(rel: RelId, owner: u32, xid: Xid, pid: i32, spans: impl ExactSizeIterator<Item = &'a Span>) {
+    if spans.len() == 0 {
         return;
     }
     BUF.with(|b| {
@@ -55,7 +55,11 @@ pub fn transaction_ended(end: End) {
     if !wal::logs_for_standbys() {
         return;
     }
-    let mut b = Vec::with_capacity(8);
-    record::encode_release(xid, end, &mut b);
-    wal::flush_soon(wal::insert(record::RELEASE, &b));
+    let end = BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        b.clear();
+        record::encode_release(xid, end, &mut b);
+        wal::insert(record::RELEASE, &b)
+    });
+    wal::flush_soon(end);
 }

@@ -49,7 +49,14 @@ pub enum Record {
 }
 
 /// Appends a `LATCH` record's body for `spans` (not empty) to `out`.
-pub fn encode_latch(rel: RelId, owner: u32, xid: Xid, pid: i32, spans: &[Span], out: &mut Vec<u8>) {
+pub fn encode_latch<'a>(
+    rel: RelId,
+    owner: u32,
+    xid: Xid,
+    pid: i32,
+    spans: impl ExactSizeIterator<Item = &'a Span>,
+    out: &mut Vec<u8>,
+) {
     out.extend_from_slice(&rel.db().to_le_bytes());
     out.extend_from_slice(&rel.rel().to_le_bytes());
     out.extend_from_slice(&owner.to_le_bytes());
@@ -172,7 +179,7 @@ mod tests {
         let spans = [Span::point(&[0x80, 0, 0, 0, 0, 0, 0, 7]), Span::new(&[1, 2], None), Span::ALL];
         let rel = RelId::new(16384, 24576);
         let mut buf = Vec::new();
-        encode_latch(rel, 10, Xid(745), 4242, &spans, &mut buf);
+        encode_latch(rel, 10, Xid(745), 4242, spans.iter(), &mut buf);
         let rec = decode(LATCH, &buf).expect("decodes");
         assert_eq!(rec, Record::Latch { rel, owner: 10, xid: Xid(745), pid: 4242, spans: spans.to_vec() });
         assert_eq!(
@@ -194,7 +201,7 @@ mod tests {
     #[test]
     fn malformed_records_decode_to_nothing() {
         let mut buf = Vec::new();
-        encode_latch(RelId::new(1, 2), 3, Xid(4), 5, &[Span::point(&[9])], &mut buf);
+        encode_latch(RelId::new(1, 2), 3, Xid(4), 5, [Span::point(&[9])].iter(), &mut buf);
         for cut in 0..buf.len() {
             assert_eq!(decode(LATCH, &buf[..cut]), None, "cut at {cut}");
         }

@@ -15,16 +15,26 @@ from conftest import connect, events_table, replayed, restart_standby, writer_be
 TAIL = "SELECT id FROM {t} WHERE id > %s ORDER BY id LIMIT 10"
 
 
-def read_in_thread(standby, db, mode, sql, args, repeatable=False):
+def read_in_thread(standby, db, mode, sql, args, repeatable=False, cursor=False):
     """Runs `sql` on the standby in `mode` in a thread; returns (thread,
     result list).  With `repeatable`, inside a REPEATABLE READ transaction,
-    and again after: the second read must show what the first did."""
+    and again after: the second read must show what the first did.  With
+    `cursor`, through a cursor declared in a transaction and fetched ten
+    rows at a time."""
     out = []
 
     def run():
         with connect(db, **standby) as s:
             s.execute(f"SET pgkvx.scan_mode = {mode}")
             s.execute("SET statement_timeout = '60s'")
+            if cursor:
+                with s.transaction(), s.cursor(name="sb_cursor") as c:
+                    c.execute(sql, args)
+                    rows = []
+                    while batch := c.fetchmany(10):
+                        rows += [r[0] for r in batch]
+                out.append(rows)
+                return
             if repeatable:
                 s.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             out.append([r[0] for r in s.execute(sql, args).fetchall()])
@@ -39,11 +49,13 @@ def read_in_thread(standby, db, mode, sql, args, repeatable=False):
     return th, out
 
 
-def late_writer_then_early_commit(db, standby, t, mode, end="commit", restart=False, repeatable=False):
+def late_writer_then_early_commit(db, standby, t, mode, end="commit", restart=False, repeatable=False,
+                                  shape=None):
     """A writer draws key 6 and stays open; another draws 7 and commits.
     A tail from 5 on the standby in `mode` starts; the first writer then
     ends (`end`).  Returns what the tail returned.  With `restart`, the
-    standby restarts past the first writer's latch before the tail reads."""
+    standby restarts past the first writer's latch before the tail reads.
+    `shape` names another read of SHAPES than the plain LIMIT tail."""
     with connect(db) as p, connect(db, autocommit=False) as w6, connect(db, **standby) as s:
         events_table(p, t)
         w6.execute(f"INSERT INTO {t} (payload) VALUES ('late')")
@@ -59,7 +71,8 @@ def late_writer_then_early_commit(db, standby, t, mode, end="commit", restart=Fa
         with connect(db, **standby) as s2:
             replayed(p, s2)
             assert s2.execute(f"SELECT count(*) FROM {t} WHERE id = 7").fetchone() == (1,)
-        th, out = read_in_thread(standby, db, mode, TAIL.format(t=t), (5,), repeatable)
+        sql, args = (TAIL, (5,)) if shape is None else SHAPES[shape][:2]
+        th, out = read_in_thread(standby, db, mode, sql.format(t=t), args, repeatable, cursor=shape == "cursor")
         # Time for a tail that did not wait to return without 6.
         time.sleep(1.0)
         getattr(w6, end)()
@@ -90,6 +103,59 @@ def test_a_standby_wait_honours_statement_timeout_and_leaves_the_session_usable(
         w6.rollback()
         replayed(p, s)
         assert s.execute(TAIL.format(t="sb_timeout"), (5,)).fetchall() == [(7,)]
+
+
+# The read shapes a consumer moves its cursor with, on the standby: each
+# with its statement and bound, and what it returns once the writer behind
+# its rows has committed -- protected, and with pgkvx off (6 skipped).
+SHAPES = {
+    "cursor": ("SELECT id FROM {t} WHERE id > %s ORDER BY id", (5,), [6, 7], [7]),
+    "subquery": ("SELECT id FROM (SELECT id, payload FROM {t} WHERE id > %s ORDER BY id LIMIT 10) s",
+                 (5,), [6, 7], [7]),
+    "join": ("SELECT e.id FROM {t} e JOIN pg_catalog.pg_namespace n ON n.nspname = 'pg_catalog' "
+             "WHERE e.id > %s ORDER BY e.id LIMIT 10", (5,), [6, 7], [7]),
+    "lateral": ("SELECT e.id FROM (VALUES (%s::bigint)) c(cur) "
+                "CROSS JOIN LATERAL (SELECT id FROM {t} WHERE id > c.cur ORDER BY id LIMIT 10) e",
+                (5,), [6, 7], [7]),
+    "cte bound": ("WITH c AS (SELECT %s::bigint AS cur) SELECT id FROM {t}, c WHERE id > c.cur ORDER BY id LIMIT 10",
+                  (5,), [6, 7], [7]),
+    "descending": ("SELECT id FROM {t} WHERE id < %s ORDER BY id DESC LIMIT 10", (8,),
+                   [7, 6, 5, 4, 3, 2, 1], [7, 5, 4, 3, 2, 1]),
+}
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "fenced", "off"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_read_shape_of_a_tail_waits_on_a_standby(db, standby, shape, mode):
+    t = f"sb_shape_{shape.replace(' ', '_')}_{mode}"
+    protected, unprotected = SHAPES[shape][2:]
+    got = late_writer_then_early_commit(db, standby, t, mode, shape=shape)
+    assert got == (unprotected if mode == "off" else protected), (shape, mode, got)
+
+
+@pytest.mark.parametrize("mode", ["optimistic", "fenced", "off"])
+def test_a_category_tail_on_a_standby_waits_for_a_writer_in_its_category(db, standby, mode):
+    # Key (category, id): a writer of category 1 behind the cursor holds
+    # the tail up; one of category 2 does not show in it at all.
+    t = f"sb_category_{mode}"
+    tail = f"SELECT id FROM {t} WHERE category = %s AND id > %s ORDER BY id LIMIT 10"
+    with connect(db) as p, connect(db, autocommit=False) as w6:
+        p.execute(f"DROP TABLE IF EXISTS {t}")
+        p.execute(f"CREATE TABLE {t} (category int, id bigint, PRIMARY KEY (category, id))")
+        p.execute(f"SELECT pgkvx.enable('{t}')")
+        p.execute(f"INSERT INTO {t} SELECT c, i FROM generate_series(1, 2) c, generate_series(1, 5) i")
+        w6.execute(f"INSERT INTO {t} VALUES (1, 6)")
+        p.execute(f"INSERT INTO {t} VALUES (1, 7), (2, 6)")
+        with connect(db, **standby) as s:
+            replayed(p, s)
+        th, out = read_in_thread(standby, db, mode, tail, (1, 5))
+        time.sleep(1.0)  # time for a tail that did not wait to return without 6
+        w6.commit()
+        with connect(db, **standby) as s:
+            replayed(p, s)
+        th.join(60)
+        assert not th.is_alive(), "the category tail on the standby did not return"
+        assert out == [[7] if mode == "off" else [6, 7]], out
 
 
 def test_without_protection_the_standby_tail_skips(db, standby):
@@ -335,7 +401,7 @@ def test_wait_for_on_a_standby_runs_inside_a_transaction_block(db, standby):
         s.execute("COMMIT")
 
 
-@pytest.mark.parametrize("mode", ["optimistic", "off"])
+@pytest.mark.parametrize("mode", ["optimistic", "fenced", "off"])
 def test_arrow_scan_on_a_standby_waits_for_a_writer_inside_what_it_reads(db, standby, mode):
     from test_arrow import chunks, read_pyarrow
     t = f"sb_arrow_{mode}"
@@ -359,7 +425,7 @@ def test_arrow_scan_on_a_standby_waits_for_a_writer_inside_what_it_reads(db, sta
         assert not th.is_alive()
         # Protected, the scan waited and has 6; off, it did not (what makes
         # this test able to fail).
-        assert out == [[1, 2, 3, 4, 5, 6, 7] if mode == "optimistic" else [1, 2, 3, 4, 5, 7]], out
+        assert out == [[1, 2, 3, 4, 5, 7] if mode == "off" else [1, 2, 3, 4, 5, 6, 7]], out
 
 
 def test_a_standby_tail_keeps_waiting_through_a_recovery_conflict_it_is_no_part_of(db, standby):
