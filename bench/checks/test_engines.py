@@ -144,12 +144,12 @@ def test_instructions_counts_each_mode_against_the_plain_table(tmp_path):
     # The small gaps (off, fenced) need hundreds of statements to rise
     # above what the first executions of a cell warm up (catalog caches,
     # the switch to a generic plan).
-    run(os.path.join(BENCH, "instructions"), "--limits", 1, "--statements", 20, "--out", tmp_path)
+    run(os.path.join(BENCH, "instructions"), "--limits", 1, "--statements", 20, "--writes", "--out", tmp_path)
     (name,) = os.listdir(tmp_path)
     assert name.endswith("-instructions.md"), name
     with open(os.path.join(tmp_path, name)) as f:
         md = f.read()
-    assert "bench/instructions --limits 1 --statements 20" in md, md
+    assert "bench/instructions --limits 1 --statements 20 --writes" in md, md
     (row,) = [line for line in md.splitlines() if line.startswith("| 1 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == 5, row
@@ -157,3 +157,14 @@ def test_instructions_counts_each_mode_against_the_plain_table(tmp_path):
     off, optimistic, fenced = (int(c.split()[0]) for c in cells[2:])
     assert plain > 0 and off > 0 and fenced > 0, row
     assert optimistic > max(plain, off, fenced), row
+    # The writers' table: a cell per write, and a gapless insert (a latch,
+    # its WAL record and the draw, a quarter more than the plain insert)
+    # above the nextval insert.
+    writes = {}
+    for line in md.splitlines():
+        parts = [c.strip() for c in line.strip("|").split("|")]
+        if len(parts) == 3 and parts[0] in ("upsert", "append"):
+            writes[parts[0]] = (int(parts[1]), int(parts[2].split()[0]))
+    assert set(writes) == {"upsert", "append"}, md
+    assert all(p > 0 and l > 0 for p, l in writes.values()), writes
+    assert writes["append"][1] > writes["append"][0], writes

@@ -126,7 +126,8 @@ pub fn decode(kind: u8, data: &[u8]) -> Option<Record> {
     b.0.is_empty().then_some(rec)
 }
 
-/// The name `pg_walinspect` and `pg_waldump --stats` show for a kind.
+/// The name `pg_walinspect` shows for a kind (`pg_waldump`, a program that
+/// cannot load pgkvx, shows only the resource manager's number).
 pub fn kind_name(kind: u8) -> Option<&'static std::ffi::CStr> {
     match kind & KIND_MASK {
         LATCH => Some(c"LATCH"),

@@ -158,6 +158,86 @@ def test_a_category_tail_on_a_standby_waits_for_a_writer_in_its_category(db, sta
         assert out == [[7] if mode == "off" else [6, 7]], out
 
 
+def test_a_standby_wait_ends_on_cancel_and_leaves_the_session_usable(db, standby):
+    with connect(db) as p, connect(db, **standby) as s, writer_behind_a_commit(p, db, "sb_cancel") as w6:
+        replayed(p, s)
+        (pid,) = s.execute("SELECT pg_backend_pid()").fetchone()
+        # Bounds a wait that ignored the cancel (its error would then say
+        # statement timeout, not user request).
+        s.execute("SET statement_timeout = '30s'")
+
+        def cancel():
+            with connect(db, **standby) as c:
+                c.execute("SELECT pg_cancel_backend(%s)", (pid,))
+
+        timer = threading.Timer(0.5, cancel)
+        timer.start()
+        t0 = time.monotonic()
+        # A tail that did not wait for 6 would return [7] and raise nothing.
+        with pytest.raises(psycopg.errors.QueryCanceled, match="user request"):
+            s.execute(TAIL.format(t="sb_cancel"), (5,))
+        timer.join()
+        assert time.monotonic() - t0 < 15, "the cancel did not end the wait at once"
+        w6.rollback()
+        replayed(p, s)
+        assert s.execute(TAIL.format(t="sb_cancel"), (5,)).fetchall() == [(7,)]
+
+
+def test_wait_for_before_a_cursor_on_a_standby_wakes_at_replay_of_a_key_below_it(db, standby):
+    # A descending consumer waits for a key before its cursor: a commit
+    # past the cursor does not wake it, the replayed commit below it does.
+    with connect(db) as p, connect(db, **standby) as s:
+        p.execute("DROP TABLE IF EXISTS sb_before")
+        p.execute("CREATE TABLE sb_before (id bigint PRIMARY KEY)")
+        p.execute("SELECT pgkvx.enable('sb_before')")
+        p.execute("INSERT INTO sb_before SELECT generate_series(5, 9)")
+        replayed(p, s)
+        out = []
+
+        def wait():
+            with connect(db, **standby) as w:
+                out.append(w.execute("SELECT pgkvx.wait_for('sb_before', before => '5', timeout => '30 seconds')")
+                           .fetchone()[0])
+
+        th = threading.Thread(target=wait)
+        th.start()
+        time.sleep(0.5)
+        p.execute("INSERT INTO sb_before VALUES (10)")
+        replayed(p, s)
+        time.sleep(0.5)
+        assert th.is_alive() and out == [], "woken by a key past its cursor"
+        t0 = time.monotonic()
+        p.execute("INSERT INTO sb_before VALUES (3)")
+        th.join(30)
+        assert not th.is_alive() and out == [True], out
+        assert time.monotonic() - t0 < 10, "woken by its timeout, not the replayed commit"
+
+
+def test_only_latched_writes_log_records_one_per_latch_and_one_per_transaction(db, standby):
+    with connect(db) as p:
+        if not p.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'").fetchone()[0]:
+            pytest.skip("no pg_walinspect in this build")
+        p.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        p.execute("DROP TABLE IF EXISTS sb_plain_rec, sb_many_rec")
+        p.execute("CREATE TABLE sb_plain_rec (id bigint PRIMARY KEY)")
+        p.execute("CREATE TABLE sb_many_rec (id bigint PRIMARY KEY, v int)")
+        p.execute("SELECT pgkvx.enable('sb_many_rec')")
+        (start,) = p.execute("SELECT pg_switch_wal()").fetchone()
+        p.execute("INSERT INTO sb_plain_rec SELECT generate_series(1, 50)")
+        with connect(db, autocommit=False) as w:
+            # Three keys, the last of them written again: three latches.
+            w.execute("INSERT INTO sb_many_rec VALUES (1, 0), (2, 0), (3, 0)")
+            w.execute("UPDATE sb_many_rec SET v = 1 WHERE id = 3")
+            w.commit()
+        p.execute("SELECT pg_switch_wal()")
+        (end,) = p.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
+        kinds = [r[0] for r in p.execute(
+            "SELECT record_type FROM pg_get_wal_records_info(%s, %s) WHERE resource_manager = 'pgkvx'",
+            (start, end)).fetchall()]
+        assert sorted(kinds) == ["LATCH", "LATCH", "LATCH", "RELEASE"], kinds
+        assert kinds[-1] == "RELEASE", kinds
+
+
 def test_without_protection_the_standby_tail_skips(db, standby):
     # The same race with pgkvx off on the standby: 7 shows without 6, a
     # cursor at 7 never sees 6.  (What makes the tests above able to fail.)
