@@ -27,6 +27,22 @@ fn refuse_move(table: Oid, seq: Oid, what: String) -> ! {
     )
 }
 
+/// Refuses a CACHE other than 1 on `seq`, the key sequence of gapless
+/// table `table`: a session that cached values hands out a smaller one
+/// after another committed a larger, and `next_key`, which checks the
+/// setting, cannot see what a session cached while it was set.
+fn refuse_cache(table: Oid, seq: Oid, cache: i64) -> ! {
+    errors::raise_hint(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "cannot set CACHE {cache} of sequence {}: it feeds the key of gapless table \"{}\", whose keys need CACHE 1",
+            qualified_name(seq),
+            rel_name(table)
+        ),
+        "A sequence that caches values per session hands out a key behind one another session already committed.",
+    )
+}
+
 /// Refuses a change to which sequence feeds gapless table `table`'s key.
 fn refuse_key_sequence_change(table: Oid, what: &str) -> ! {
     let name = quote_literal(&crate::pg::regclass_text(table));
@@ -79,8 +95,9 @@ unsafe fn refuse_owned_by_gapless_key(options: *mut pg_sys::List) {
 
 /// Refuses sequence options that move `seq` (the key sequence of gapless
 /// table `table`) backwards, now or later: RESTART at or below the last
-/// value handed out, a negative INCREMENT and CYCLE.  (A CACHE other than 1
-/// is refused where keys are drawn, by next_key.)
+/// value handed out, a negative INCREMENT and CYCLE; and a CACHE other than
+/// 1, which next_key also refuses where keys are drawn (a sequence set so
+/// before the table became gapless).
 ///
 /// # Safety
 /// `options` is a List of DefElem.
@@ -100,6 +117,12 @@ unsafe fn check_sequence_options(table: Oid, seq: Oid, options: *mut pg_sys::Lis
                     refuse_move(table, seq, "set a negative INCREMENT".into())
                 }
                 b"cycle" if pg_sys::defGetBoolean(d) => refuse_move(table, seq, "set CYCLE".into()),
+                b"cache" => {
+                    let cache = pg_sys::defGetInt64(d);
+                    if cache != 1 {
+                        refuse_cache(table, seq, cache);
+                    }
+                }
                 _ => {}
             }
         }

@@ -143,6 +143,20 @@ def test_restart_is_refused(db, conn, ident):
     assert conn.execute(f"INSERT INTO {ident} (payload) VALUES ('y') RETURNING id").fetchone() == (100,)
 
 
+def test_a_cache_other_than_1_is_refused_when_it_is_set(db, conn, ident):
+    # A session that cached values while CACHE was 5 would draw them later,
+    # behind keys other sessions committed: refused when set, not only at
+    # the next draw.
+    seq = conn.execute("SELECT pg_get_serial_sequence(%s, 'id')", (ident,)).fetchone()[0]
+    for ddl in [f"ALTER SEQUENCE {seq} CACHE 5",
+                f"ALTER TABLE {ident} ALTER COLUMN id SET CACHE 20"]:
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="CACHE 1"):
+            conn.execute(ddl)
+    assert conn.execute("SELECT seqcache FROM pg_sequence WHERE seqrelid = %s::regclass", (seq,)).fetchone() == (1,)
+    conn.execute(f"ALTER SEQUENCE {seq} CACHE 1")
+    conn.execute(f"INSERT INTO {ident} (payload) VALUES ('x')")
+
+
 def test_restart_is_checked_after_draws_in_flight(db, conn, ident):
     """A RESTART waits for the transactions drawing from the sequence and
     is checked against what they drew meanwhile."""
