@@ -158,6 +158,33 @@ def test_a_category_tail_on_a_standby_waits_for_a_writer_in_its_category(db, sta
         assert out == [[7] if mode == "off" else [6, 7]], out
 
 
+@pytest.mark.parametrize("mode", ["optimistic", "fenced", "off"])
+def test_a_partitioned_tail_on_a_standby_waits_for_a_writer_in_another_partition(db, standby, mode):
+    # Latched through its parent: the late key 6 goes to one partition, the
+    # early 7 to another; the tail reads them all in key order.
+    t = f"sb_parts_{mode}"
+    with connect(db) as p, connect(db, autocommit=False) as w6:
+        p.execute(f"DROP TABLE IF EXISTS {t}")
+        p.execute(f"""CREATE TABLE {t} (id bigserial, part int NOT NULL, PRIMARY KEY (id, part))
+                      PARTITION BY RANGE (part)""")
+        for n in range(3):
+            p.execute(f"CREATE TABLE {t}_{n} PARTITION OF {t} FOR VALUES FROM ({n}) TO ({n + 1})")
+        p.execute(f"SELECT pgkvx.enable('{t}', gapless => true)")
+        p.execute(f"INSERT INTO {t} (part) SELECT 1 FROM generate_series(1, 5)")
+        w6.execute(f"INSERT INTO {t} (part) VALUES (0)")
+        p.execute(f"INSERT INTO {t} (part) VALUES (2)")
+        with connect(db, **standby) as s:
+            replayed(p, s)
+        th, out = read_in_thread(standby, db, mode, TAIL.format(t=t), (5,))
+        time.sleep(1.0)  # time for a tail that did not wait to return without 6
+        w6.commit()
+        with connect(db, **standby) as s:
+            replayed(p, s)
+        th.join(60)
+        assert not th.is_alive(), "the partitioned tail on the standby did not return"
+        assert out == [[7] if mode == "off" else [6, 7]], out
+
+
 def test_a_standby_wait_ends_on_cancel_and_leaves_the_session_usable(db, standby):
     with connect(db) as p, connect(db, **standby) as s, writer_behind_a_commit(p, db, "sb_cancel") as w6:
         replayed(p, s)
