@@ -133,6 +133,23 @@ def test_every_read_shape_of_a_tail_waits_on_a_standby(db, standby, shape, mode)
     assert got == (unprotected if mode == "off" else protected), (shape, mode, got)
 
 
+def tail_while_writer_commits(db, standby, p, w6, mode, sql, args):
+    """Once the standby has replayed what primary connection `p` wrote,
+    runs tail `sql` there in `mode`, commits open writer `w6` a second
+    later, and returns what the tail returned."""
+    with connect(db, **standby) as s:
+        replayed(p, s)
+    th, out = read_in_thread(standby, db, mode, sql, args)
+    time.sleep(1.0)  # time for a tail that did not wait to return without the writer's row
+    w6.commit()
+    with connect(db, **standby) as s:
+        replayed(p, s)
+    th.join(60)
+    assert not th.is_alive(), "the tail on the standby did not return"
+    assert len(out) == 1, out
+    return out[0]
+
+
 @pytest.mark.parametrize("mode", ["optimistic", "fenced", "off"])
 def test_a_category_tail_on_a_standby_waits_for_a_writer_in_its_category(db, standby, mode):
     # Key (category, id): a writer of category 1 behind the cursor holds
@@ -146,16 +163,8 @@ def test_a_category_tail_on_a_standby_waits_for_a_writer_in_its_category(db, sta
         p.execute(f"INSERT INTO {t} SELECT c, i FROM generate_series(1, 2) c, generate_series(1, 5) i")
         w6.execute(f"INSERT INTO {t} VALUES (1, 6)")
         p.execute(f"INSERT INTO {t} VALUES (1, 7), (2, 6)")
-        with connect(db, **standby) as s:
-            replayed(p, s)
-        th, out = read_in_thread(standby, db, mode, tail, (1, 5))
-        time.sleep(1.0)  # time for a tail that did not wait to return without 6
-        w6.commit()
-        with connect(db, **standby) as s:
-            replayed(p, s)
-        th.join(60)
-        assert not th.is_alive(), "the category tail on the standby did not return"
-        assert out == [[7] if mode == "off" else [6, 7]], out
+        out = tail_while_writer_commits(db, standby, p, w6, mode, tail, (1, 5))
+        assert out == ([7] if mode == "off" else [6, 7]), out
 
 
 @pytest.mark.parametrize("mode", ["optimistic", "fenced", "off"])
@@ -173,16 +182,8 @@ def test_a_partitioned_tail_on_a_standby_waits_for_a_writer_in_another_partition
         p.execute(f"INSERT INTO {t} (part) SELECT 1 FROM generate_series(1, 5)")
         w6.execute(f"INSERT INTO {t} (part) VALUES (0)")
         p.execute(f"INSERT INTO {t} (part) VALUES (2)")
-        with connect(db, **standby) as s:
-            replayed(p, s)
-        th, out = read_in_thread(standby, db, mode, TAIL.format(t=t), (5,))
-        time.sleep(1.0)  # time for a tail that did not wait to return without 6
-        w6.commit()
-        with connect(db, **standby) as s:
-            replayed(p, s)
-        th.join(60)
-        assert not th.is_alive(), "the partitioned tail on the standby did not return"
-        assert out == [[7] if mode == "off" else [6, 7]], out
+        out = tail_while_writer_commits(db, standby, p, w6, mode, TAIL.format(t=t), (5,))
+        assert out == ([7] if mode == "off" else [6, 7]), out
 
 
 def test_a_standby_wait_ends_on_cancel_and_leaves_the_session_usable(db, standby):
