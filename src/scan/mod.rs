@@ -16,6 +16,7 @@
 
 pub mod attempts;
 pub mod buffer;
+pub mod bypass;
 pub mod cte_bound;
 pub mod cut;
 pub mod explain;

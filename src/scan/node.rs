@@ -234,7 +234,7 @@ unsafe extern "C-unwind" fn exec_node(ps: *mut pg_sys::PlanState) -> *mut pg_sys
                 None => slot,
             };
             match &mut rt.seen {
-                Seen::Off => {}
+                Seen::Off | Seen::StepBack => {}
                 Seen::Tid { slot: scan_slot, tid } => {
                     // Cleared slots have an invalid TID: only rows are kept.
                     let t = (**scan_slot).tts_tid;

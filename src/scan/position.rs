@@ -263,3 +263,52 @@ pub(super) unsafe fn key_at_tid(
         Some(k)
     }
 }
+
+/// The key of the last row an index scan that has run out of rows
+/// returned: the row its own index scan finds one step back from its end,
+/// at its own snapshot, as a scroll cursor's `FETCH PRIOR` past the end
+/// does.  Read into its scan slot (empty, as it ran out) and cleared from
+/// it again.  Some(None): the scan never started or found no row; None:
+/// `scan` is no index scan.
+///
+/// # Safety
+/// `scan` is a plain index scan of the latched table, without filter or
+/// array keys, that has run out of rows; `attnos` are the key columns'
+/// positions in its slot.
+pub(super) unsafe fn key_one_back(
+    scan: *mut pg_sys::ScanState,
+    key: &KeyDesc,
+    attnos: &[i32],
+) -> Option<Option<KeyWriter>> {
+    // SAFETY: the caller's contract; the scan descriptor is the executor's
+    // own, begun at the scan's first row (NULL before), and stepping it the
+    // other way after its end is what a scroll cursor does.
+    unsafe {
+        if node_tag(scan as *mut pg_sys::PlanState) != pg_sys::NodeTag::T_IndexScanState {
+            return None;
+        }
+        let desc = (*(scan as *mut pg_sys::IndexScanState)).iss_ScanDesc;
+        let slot = (*scan).ss_ScanTupleSlot;
+        if desc.is_null() {
+            return Some(None);
+        }
+        if !is_empty(slot) {
+            return None;
+        }
+        // Back is the other way from the scan's own direction (the
+        // executor runs forward), whichever way the key runs.
+        let dir = (*((*scan).ps.plan as *mut pg_sys::IndexScan)).indexorderdir;
+        let back = if dir == pg_sys::ScanDirection::BackwardScanDirection {
+            pg_sys::ScanDirection::ForwardScanDirection
+        } else {
+            pg_sys::ScanDirection::BackwardScanDirection
+        };
+        let found = crate::pg::boundary::pass(|| pg_sys::index_getnext_slot(desc, back, slot));
+        if !found {
+            return Some(None);
+        }
+        let k = key.encode_slot_at(slot, attnos);
+        crate::pg::boundary::pass(|| ((*(*slot).tts_ops).clear.unwrap_unchecked())(slot));
+        Some(Some(k))
+    }
+}

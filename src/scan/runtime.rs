@@ -103,6 +103,10 @@ pub(super) enum Seen {
     /// The key of the last row (`greatest`: of the greatest key so far),
     /// read from `slot` (NULL: the row handed up) at `attnos`.
     Key { slot: *mut pg_sys::TupleTableSlot, attnos: Vec<i32>, greatest: bool, key: Option<KeyWriter> },
+    /// An index scan in key order whose rows the node does not watch
+    /// (`bypass.rs`): once it has run out, its last row is the one its own
+    /// index scan finds one step back from its end.
+    StepBack,
 }
 
 /// A scan that fences when it first runs (`node::fence_at_start`).
@@ -256,6 +260,40 @@ impl NodeRuntime {
     /// `sole_root` alone (`Guards::sole_root`).
     pub fn fence_at_first_run(&mut self, after: pgkvx_latch::Xid, sole_root: Option<pg_sys::Oid>) {
         self.fence_at_start = Some(FenceAtStart { after, sole_root });
+    }
+
+    /// Whether the node may leave its scan's rows to its parent for an
+    /// execution it will not rescan (`bypass.rs`): an index scan of the
+    /// table's rows in key order, no filter (its last row is then the last
+    /// visible one its index quals match), no array keys, no fence or cut
+    /// to apply per row, not EvalPlanQual's copy.  If so, the node stops
+    /// watching rows (`Seen::StepBack`), counts as started, and hands back
+    /// the plan state its parent should pull rows from.
+    ///
+    /// # Safety
+    /// The runtime of a begun node that has not run.
+    pub(super) unsafe fn leave_rows_to_parent(&mut self) -> Option<*mut pg_sys::PlanState> {
+        let Seen::Tid { .. } = self.seen else { return None };
+        let ScanPosition::Ordered { scan, keys, nkeys, .. } = &self.position else { return None };
+        if self.fence_at_start.is_some() || !self.epq.is_null() {
+            return None;
+        }
+        // SAFETY: the caller's contract: the scan state and its keys are
+        // the begun child's (Seen::Tid is only ever an index scan's).
+        unsafe {
+            if node_tag(*scan as *mut pg_sys::PlanState) != pg_sys::NodeTag::T_IndexScanState
+                || !(**scan).ps.qual.is_null()
+            {
+                return None;
+            }
+            let sks: &[pg_sys::ScanKeyData] = if *nkeys > 0 { std::slice::from_raw_parts(*keys, *nkeys) } else { &[] };
+            if sks.iter().any(|k| k.sk_flags as u32 & pg_sys::SK_SEARCHARRAY != 0) {
+                return None;
+            }
+        }
+        self.seen = Seen::StepBack;
+        self.started = true;
+        Some(self.child)
     }
 
     /// The latch identity the node's reads validate against.
@@ -443,6 +481,11 @@ impl NodeRuntime {
                 None => return all(),
             },
             Seen::Key { key, .. } => *key,
+            // SAFETY: as for `Tid`: `scan` is this node's index scan, run out of rows.
+            Seen::StepBack => match unsafe { super::position::key_one_back(scan, &latched.key, attnos) } {
+                Some(k) => k,
+                None => return all(),
+            },
         };
         (d.ran_out(last.as_ref(), forward), d.up_to_last(last.as_ref(), forward))
     }

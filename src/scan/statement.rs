@@ -33,6 +33,7 @@ use super::attempts::{
     self, end_second_executor, start_second_executor, with_active, FirstAttempt, OptimisticAttempts,
 };
 use super::buffer::HeldRows;
+use super::bypass;
 use super::cut;
 use super::guards::{self, Guards};
 use super::hooks::{self, prev_end, prev_finish, prev_run, prev_start};
@@ -213,6 +214,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             }
             ReadMode::Optimistic => {
                 let nodes = start_executor(qd, eflags, &guards);
+                bypass::leave_rows_to_parent(qd, &guards, &nodes);
                 let reads = Reads {
                     source: RowSource::Pending,
                     mode: ReadPath::Optimistic,
@@ -596,6 +598,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
             rule: None,
             later: Some(first.later),
             guards: &raw const (*st).guards,
+            nodes: (*st).nodes.clone(),
             shapes: None,
             fence_at_scan: false,
         };
