@@ -56,6 +56,50 @@ pub(super) unsafe fn leave_rows_to_parent(
         }
         let Some(child) = with_runtime(*node, |rt| rt.leave_rows_to_parent()) else { return false };
         (*parent).lefttree = child;
+        #[cfg(feature = "pg_test")]
+        TAKEN.with(|t| t.set(t.get() + 1));
         true
+    }
+}
+
+#[cfg(feature = "pg_test")]
+thread_local! {
+    /// How many executors this backend took a node out of the row path of.
+    static TAKEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// How many executors `sql` took a node out of the row path of.
+    fn bypassed_by(sql: &str) -> u64 {
+        let before = super::TAKEN.with(|t| t.get());
+        Spi::run(sql).expect(sql);
+        super::TAKEN.with(|t| t.get()) - before
+    }
+
+    #[pg_test]
+    fn an_optimistic_batch_over_a_plain_index_scan_leaves_its_rows_to_the_parent() {
+        for sql in [
+            "CREATE TABLE bp (k int PRIMARY KEY, v text)",
+            "SELECT pgkvx.enable('bp')",
+            "INSERT INTO bp SELECT g, 'x' FROM generate_series(1, 1000) g",
+            "ANALYZE bp",
+            "SET LOCAL pgkvx.scan_mode = optimistic",
+        ] {
+            Spi::run(sql).expect(sql);
+        }
+        assert_eq!(bypassed_by("SELECT k, v FROM bp WHERE k > 10 ORDER BY k LIMIT 5"), 1);
+        assert_eq!(bypassed_by("SELECT count(v) FROM (SELECT v FROM bp WHERE k > 10 ORDER BY k LIMIT 5) s"), 1);
+        assert_eq!(bypassed_by("SELECT k, v FROM bp WHERE k > 990 ORDER BY k LIMIT 50"), 1, "a batch that runs out");
+        // Its last row is the filter's, not the last visible one.
+        assert_eq!(bypassed_by("SELECT k, v FROM bp WHERE k > 10 AND v <> 'y' ORDER BY k LIMIT 5"), 0);
+        // EXPLAIN ANALYZE shows what the node saw.
+        assert_eq!(bypassed_by("EXPLAIN ANALYZE SELECT k, v FROM bp WHERE k > 10 ORDER BY k LIMIT 5"), 0);
+        // Off and fenced reads run without the node at all.
+        Spi::run("SET LOCAL pgkvx.scan_mode = fenced").expect("fenced");
+        assert_eq!(bypassed_by("SELECT k, v FROM bp WHERE k > 10 ORDER BY k LIMIT 5"), 0);
     }
 }
