@@ -176,9 +176,10 @@ pub(super) struct OptimisticAttempts {
     /// The statement's guards, decoded at its start; they outlive the
     /// attempts.
     pub(super) guards: *const super::guards::Guards,
-    /// The guard nodes of the statement's own executor: not always in its
-    /// plan state tree (`bypass.rs`).
-    pub(super) nodes: Vec<*mut pg_sys::CustomScanState>,
+    /// The guard nodes of the statement's own executor, as it registered
+    /// them: not always in its plan state tree (`bypass.rs`).  They outlive
+    /// the attempts, as the guards do.
+    pub(super) nodes: *const [*mut pg_sys::CustomScanState],
     /// Where a fenced fallback's read ends (`probe.rs`), found when first
     /// asked.
     pub(super) shapes: Option<Option<Vec<super::probe::Shape>>>,
@@ -231,9 +232,9 @@ impl OptimisticAttempts {
     /// Whether every guard, and the statement, allow a cut by `rule`.
     fn allows_cut(&self, rule: CutRule) -> bool {
         // SAFETY: our statement's QueryDesc, started and run once, and its
-        // guard nodes, begun.
+        // guard nodes, begun, listed in its entry, which outlives us.
         unsafe {
-            self.nodes.iter().all(|&n| cut::can_stop_early(n, rule))
+            (*self.nodes).iter().all(|&n| cut::can_stop_early(n, rule))
                 && cut::statement_may_cut((*self.qd).plannedstmt, self.sole_root, rule)
         }
     }

@@ -258,9 +258,22 @@ pub(super) unsafe fn key_at_tid(
         if !found {
             return None;
         }
+        Some(take_key(slot, key, attnos))
+    }
+}
+
+/// The key of the row a lookup of ours put into a scan's own slot (its
+/// key columns at `attnos`), cleared from the slot again: the scan had run
+/// out, and leaves its slot as it found it.
+///
+/// # Safety
+/// `slot` is a live slot holding a row of the latched table.
+unsafe fn take_key(slot: *mut pg_sys::TupleTableSlot, key: &KeyDesc, attnos: &[i32]) -> KeyWriter {
+    // SAFETY: the caller's contract; clearing is the slot's own operation.
+    unsafe {
         let k = key.encode_slot_at(slot, attnos);
         crate::pg::boundary::pass(|| ((*(*slot).tts_ops).clear.unwrap_unchecked())(slot));
-        Some(k)
+        k
     }
 }
 
@@ -307,8 +320,6 @@ pub(super) unsafe fn key_one_back(
         if !found {
             return Some(None);
         }
-        let k = key.encode_slot_at(slot, attnos);
-        crate::pg::boundary::pass(|| ((*(*slot).tts_ops).clear.unwrap_unchecked())(slot));
-        Some(Some(k))
+        Some(Some(take_key(slot, key, attnos)))
     }
 }

@@ -598,7 +598,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
             rule: None,
             later: Some(first.later),
             guards: &raw const (*st).guards,
-            nodes: (*st).nodes.clone(),
+            nodes: (*st).nodes.as_slice(),
             shapes: None,
             fence_at_scan: false,
         };
