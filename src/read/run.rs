@@ -84,8 +84,64 @@ pub fn choose_mode(want: Option<u64>) -> Option<ReadStrategy> {
     let small = want.is_some_and(|w| w <= guc::MAX_OPTIMISTIC_ROWS.get() as u64);
     let read_mode = if mode == ScanMode::Optimistic && small { ReadMode::Optimistic } else { ReadMode::Fenced };
     backend::count(if read_mode == ReadMode::Optimistic { Stat::ScansOptimistic } else { Stat::ScansFenced }, 1);
-    let declared_first = read_mode == ReadMode::Optimistic && want.is_none_or(|w| w > STREAM_ABOVE_ROWS);
+    let declared_first = read_mode == ReadMode::Optimistic
+        && (want.is_none_or(|w| w > STREAM_ABOVE_ROWS) || DECLARED_CHECKS.with(DeclaredChecks::due));
     Some(ReadStrategy { mode: read_mode, declared_first, first_fixed_read: false })
+}
+
+/// When a small optimistic read checks its declared spans first.  A clean
+/// check lets it stream like a fenced read that met nobody, which costs a
+/// fraction of the buffered attempt and the validation of T (the node's
+/// executor state, the buffer, T's arithmetic: `bench/instructions`
+/// counts both).  Where D keeps meeting writers -- a tail at the head of
+/// a busy stream, where some producer is always in flight past the
+/// cursor -- each check is wasted, so after a check that met writers the
+/// backend skips the next 1, 3, 7 ... up to 63 reads' checks, and checks
+/// every read again after one comes out clean.  Only cost depends on it:
+/// both ways read at the same snapshot and return the same rows.
+#[derive(Clone, Copy, Default)]
+struct DeclaredChecks {
+    /// Small optimistic reads still to go without the check.
+    skip: u8,
+    /// Checks in a row that met writers (at most 6).
+    dirty_streak: u8,
+}
+
+thread_local! {
+    static DECLARED_CHECKS: std::cell::Cell<DeclaredChecks> = const {
+        std::cell::Cell::new(DeclaredChecks { skip: 0, dirty_streak: 0 })
+    };
+}
+
+impl DeclaredChecks {
+    /// Whether this small read checks D first (and counts one skipped).
+    fn due(c: &std::cell::Cell<DeclaredChecks>) -> bool {
+        let mut s = c.get();
+        if s.skip == 0 {
+            return true;
+        }
+        s.skip -= 1;
+        c.set(s);
+        false
+    }
+
+    /// A check of D came out `clean`, or met writers.
+    fn note(c: &std::cell::Cell<DeclaredChecks>, clean: bool) {
+        let mut s = c.get();
+        if clean {
+            s = DeclaredChecks::default();
+        } else {
+            s.dirty_streak = (s.dirty_streak + 1).min(6);
+            s.skip = (1u8 << s.dirty_streak) - 1;
+        }
+        c.set(s);
+    }
+}
+
+/// A read with `declared_first` checked its declared spans: `clean`, or
+/// not.  Small optimistic reads check them again according to this.
+pub fn note_declared_check(clean: bool) {
+    DECLARED_CHECKS.with(|c| DeclaredChecks::note(c, clean));
 }
 
 /// How a read of latched tables runs: the mode, and for optimistic reads
@@ -306,10 +362,11 @@ pub fn cut_upward(conflicts: &[Conflict]) -> Footprint {
     out
 }
 
-/// Optimistic reads wanting more rows than this check the declared
+/// Optimistic reads wanting more rows than this always check the declared
 /// footprint first and stream when it is clean (`declared_first`): copying
-/// a few rows into the buffer costs less than checking the wider declared
-/// spans, copying many costs far more.
+/// many rows into the buffer costs far more than a check that meets
+/// writers.  Smaller ones check it while it has lately been clean
+/// ([`DeclaredChecks`]).
 pub const STREAM_ABOVE_ROWS: u64 = 64;
 
 /// Runs the protocol for a read over what `declared` computes (asked for
@@ -341,6 +398,9 @@ pub fn run_protocol<R: Reader>(
     let mut env = ReadEnv { reader, base, first_after, wait_us: 0, met: Vec::new(), waited: Vec::new(), may_cut_last };
     let outcome = protocol::run(&mut env, declared, &params, &mut report);
     let (base, wait_us, waited) = (env.base, env.wait_us, env.waited);
+    if params.mode == ReadMode::Optimistic && params.declared_first {
+        note_declared_check(report.streamed);
+    }
     count(&report);
     let decision = match outcome {
         ReadOutcome::Emit => ReadDecision::Emit,
@@ -384,6 +444,7 @@ pub fn declared_clean(fp: &Footprint, base: &BaseSnapshot) -> bool {
     let view = base.view();
     let clean = table().reader().check_footprint(fp, &view, &snapshot::committed, &mut |_| {}).clean();
     backend::count(Stat::Validations, 1);
+    note_declared_check(clean);
     clean
 }
 

@@ -21,8 +21,9 @@
 //!   at a fresh snapshot, validate again; after
 //!   `pgkvx.optimistic_retries` such attempts, or if the result outgrows
 //!   the buffer, fall back to fenced, again in a second executor.
-//!   Before buffering many rows, an optimistic read first checks its
-//!   declared spans: when they are clean it streams at once.
+//!   Before buffering, an optimistic read first checks its declared spans
+//!   (a small one only while such checks have lately come out clean,
+//!   read/run.rs): when they are clean it streams at once.
 //! - off: nothing; the nodes only pass rows on.
 //!
 //! Fenced, streamed and off executions need nothing of the guard nodes

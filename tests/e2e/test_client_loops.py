@@ -1,9 +1,13 @@
 """Every client loop over a tail read gets exactly the rows a plain read
 returns, and an error while a result is handed on leaves the session usable.
 
-In `optimistic` mode a small LIMIT read in key order of a latched table is
-run to its end into a buffer first and then handed on from that buffer
-("held rows").  Everything that fetches a result in batches must not notice:
+In `optimistic` mode a small LIMIT read in key order of a latched table
+whose declared span meets a writer is run to its end into a buffer first
+and then handed on from that buffer ("held rows"); so the loops run with a
+writer in flight past their rows, in both modes (fenced reads then probe
+their end and stream), and once more optimistic with no writer, where the
+read checks its declared span first and streams.  Everything that fetches a
+result in batches must not notice:
 PL/pgSQL FOR loops (which fetch 10, then 50 rows per batch), explicit
 cursors fetched after NOT FOUND, PL/Python and PL/Perl cursors, SQL-level
 DECLARE/FETCH, psycopg's server-side cursors and prepared statements (custom
@@ -15,6 +19,7 @@ Each loop is run for a table of LIMITs around those batch sizes, in both
 protected modes, and compared row for row with the same read under
 `pgkvx.scan_mode = off`.
 """
+import contextlib
 import re
 import os
 import socket
@@ -30,6 +35,9 @@ AFTER = 3
 ROWS = 300
 LIMITS = [0, 1, 2, 5, 9, 10, 11, 25, 49, 50, 51, 60, 61, 100, 1000]
 MODES = ["optimistic", "fenced"]
+# Optimistic with no writer in flight: the declared span is clean and the
+# read streams, as a fenced one that met nobody (around the batch sizes).
+STREAMED_LIMITS = [1, 10, 11, 50, 51]
 TAIL = f"SELECT id FROM {TABLE} WHERE id > $1 ORDER BY id LIMIT $2"
 TAIL_PY = f"SELECT id FROM {TABLE} WHERE id > %s ORDER BY id LIMIT %s"
 
@@ -432,26 +440,61 @@ LOOPS = {
 }
 
 
+@contextlib.contextmanager
+def writer_in(db, table, row):
+    """A transaction in flight that inserted `row` into `table`."""
+    w = connect(db, autocommit=False)
+    try:
+        w.execute(f"INSERT INTO {table} VALUES {row}")
+        yield
+    finally:
+        w.rollback()
+        w.close()
+
+
+def writer_past_rows(db):
+    """A transaction in flight with a row past every read's rows: inside the
+    declared span `id > AFTER`, outside what any LIMIT here returns."""
+    return writer_in(db, TABLE, f"({ROWS + 1000}, 'late')")
+
+
+def check_loop(db, plain_reads, kind, mode, limit, label):
+    expected = plain_reads[limit]
+    assert len(expected) == min(limit, ROWS - AFTER)
+    runs = LOOPS[kind](db, mode, limit)
+    assert runs, "the loop ran nothing"
+    for i, got in enumerate(runs):
+        assert got == expected, (f"{kind} ({label}, LIMIT {limit}), run {i + 1}: delivered {len(got)} rows, "
+                                 f"a plain read returns {len(expected)}")
+
+
 @pytest.mark.parametrize("limit", LIMITS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", list(LOOPS))
 def test_loop_delivers_what_a_plain_read_returns(loops, plain_reads, kind, mode, limit):
     skip_without_language(loops, kind)
-    expected = plain_reads[limit]
-    assert len(expected) == min(limit, ROWS - AFTER)
-    runs = LOOPS[kind](loops, mode, limit)
-    assert runs, "the loop ran nothing"
-    for i, got in enumerate(runs):
-        assert got == expected, (f"{kind} ({mode}, LIMIT {limit}), run {i + 1}: delivered {len(got)} rows, "
-                                 f"a plain read returns {len(expected)}")
+    with writer_past_rows(loops):
+        check_loop(loops, plain_reads, kind, mode, limit, f"{mode}, a writer past the rows")
 
 
-def test_small_tail_reads_are_held(loops):
-    """The loops above exercise held rows: a small optimistic tail read is
-    run into a buffer first (not streamed, not fenced)."""
+@pytest.mark.parametrize("limit", STREAMED_LIMITS)
+@pytest.mark.parametrize("kind", list(LOOPS))
+def test_streamed_loop_delivers_what_a_plain_read_returns(loops, plain_reads, kind, limit):
+    skip_without_language(loops, kind)
+    check_loop(loops, plain_reads, kind, "optimistic", limit, "optimistic, streamed")
+
+
+def test_small_tail_reads_are_held_beside_a_writer_and_streamed_without(loops):
+    """The loops above exercise both: beside a writer in its declared span a
+    small optimistic tail read is run into a buffer first; with none there
+    it streams."""
+    explain = f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {tail_sql(AFTER, 5)}"
+    with writer_past_rows(loops), session(loops, "optimistic") as c:
+        plan = [r.strip() for (r,) in c.execute(explain)]
+        assert "Mode: optimistic" in plan, plan
     with session(loops, "optimistic") as c:
-        plan = [r for (r,) in c.execute(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {tail_sql(AFTER, 5)}")]
-        assert "Mode: optimistic" in [p.strip() for p in plan], plan
+        plan = [r.strip() for (r,) in c.execute(explain)]
+        assert "Mode: optimistic, declared spans clean: streamed" in plan, plan
 
 
 # ---- an error while rows are handed on -----------------------------------
@@ -539,13 +582,23 @@ ERRORS = {
     "output_function_raises": (output_function_raises, "invalid internal value for enum"),
     "raise_in_buffered_run": (raise_in_buffered_run, "boom on row 3"),
 }
+# The table each case reads, and a row past its reads' rows for a writer to
+# hold in flight: then an optimistic read holds its rows back first.
+READS = {"encoding_simple_protocol": ("enc_t", "(90000, 'late')"),
+         "encoding_extended_protocol": ("enc_t", "(90000, 'late')"),
+         "encoding_copy_out": ("enc_t", "(90000, 'late')"),
+         "binary_format_without_send_function": ("acl_t", "(90000, 'postgres=r/postgres')"),
+         "output_function_raises": ("enum_t", "(90000, 'fine')"),
+         "raise_in_buffered_run": (TABLE, f"({ROWS + 1000}, 'late')")}
 
 
+@pytest.mark.parametrize("writer", ["writer past the rows", "no writer"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", list(ERRORS))
-def test_error_while_rows_are_handed_on_leaves_the_session_usable(err_tables, plain_reads, case, mode):
+def test_error_while_rows_are_handed_on_leaves_the_session_usable(err_tables, plain_reads, case, mode, writer):
     provoke, message = ERRORS[case]
-    with session(err_tables, mode) as c, connect(err_tables) as watcher:
+    late = writer_in(err_tables, *READS[case]) if writer == "writer past the rows" else contextlib.nullcontext()
+    with late, session(err_tables, mode) as c, connect(err_tables) as watcher:
         pid = c.info.backend_pid
         with pytest.raises(psycopg.Error, match=message):
             provoke(c)

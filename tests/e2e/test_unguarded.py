@@ -1,14 +1,15 @@
 """Executions whose read protocol is done before their executor starts
 (fenced, optimistic with clean declared spans, off) run their plan with the
 guard node spliced out (src/scan/unguarded.rs); the rest keep it.  An
-optimistic read checks its declared spans first only when it wants more
-than 64 rows (read/run.rs), so the tails here take 70.
+optimistic read checks its declared spans first (read/run.rs), so the
+reads here that must run optimistic have a writer in flight in them.
 
 What ran is read from auto_explain's log of each executed plan (without
 ANALYZE, so nothing is instrumented); what it returned is compared with
 `pgkvx.scan_mode = off` -- column names and junk columns included, since
 the spliced plan's top node must still label the result.
 """
+import contextlib
 import shutil
 import threading
 
@@ -114,23 +115,78 @@ def test_explain_analyze_still_shows_the_node(ready, mode):
     assert "Mode:" in plan, plan
 
 
+@contextlib.contextmanager
+def writer_past_rows(db):
+    """A transaction in flight with a kv row past the reads' rows, inside
+    their declared spans: they run optimistic, and neither wait nor change."""
+    writer = connect(db, autocommit=False)
+    try:
+        writer.execute("INSERT INTO kv (v) VALUES ('late')")
+        yield
+    finally:
+        writer.rollback()
+        writer.close()
+
+
+SMALL = "SELECT id, v FROM kv WHERE id > 50 ORDER BY id LIMIT 7"
+FILTERED = "SELECT id, v FROM kv WHERE id > 50 AND v <> 'none' ORDER BY id LIMIT 7"
+
+
 def test_a_small_optimistic_read_keeps_the_node_out_of_its_row_path(ready):
     # It validates the span its guard touched after a buffered first run,
     # read from the index scan once it is over: its rows go past the node
     # (scan/bypass.rs), so the plan the executor ran shows none.
-    sql = "SELECT id, v FROM kv WHERE id > 50 ORDER BY id LIMIT 7"
-    names, rows, plans = logged(ready, "optimistic", sql)
-    assert (names, rows) == plain(ready, sql)
+    with writer_past_rows(ready):
+        names, rows, plans = logged(ready, "optimistic", SMALL)
+    assert (names, rows) == plain(ready, SMALL)
     assert plans and not any("PgkvxLimitScan" in p for p in plans), plans
 
 
 def test_a_filtered_optimistic_read_keeps_the_node_in_its_row_path(ready):
     # Its last row is the last one its filter passed, which only the node
     # sees go by.
-    sql = "SELECT id, v FROM kv WHERE id > 50 AND v <> 'none' ORDER BY id LIMIT 7"
-    names, rows, plans = logged(ready, "optimistic", sql)
-    assert (names, rows) == plain(ready, sql)
+    with writer_past_rows(ready):
+        names, rows, plans = logged(ready, "optimistic", FILTERED)
+    assert (names, rows) == plain(ready, FILTERED)
     assert any("PgkvxLimitScan" in p for p in plans), plans
+
+
+def validations(c):
+    return c.execute("SELECT value FROM pgkvx.stats() WHERE stat = 'validations'").fetchone()[0]
+
+
+def test_small_optimistic_reads_check_their_declared_spans_while_they_are_clean(ready):
+    """A small optimistic read checks its declared span first and, clean,
+    streams spliced, like a fenced read that met nobody (one validation).
+    Beside a writer always in flight there, the check is wasted: the
+    backend then skips it for more and more reads (one validation each,
+    T's), and checks every read again once one comes out clean.  The
+    filtered read keeps its node when it runs optimistic, so the plans
+    show which way each read ran."""
+    def run(c, plans):
+        before, n = validations(c), len(plans)
+        rows = c.execute(FILTERED).fetchall()
+        assert rows == expected
+        node = any("PgkvxLimitScan" in p for p in plans[n:])
+        return validations(c) - before, node
+    expected = plain(ready, FILTERED)[1]
+    with session(ready, "optimistic") as c:
+        plans = log_plans(c)
+        # Clean: streamed, its node spliced out, one validation.
+        assert [run(c, plans) for _ in range(3)] == [(1, False)] * 3
+        with writer_past_rows(ready):
+            beside = [run(c, plans) for _ in range(40)]
+        assert all(node for _, node in beside), beside
+        checked = sum(v == 2 for v, _ in beside)   # D checked, then T validated
+        assert sum(v == 1 for v, _ in beside) + checked == len(beside), beside
+        assert beside[0] == (2, True), beside
+        # Skipped more and more often: checks far fewer than reads.
+        assert 2 <= checked <= 8, beside
+        # Clean again: within the longest skip (63) a check comes out clean,
+        # and from then on every read streams.
+        after = [run(c, plans) for _ in range(70)]
+        first = after.index((1, False))
+        assert all(not node for _, node in after[first:]), after
 
 
 def test_a_guard_at_the_top_keeps_its_place(ready):
