@@ -59,6 +59,24 @@ pub struct KeyQual {
 }
 
 impl KeyQual {
+    /// A qual whose value is not known yet (an init plan's result, a
+    /// CTE's): it bounds nothing, but it keeps its OR branch.  Left out,
+    /// a branch of nothing else but it would drop out of the union and
+    /// narrow D to the other branches (`k > (SELECT …) OR k = 100` to
+    /// `{100}`), where leaving out an ANDed qual only widens it.
+    pub fn unknown(group: u16, branch: u16) -> KeyQual {
+        KeyQual {
+            col: usize::MAX,
+            strategy: 0,
+            value: pg_sys::Datum::from(0),
+            typid: pg_sys::InvalidOid,
+            isnull: false,
+            array: false,
+            group,
+            branch,
+        }
+    }
+
     /// A plain comparison ANDed with the others.
     pub fn plain(col: usize, strategy: u16, value: pg_sys::Datum, typid: pg_sys::Oid, isnull: bool) -> KeyQual {
         KeyQual { col, strategy, value, typid, isnull, array: false, group: 0, branch: 0 }
@@ -327,6 +345,7 @@ fn conjunction<'a>(desc: &KeyDesc, quals: impl Iterator<Item = &'a KeyQual>) -> 
             return Declared::none();
         }
         let i = q.col;
+        // Also a qual not known yet (`KeyQual::unknown`).
         if i >= desc.cols.len() {
             continue;
         }
@@ -779,6 +798,36 @@ mod tests {
         assert_eq!(s.start.as_bytes(), enc(&d, "10").as_slice());
         // no quals: the whole table
         assert_eq!(declared(&d, std::iter::empty()), Declared::all());
+    }
+
+    #[pg_test]
+    fn a_bound_not_known_yet_keeps_its_or_branch() {
+        Spi::run("CREATE TABLE du (k bigint PRIMARY KEY)").unwrap();
+        let d = key("du");
+        let (gt, eq, i8) = (pg_sys::BTGreaterStrategyNumber, pg_sys::BTEqualStrategyNumber, pg_sys::INT8OID);
+        let in_branch = |strategy: u32, v: i64, branch: u16| KeyQual {
+            group: 1,
+            branch,
+            ..KeyQual::plain(0, strategy as u16, pg_sys::Datum::from(v), i8, false)
+        };
+        // k > 5 OR k = 100: both branches
+        let both = declared(&d, [in_branch(gt, 5, 1), in_branch(eq, 100, 2)]);
+        assert_eq!(both.hull().start.as_bytes(), enc(&d, "6").as_slice());
+        // k > (SELECT …) OR k = 100, the init plan not run yet: anything,
+        // not just {100}
+        let unknown = declared(&d, [KeyQual::unknown(1, 1), in_branch(eq, 100, 2)]);
+        assert_eq!(unknown, Declared::all());
+        // ANDed with a known bound, it is that bound
+        let anded = declared(
+            &d,
+            [
+                KeyQual::plain(0, gt as u16, pg_sys::Datum::from(5i64), i8, false),
+                KeyQual::unknown(1, 1),
+                in_branch(eq, 100, 2),
+            ],
+        );
+        assert_eq!(anded.hull().start.as_bytes(), enc(&d, "6").as_slice());
+        assert!(anded.hull().end.is_infinite());
     }
 
     #[pg_test]

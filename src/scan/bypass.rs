@@ -73,8 +73,12 @@ thread_local! {
 mod tests {
     use pgrx::prelude::*;
 
-    /// How many executors `sql` took a node out of the row path of.
+    /// How many executors `sql` took a node out of the row path of, read
+    /// as if its declared span had just met writers (read/run.rs): a small
+    /// optimistic read then runs its buffered first run, where the bypass
+    /// applies, instead of checking D and streaming.
     fn bypassed_by(sql: &str) -> u64 {
+        crate::read::run::note_declared_check(false);
         let before = super::TAKEN.with(|t| t.get());
         Spi::run(sql).expect(sql);
         super::TAKEN.with(|t| t.get()) - before
@@ -98,6 +102,11 @@ mod tests {
         assert_eq!(bypassed_by("SELECT k, v FROM bp WHERE k > 10 AND v <> 'y' ORDER BY k LIMIT 5"), 0);
         // EXPLAIN ANALYZE shows what the node saw.
         assert_eq!(bypassed_by("EXPLAIN ANALYZE SELECT k, v FROM bp WHERE k > 10 ORDER BY k LIMIT 5"), 0);
+        // With D clean and checked, it streams without the node at all.
+        crate::read::run::note_declared_check(true);
+        let before = super::TAKEN.with(|t| t.get());
+        Spi::run("SELECT k, v FROM bp WHERE k > 10 ORDER BY k LIMIT 5").expect("streamed");
+        assert_eq!(super::TAKEN.with(|t| t.get()), before);
         // Off and fenced reads run without the node at all.
         Spi::run("SET LOCAL pgkvx.scan_mode = fenced").expect("fenced");
         assert_eq!(bypassed_by("SELECT k, v FROM bp WHERE k > 10 ORDER BY k LIMIT 5"), 0);

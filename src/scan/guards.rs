@@ -139,7 +139,8 @@ impl Guards {
     }
 
     /// D of every guarded scan as known before the statement runs (bounds
-    /// not known then are left out, which only widens it).
+    /// not known then bound nothing, `span::KeyQual::unknown`, which only
+    /// widens it).
     ///
     /// # Safety
     /// `params` are the statement's.
@@ -182,8 +183,8 @@ impl Guards {
 }
 
 /// D of guard `g` as known before the statement runs (bounds not known
-/// then are left out, which only widens it); every key for a table no
-/// longer latched.
+/// then bound nothing, `span::KeyQual::unknown`, which only widens it);
+/// every key for a table no longer latched.
 ///
 /// # Safety
 /// `params` are `g`'s statement's.
@@ -191,10 +192,12 @@ pub unsafe fn declared_of(g: &Guard, params: pg_sys::ParamListInfo) -> span::Dec
     let Some(latched) = &g.latched else { return span::Declared::all() };
     // SAFETY: our plan node's expression list.
     let exprs = unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs) };
-    let quals = g.plan.bounds.iter().zip(exprs).filter_map(|(b, e)| {
+    let quals = g.plan.bounds.iter().zip(exprs).map(|(b, e)| {
         // SAFETY: the caller's contract: `params` are `g`'s statement's. Our plan node's expressions.
-        let (value, isnull) = unsafe { value_at_start(e, params) }?;
-        Some(b.qual(value, isnull))
+        match unsafe { value_at_start(e, params) } {
+            Some((value, isnull)) => b.qual(value, isnull),
+            None => span::KeyQual::unknown(b.group, b.branch),
+        }
     });
     span::declared(&latched.key, quals)
 }
