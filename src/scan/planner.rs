@@ -283,22 +283,29 @@ unsafe fn is_minmax_level(root: *mut PlannerInfo) -> bool {
 
 /// Whether a qual bounds lead key column `lead` of `rti`, either way, with
 /// a value that does not come from the row itself (a literal, a
-/// parameter, a CTE's or another table's value).
+/// parameter, a CTE's or another table's value).  An OR does when each of
+/// its branches does (`min(k) WHERE k > $1 OR k = 100` reads as `ORDER BY
+/// k LIMIT 1` does, a tail).
 ///
 /// # Safety
 /// Planner structures of the current planning step.
 unsafe fn bounded(rel: *mut RelOptInfo, rti: u32, key: &crate::keys::KeyDesc, lead: usize) -> bool {
     // SAFETY: `rel` is live planner state of this planning step (the caller's contract); both its lists hold
-    // RestrictInfos.
+    // RestrictInfos, and nodes are checked by tag before each cast.
     unsafe {
         let from_outside =
             |value: *mut Node| !refers_to(value, rti, |_| true) && !pg_sys::contain_volatile_functions(value);
+        let bounds_lead = |clause: *mut Node| {
+            clause_bounds(rti, key, clause, &from_outside).iter().any(|(b, _)| usize::from(b.col) == lead)
+        };
+        let clause_bounds_lead = |clause: *mut Node| match bool_args(clause, pg_sys::BoolExprType::OR_EXPR) {
+            None => bounds_lead(clause),
+            Some(arms) => arms.iter().all(|&arm| {
+                bool_args(arm, pg_sys::BoolExprType::AND_EXPR).unwrap_or_else(|| vec![arm]).into_iter().any(bounds_lead)
+            }),
+        };
         [(*rel).baserestrictinfo, (*rel).joininfo].into_iter().any(|clauses| {
-            list_iter::<pg_sys::RestrictInfo>(clauses).any(|ri| {
-                clause_bounds(rti, key, (*ri).clause as *mut Node, &from_outside)
-                    .iter()
-                    .any(|(b, _)| usize::from(b.col) == lead)
-            })
+            list_iter::<pg_sys::RestrictInfo>(clauses).any(|ri| clause_bounds_lead((*ri).clause as *mut Node))
         })
     }
 }
