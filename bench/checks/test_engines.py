@@ -138,12 +138,14 @@ def test_neighbours_runs_every_kind_beside_the_plain_table(tmp_path):
 
 def test_instructions_counts_each_mode_against_the_plain_table(tmp_path):
     # Twenty statements a cell only show the table is whole and the
-    # cells ordered where the gap is wide: an optimistic read, which
-    # validates after a buffered first run, does thousands of
-    # instructions more than the plain read and than the other modes.
-    # The small gaps (off, fenced) need hundreds of statements to rise
-    # above what the first executions of a cell warm up (catalog caches,
-    # the switch to a generic plan).
+    # cells ordered where the order does not depend on warm-up: a
+    # protected read (a span checked, a latch table looked at) does the
+    # plain read's work and thousands of instructions more.  How off,
+    # optimistic and fenced compare are gaps of a few hundred to a
+    # thousand or two instructions, within what the first executions of a
+    # cell warm up (catalog caches, the switch to a generic plan) at this
+    # count: at twenty, off has come out below plain.  bench/README gives
+    # them from 1000 statements a cell.
     run(os.path.join(BENCH, "instructions"), "--limits", 1, "--statements", 20, "--writes", "--out", tmp_path)
     (name,) = os.listdir(tmp_path)
     assert name.endswith("-instructions.md"), name
@@ -156,7 +158,7 @@ def test_instructions_counts_each_mode_against_the_plain_table(tmp_path):
     plain = int(cells[1])
     off, optimistic, fenced = (int(c.split()[0]) for c in cells[2:])
     assert plain > 0 and off > 0 and fenced > 0, row
-    assert optimistic > max(plain, off, fenced), row
+    assert plain < min(optimistic, fenced), row
     # The writers' table: a cell per write, and a gapless insert (a latch,
     # its WAL record and the draw, a quarter more than the plain insert)
     # above the nextval insert.
