@@ -339,7 +339,8 @@ pub unsafe fn apply_cut(nodes: &[*mut pg_sys::CustomScanState], cut: &pgkvx_latc
 /// # Safety
 /// `node` is a begun guard node.
 pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) -> bool {
-    // SAFETY: the caller's contract: `node` is a begun guard node.
+    // SAFETY: the caller's contract: `node` is a begun guard node, this
+    // runtime's (so `rt.declared(node)` may evaluate its bounds).
     unsafe {
         let Some((latched, order, open_above)) = with_runtime(node, |rt| {
             let latched = rt.latched.clone()?;
@@ -350,7 +351,14 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) 
                 (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
                 _ => RowOrder::Other,
             };
-            let open_above = super::guards::open_above(&rt.plan, &latched.key);
+            // A set whose last interval is left open (`k > $cursor OR k =
+            // 100`, `k > (SELECT c …) OR k IN (…)`) is a tail from its
+            // cursor too, which its D, known once the node has begun, shows.
+            // Before the statement runs, a bound of an init plan or a CTE is
+            // unknown and its branch could close above (`k < (SELECT …) OR
+            // k = 100`): the statement-start callers go by the plan alone.
+            let open_above = super::guards::open_above(&rt.plan, &latched.key)
+                || (super::guards::bounds_a_set(&rt.plan) && rt.declared(node).open_above);
             Some((latched, order, open_above))
         }) else {
             return false;

@@ -299,6 +299,12 @@ pub fn open_above(plan: &GuardPlan, key: &crate::keys::KeyDesc) -> bool {
     plan.bounds.iter().all(|b| !b.array && b.group == 0 && !caps(b, key, true))
 }
 
+/// Whether `plan`'s bounds make a set of keys or intervals (`= ANY`, an
+/// OR): then only its evaluated D says whether it is open above.
+pub fn bounds_a_set(plan: &GuardPlan) -> bool {
+    plan.bounds.iter().any(|b| b.array || b.group != 0)
+}
+
 // ---- values known before the statement runs --------------------------------
 
 /// Evaluates `expr` with the statement's parameters when it needs nothing

@@ -211,10 +211,11 @@ unsafe fn level_key_order(root: *mut PlannerInfo, rti: u32, key: &crate::keys::K
 /// bound (below a cursor, or back to one: `k > $1 ORDER BY k DESC` reads
 /// the same span a consumer's tail does).  A read down the key from its
 /// open end with no bound at all (newest first) starts where writers
-/// always are, and a MIN/MAX the planner turned into a one-row scan
-/// returns a value, not keyed rows, unless a bound makes it a step of a
-/// consumer (`min(k) WHERE k > $1`): neither moves a consumer's cursor,
-/// and both run as plain PostgreSQL.
+/// always are, and a MIN/MAX of the key returns a value, not keyed rows,
+/// unless a bound makes it a step of a consumer (`min(k) WHERE k > $1`),
+/// whether the planner made it a one-row scan or aggregates over another
+/// (through a filter's index, a sequential scan): neither moves a
+/// consumer's cursor, and both run as plain PostgreSQL.
 ///
 /// # Safety
 /// Planner structures of the current planning step.
@@ -228,18 +229,95 @@ unsafe fn reads_as_tail(root: *mut PlannerInfo, rel: *mut RelOptInfo, rti: u32, 
             // this level aggregates: its rows are no keyed rows then.
             None if !aggregates(root) => match ancestor_subquery_order(root) {
                 Some(descending) => {
-                    let lead = key.cols.iter().position(|c| !fixed_by_equality(root, rti, c.attnum)).unwrap_or(0);
+                    let lead = lead_column(root, rti, key);
                     let up = descending == key.cols[lead].desc;
                     (if up { KeyOrder::Forward } else { KeyOrder::Backward }, lead)
                 }
                 None => return false,
             },
-            None => return false,
+            // min(k) past a bound aggregated over another path (a filter's
+            // index, a sequential scan) answers what the one-row min/max
+            // plan answers, reading the whole bounded span to do it.
+            None => {
+                let lead = lead_column(root, rti, key);
+                return only_extremes_of_column(root, rti, key.cols[lead].attnum) && bounded(rel, rti, key, lead);
+            }
         };
         if is_minmax_level(root) || order == KeyOrder::Backward {
             return bounded(rel, rti, key, lead);
         }
         true
+    }
+}
+
+/// The first key column of `rti` that no equality fixes (the first when
+/// all are).
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn lead_column(root: *mut PlannerInfo, rti: u32, key: &crate::keys::KeyDesc) -> usize {
+    // SAFETY: the caller's contract is fixed_by_equality's.
+    unsafe { key.cols.iter().position(|c| !fixed_by_equality(root, rti, c.attnum)).unwrap_or(0) }
+}
+
+/// Whether this level's aggregates are all ones that pick the first or
+/// last value of column `attnum` of `rti` in an ordering (`min`, `max`:
+/// an aggregate with a sort operator), with no grouping: the queries
+/// planagg.c may make a one-row scan of, over the key, however they end
+/// up planned.  Beside another aggregate (`min(k), count(*)`) or grouped,
+/// it is a report.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn only_extremes_of_column(root: *mut PlannerInfo, rti: u32, attnum: i16) -> bool {
+    // SAFETY: `root` and its parse tree are live planner state of this planning step (the caller's
+    // contract); nodes are checked by tag before each cast.
+    unsafe {
+        let q = &*(*root).parse;
+        if !q.hasAggs || q.hasWindowFuncs || !q.groupClause.is_null() || !q.groupingSets.is_null() {
+            return false;
+        }
+        let mut extremes = 0;
+        // Answers true at the first aggregate of this level that is not one.
+        let mut other = |n: *mut Node| {
+            if node_tag(n) != pg_sys::NodeTag::T_Aggref {
+                return None;
+            }
+            let a = &*(n as *mut pg_sys::Aggref);
+            if a.agglevelsup != 0 {
+                // An outer level's, in a subquery: not this level's to judge.
+                return Some(false);
+            }
+            let arg = (crate::pg::list_len(a.args) == 1).then(|| list_nth::<pg_sys::TargetEntry>(a.args, 0)).flatten();
+            if arg.is_some_and(|te| is_column((*te).expr as *mut Node, rti, attnum)) && has_sort_operator(a.aggfnoid) {
+                extremes += 1;
+                return Some(false);
+            }
+            Some(true)
+        };
+        let found_other = crate::pg::walk::any_node(q.targetList as *mut Node, &mut other)
+            || crate::pg::walk::any_node(q.havingQual, &mut other);
+        !found_other && extremes > 0
+    }
+}
+
+/// pg_aggregate.aggsortop's attribute number (PostgreSQL 15 to 18).
+const AGGSORTOP: i16 = 16;
+
+/// Whether aggregate `aggfnoid` has a sort operator: its value is the
+/// first (or last) of its inputs in that operator's order.
+fn has_sort_operator(aggfnoid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache lookup, released before returning; aggsortop is an
+    // oid column of pg_aggregate.
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::AGGFNOID as i32, pg_sys::Datum::from(aggfnoid));
+        if tup.is_null() {
+            return false;
+        }
+        let mut isnull = false;
+        let d = pg_sys::SysCacheGetAttr(pg_sys::SysCacheIdentifier::AGGFNOID as i32, tup, AGGSORTOP, &mut isnull);
+        pg_sys::ReleaseSysCache(tup);
+        !isnull && pg_sys::Oid::from(d.value() as u32) != pg_sys::InvalidOid
     }
 }
 
