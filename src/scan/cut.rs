@@ -351,14 +351,19 @@ pub unsafe fn can_stop_early(node: *mut pg_sys::CustomScanState, rule: CutRule) 
                 (ScanPosition::Anywhere, Some(_)) => RowOrder::Unordered,
                 _ => RowOrder::Other,
             };
-            // A set whose last interval is left open (`k > $cursor OR k =
-            // 100`, `k > (SELECT c …) OR k IN (…)`) is a tail from its
-            // cursor too, which its D, known once the node has begun, shows.
-            // Before the statement runs, a bound of an init plan or a CTE is
-            // unknown and its branch could close above (`k < (SELECT …) OR
-            // k = 100`): the statement-start callers go by the plan alone.
+            // A set whose D, known once the node has begun, is one interval
+            // open above (`k > (SELECT c …) OR k = 100` past the cursor) is
+            // a tail from its cursor.  One with a gap or a closed part (`k <
+            // (SELECT 28) OR k > 90`, `(k > $1 AND k < 50) OR k >= 100`) is
+            // not: stopping before a writer there leaves out rows of a part
+            // the writer is not in, and looks complete.  Before the
+            // statement runs a bound of an init plan or a CTE is unknown:
+            // the statement-start callers go by the plan alone.
             let open_above = super::guards::open_above(&rt.plan, &latched.key)
-                || (super::guards::bounds_a_set(&rt.plan) && rt.declared(node).open_above);
+                || (super::guards::bounds_a_set(&rt.plan) && {
+                    let d = rt.declared(node);
+                    d.open_above && d.spans.len() == 1
+                });
             Some((latched, order, open_above))
         }) else {
             return false;

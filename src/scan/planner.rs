@@ -240,7 +240,8 @@ unsafe fn reads_as_tail(root: *mut PlannerInfo, rel: *mut RelOptInfo, rti: u32, 
             // plan answers, reading the whole bounded span to do it.
             None => {
                 let lead = lead_column(root, rti, key);
-                return only_extremes_of_column(root, rti, key.cols[lead].attnum) && bounded(rel, rti, key, lead);
+                let (top, attnum) = as_written(root, rti, key.cols[lead].attnum);
+                return only_extremes_of_column(root, top, attnum) && bounded(rel, rti, key, lead);
             }
         };
         if is_minmax_level(root) || order == KeyOrder::Backward {
@@ -298,6 +299,33 @@ unsafe fn only_extremes_of_column(root: *mut PlannerInfo, rti: u32, attnum: i16)
         let found_other = crate::pg::walk::any_node(q.targetList as *mut Node, &mut other)
             || crate::pg::walk::any_node(q.havingQual, &mut other);
         !found_other && extremes > 0
+    }
+}
+
+/// Column `attnum` of `rti` as the query wrote it: of the partitioned
+/// table (or inheritance parent) when `rti` is one of its members, whose
+/// expressions above the scan name the parent's columns.
+///
+/// # Safety
+/// Planner structures of the current planning step.
+unsafe fn as_written(root: *mut PlannerInfo, rti: u32, attnum: i16) -> (u32, i16) {
+    // SAFETY: `root` is live planner state of this planning step (the caller's contract); both range table
+    // entries are relations of it; get_attname and get_attnum are syscache lookups.
+    unsafe {
+        if (*root).append_rel_array.is_null() {
+            return (rti, attnum);
+        }
+        let top = hierarchy_top(root, rti);
+        if top == rti {
+            return (rti, attnum);
+        }
+        let child = (**(*root).simple_rte_array.add(rti as usize)).relid;
+        let parent = (**(*root).simple_rte_array.add(top as usize)).relid;
+        let name = pg_sys::get_attname(child, attnum, true);
+        if name.is_null() {
+            return (rti, attnum);
+        }
+        (top, pg_sys::get_attnum(parent, name))
     }
 }
 
