@@ -3,7 +3,7 @@
 //! `names` (naming and quoting), `list` (`List`s, `Bitmapset`s, node tags),
 //! `walk` (expression and query tree walkers), `datum` (varlenas, values
 //! from text, times), `settings` (settings pinned around SQL of ours),
-//! `xact` (whether the transaction is live), `acl` (privileges), `memcx` (memory-context callbacks), `index_scan`,
+//! `xact` (whether the transaction is live), `acl` (privileges), `catalog` (catalog rows by attribute number), `memcx` (memory-context callbacks), `index_scan`,
 //! `recovery` (what a hot standby's startup process waits for), `wal` (our WAL records),
 //! `wait_event` (pg_stat_activity's wait event for a wait of ours),
 //! `boundary` and `raw` (calling Postgres), and `compat`: every difference
@@ -11,6 +11,7 @@
 
 pub mod acl;
 pub mod boundary;
+pub mod catalog;
 pub mod compat;
 pub mod datum;
 pub mod index_scan;

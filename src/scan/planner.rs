@@ -329,24 +329,11 @@ unsafe fn as_written(root: *mut PlannerInfo, rti: u32, attnum: i16) -> (u32, i16
     }
 }
 
-/// pg_aggregate.aggsortop's attribute number (PostgreSQL 15 to 18).
-const AGGSORTOP: i16 = 16;
-
 /// Whether aggregate `aggfnoid` has a sort operator: its value is the
 /// first (or last) of its inputs in that operator's order.
 fn has_sort_operator(aggfnoid: pg_sys::Oid) -> bool {
-    // SAFETY: a syscache lookup, released before returning; aggsortop is an
-    // oid column of pg_aggregate.
-    unsafe {
-        let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::AGGFNOID as i32, pg_sys::Datum::from(aggfnoid));
-        if tup.is_null() {
-            return false;
-        }
-        let mut isnull = false;
-        let d = pg_sys::SysCacheGetAttr(pg_sys::SysCacheIdentifier::AGGFNOID as i32, tup, AGGSORTOP, &mut isnull);
-        pg_sys::ReleaseSysCache(tup);
-        !isnull && pg_sys::Oid::from(d.value() as u32) != pg_sys::InvalidOid
-    }
+    use crate::pg::catalog::{aggregate_oids, AGGREGATE_SORT_OPERATOR};
+    aggregate_oids(aggfnoid, [AGGREGATE_SORT_OPERATOR]).is_some_and(|op| op[0] != pg_sys::InvalidOid)
 }
 
 /// Whether this level groups or aggregates its rows.

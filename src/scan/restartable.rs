@@ -115,28 +115,14 @@ fn defaults_are_volatile(funcid: pg_sys::Oid) -> bool {
     }
 }
 
-/// pg_aggregate's support functions, by attribute number (PostgreSQL 15):
-/// aggtransfn, aggfinalfn, aggcombinefn, aggserialfn, aggdeserialfn,
-/// aggmtransfn, aggminvtransfn, aggmfinalfn.
-const AGGREGATE_FUNCTIONS: std::ops::RangeInclusive<i16> = 4..=11;
-
 /// Whether any support function of aggregate `aggfnoid` is volatile (an
 /// aggregate unknown to the catalog counts as volatile).
 fn aggregate_is_volatile(aggfnoid: pg_sys::Oid) -> bool {
-    // SAFETY: a syscache lookup, released before returning; the attributes
-    // read are regproc (oid) columns of pg_aggregate.
-    unsafe {
-        let tup = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::AGGFNOID as i32, pg_sys::Datum::from(aggfnoid));
-        if tup.is_null() {
-            return true;
-        }
-        let volatile = AGGREGATE_FUNCTIONS.into_iter().any(|attno| {
-            let mut isnull = false;
-            let d = pg_sys::SysCacheGetAttr(pg_sys::SysCacheIdentifier::AGGFNOID as i32, tup, attno, &mut isnull);
-            let f = pg_sys::Oid::from(d.value() as u32);
-            !isnull && f != pg_sys::InvalidOid && pg_sys::func_volatile(f) as u8 == pg_sys::PROVOLATILE_VOLATILE
-        });
-        pg_sys::ReleaseSysCache(tup);
-        volatile
-    }
+    use crate::pg::catalog::{aggregate_oids, AGGREGATE_FUNCTIONS};
+    aggregate_oids(aggfnoid, AGGREGATE_FUNCTIONS).is_none_or(|fs| {
+        fs.into_iter().any(|f| {
+            // SAFETY: a syscache lookup of a function the catalog names.
+            f != pg_sys::InvalidOid && unsafe { pg_sys::func_volatile(f) } as u8 == pg_sys::PROVOLATILE_VOLATILE
+        })
+    })
 }
