@@ -111,6 +111,11 @@ thread_local! {
     static DECLARED_CHECKS: std::cell::Cell<DeclaredChecks> = const {
         std::cell::Cell::new(DeclaredChecks { skip: 0, dirty_streak: 0 })
     };
+    /// The same for the probe an optimistic read makes when D met writers
+    /// (`clean_before_reading`), of reads of any size.
+    static PROBES: std::cell::Cell<DeclaredChecks> = const {
+        std::cell::Cell::new(DeclaredChecks { skip: 0, dirty_streak: 0 })
+    };
 }
 
 impl DeclaredChecks {
@@ -437,15 +442,55 @@ pub fn serialization_failure(xid: Xid, rel: RelId, what: &str) -> ! {
     )
 }
 
-/// Whether no writer in flight at `base` holds a latch in `fp`: an
-/// optimistic read whose declared spans are clean streams at once.
-/// Counted as one validation.
-pub fn declared_clean(fp: &Footprint, base: &BaseSnapshot) -> bool {
+/// How an optimistic read's check before reading came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeforeReading {
+    /// No writer in flight in its declared spans.
+    DeclaredClean,
+    /// Writers in flight in its declared spans, none where its rows end at
+    /// its snapshot or behind (the fenced read's probe).
+    ProbedClean,
+    /// Writers where it will read: it reads buffered, then validates.
+    Dirty,
+}
+
+/// An optimistic read's check before reading: whether no writer in flight
+/// at `base` holds a latch in its declared spans `fp`, or, where some do
+/// and it `may_probe`, in the spans `probe` says its rows end in (None: it
+/// cannot tell).
+/// Either way clean, it streams at once, as a fenced read that checked
+/// the same spans would; otherwise it reads buffered and validates what it
+/// touched.  Each check counts as a validation.
+pub fn clean_before_reading(
+    fp: &Footprint,
+    base: &BaseSnapshot,
+    may_probe: bool,
+    probe: impl FnOnce() -> Option<Footprint>,
+) -> BeforeReading {
     let view = base.view();
-    let clean = table().reader().check_footprint(fp, &view, &snapshot::committed, &mut |_| {}).clean();
-    backend::count(Stat::Validations, 1);
-    note_declared_check(clean);
-    clean
+    let t = table().reader();
+    let check = |fp: &Footprint| t.check_footprint(fp, &view, &snapshot::committed, &mut |_| {}).clean();
+    let mut validations = 1;
+    let outcome = if check(fp) {
+        BeforeReading::DeclaredClean
+    } else if may_probe && PROBES.with(DeclaredChecks::due) && {
+        // A probe reads keys up to where the rows end: backed off as the
+        // check of D is, where it keeps meeting writers (a consumer at a
+        // busy head) or cannot tell.
+        let clean = probe().is_some_and(|ends| {
+            validations += 1;
+            check(&ends)
+        });
+        PROBES.with(|c| DeclaredChecks::note(c, clean));
+        clean
+    } {
+        BeforeReading::ProbedClean
+    } else {
+        BeforeReading::Dirty
+    };
+    backend::count(Stat::Validations, validations);
+    note_declared_check(outcome != BeforeReading::Dirty);
+    outcome
 }
 
 /// What fencing a scan when it started found ([`fence_at_scan`]).

@@ -15,6 +15,9 @@ pub enum ReadPath {
     FencedAtScan,
     /// Optimistic, and its declared spans were clean: it streamed.
     Streamed,
+    /// Optimistic, its declared spans met writers, none where its rows
+    /// end or behind (the probe): it streamed.
+    ProbedStreamed,
     /// Optimistic, its result held back until valid.
     Optimistic,
     /// Optimistic, but its result outgrew what can be held back.
@@ -31,6 +34,7 @@ impl ReadPath {
             ReadPath::Fenced => "fenced",
             ReadPath::FencedAtScan => "fenced when the scan started",
             ReadPath::Streamed => "optimistic, declared spans clean: streamed",
+            ReadPath::ProbedStreamed => "optimistic, clean up to where its rows end: streamed",
             ReadPath::Optimistic => "optimistic",
             ReadPath::Overflowed => "optimistic, result too large to hold back: fenced",
             ReadPath::FellBack => "optimistic, fell back to fenced",

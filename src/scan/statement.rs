@@ -23,7 +23,9 @@
 //!   the buffer, fall back to fenced, again in a second executor.
 //!   Before buffering, an optimistic read first checks its declared spans
 //!   (a small one only while such checks have lately come out clean,
-//!   read/run.rs): when they are clean it streams at once.
+//!   read/run.rs): when they are clean it streams at once.  A read of
+//!   more than 64 rows whose spans met writers then probes where its rows
+//!   end, as a fenced read does: clean up to there, it streams too.
 //! - off: nothing; the nodes only pass rows on.
 //!
 //! Fenced, streamed and off executions need nothing of the guard nodes
@@ -49,7 +51,7 @@ use crate::pg::boundary;
 use crate::pg::compat;
 use crate::pg::raw;
 
-use crate::read::run::{self, CutRule, ReadDecision, ReadStrategy};
+use crate::read::run::{self, BeforeReading, CutRule, ReadDecision, ReadStrategy};
 use crate::read::snapshot::{self, BaseSnapshot};
 use pgkvx_latch::protocol::ReadMode;
 use pgkvx_latch::{Footprint, Xid};
@@ -205,13 +207,26 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         }
         strategy.first_fixed_read = first_fixed_read;
         let base = BaseSnapshot::of((*qd).snapshot, snapshot::after_for_statement());
+        // Before an optimistic read runs: its declared spans, then, for a
+        // read of more rows than holding them back costs little, where its
+        // rows end (the probe a fenced read makes); clean, it streams.
+        let probe_pays = want.is_some_and(|w| w > run::STREAM_ABOVE_ROWS);
+        let before = (strategy.mode == ReadMode::Optimistic && strategy.declared_first).then(|| {
+            run::clean_before_reading(&guards.declared_at_start(params), &base, probe_pays, || {
+                let shapes = probe::shapes(stmt, &guards, params)?;
+                probe::probe(&guards.0, &shapes, params, base.snap, run::Later::No)
+            })
+        });
         match strategy.mode {
             ReadMode::Fenced if !guards.bounds_known_at_start() => start_fenced_at_scan(qd, eflags, guards),
             ReadMode::Fenced => start_fenced(qd, eflags, guards, base, strategy),
-            ReadMode::Optimistic
-                if strategy.declared_first && run::declared_clean(&guards.declared_at_start(params), &base) =>
-            {
-                start_streamed(qd, eflags, guards)
+            ReadMode::Optimistic if before.is_some_and(|b| b != BeforeReading::Dirty) => {
+                let path = if before == Some(BeforeReading::ProbedClean) {
+                    ReadPath::ProbedStreamed
+                } else {
+                    ReadPath::Streamed
+                };
+                start_streamed(qd, eflags, guards, path)
             }
             ReadMode::Optimistic => {
                 let nodes = start_executor(qd, eflags, &guards);
@@ -347,20 +362,23 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
 }
 
 /// An optimistic statement whose declared spans were clean at its
-/// snapshot: it streams at once, like a fenced one that met nobody.
+/// snapshot, or its probed end (`path` says which): it streams at once,
+/// like a fenced one that met nobody there.
 ///
 /// # Safety
 /// The arguments of ExecutorStart; `guards` are the statement's.
-unsafe fn start_streamed(qd: *mut QueryDesc, eflags: i32, guards: Guards) {
+unsafe fn start_streamed(qd: *mut QueryDesc, eflags: i32, guards: Guards, path: ReadPath) {
     // SAFETY: the caller's contract: the arguments of ExecutorStart; `guards` are the statement's.
     unsafe {
         if start_unguarded(qd, eflags, &guards) {
             return;
         }
         let nodes = start_executor(qd, eflags, &guards);
-        let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Streamed, false));
+        let st = attach(qd, eflags, guards, nodes, Reads::plan(path, false));
         let mut r = (*st).report.borrow_mut();
-        r.report.validations = 1;
+        let probed = path == ReadPath::ProbedStreamed;
+        r.report.validations = 1 + u32::from(probed);
+        r.report.probes = u32::from(probed);
         r.report.streamed = true;
     }
 }
