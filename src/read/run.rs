@@ -101,7 +101,8 @@ pub fn choose_mode(want: Option<u64>) -> Option<ReadStrategy> {
 /// both ways read at the same snapshot and return the same rows.
 #[derive(Clone, Copy, Default)]
 struct DeclaredChecks {
-    /// Small optimistic reads still to go without the check.
+    /// Reads still to go without the check (small optimistic reads' check
+    /// of D; large ones' probe).
     skip: u8,
     /// Checks in a row that met writers (at most 6).
     dirty_streak: u8,
@@ -111,8 +112,9 @@ thread_local! {
     static DECLARED_CHECKS: std::cell::Cell<DeclaredChecks> = const {
         std::cell::Cell::new(DeclaredChecks { skip: 0, dirty_streak: 0 })
     };
-    /// The same for the probe an optimistic read makes when D met writers
-    /// (`clean_before_reading`), of reads of any size.
+    /// The same for the probe an optimistic read of more than
+    /// STREAM_ABOVE_ROWS rows makes when D met writers
+    /// (`clean_before_reading`).
     static PROBES: std::cell::Cell<DeclaredChecks> = const {
         std::cell::Cell::new(DeclaredChecks { skip: 0, dirty_streak: 0 })
     };

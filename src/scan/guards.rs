@@ -295,8 +295,8 @@ fn caps(b: &super::plan_data::BoundQual, key: &crate::keys::KeyDesc, up: bool) -
 /// key from above (equalities on a prefix do not: within them the span
 /// runs to the prefix's end, where a tail of that prefix never moves on).
 pub fn open_above(plan: &GuardPlan, key: &crate::keys::KeyDesc) -> bool {
-    // A set of keys (`= ANY`, an OR of them) is no tail.
-    plan.bounds.iter().all(|b| !b.array && b.group == 0 && !caps(b, key, true))
+    // A set of keys (`= ANY`, an OR of them) is no tail by its plan alone.
+    !bounds_a_set(plan) && plan.bounds.iter().all(|b| !caps(b, key, true))
 }
 
 /// Whether `plan`'s bounds make a set of keys or intervals (`= ANY`, an
