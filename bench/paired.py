@@ -116,6 +116,8 @@ def run_round(pgbench, workload, sides, clients, duration):
     for schema, mode in sides:
         env = dict(os.environ)
         env["PGOPTIONS"] = f"-c search_path={schema},public -c pgkvx.scan_mode={mode.scan_mode}"
+        # Names the side in pg_stat_activity, to tell the sides' waits apart.
+        env["PGAPPNAME"] = f"pgbench {mode.name}"
         cmd = kvbench.pgbench_cmd(pgbench, workload, clients, clients, duration)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=env))
