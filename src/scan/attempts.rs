@@ -283,7 +283,7 @@ impl Reader for OptimisticAttempts {
             // then: one that cannot (a range bounded above) would fail with
             // 40001 at a snapshot that can no longer move, where waiting
             // over its widened span below still settles it.
-            if !guards.bounds_known_at_start() && self.allows_cut(CutRule::LastResort) {
+            if guards.fence_at_scan(params) && self.allows_cut(CutRule::LastResort) {
                 self.fence_at_scan = true;
                 return Some(Footprint::new());
             }

@@ -96,14 +96,16 @@ unsafe fn explain_node(node: *mut pg_sys::CustomScanState, es: *mut pg_sys::Expl
                 None => ex.text(c"Table", &key.relname),
             }
             // Plain EXPLAIN runs nothing of the user's: bounds that call
-            // functions other than immutable ones, or read an init plan's
-            // result, are known only at run time; so are `$n` bounds explained
-            // without values (EXPLAIN (GENERIC_PLAN), PostgreSQL 16 on).
+            // functions other than immutable ones, or that could raise
+            // (`100 / $1`), or read an init plan's result, are known only
+            // at run time; so are `$n` bounds explained without values
+            // (EXPLAIN (GENERIC_PLAN), PostgreSQL 16 on).
             let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
             let no_param_values = (*(*node).ss.ps.state).es_param_list_info.is_null();
             let bounds_run_functions = || {
                 list_iter::<pg_sys::Node>((*cs).custom_exprs).any(|e| {
                     pg_sys::contain_mutable_functions(e)
+                        || !super::guards::cannot_raise(e as *mut pg_sys::Expr)
                         || !param_ids(e, pg_sys::ParamKind::PARAM_EXEC).is_empty()
                         || (no_param_values && !param_ids(e, pg_sys::ParamKind::PARAM_EXTERN).is_empty())
                 })

@@ -7,6 +7,7 @@ use super::plan_data::GuardPlan;
 use super::plan_walk::{is_guard_plan, walk_plans};
 use crate::pg::boundary;
 use crate::pg::raw;
+use crate::pg::xact;
 use crate::pg::{list_iter, node_tag};
 use crate::read::admit;
 use crate::read::span;
@@ -129,13 +130,21 @@ impl Guards {
         }
     }
 
-    /// Whether every bound of every guarded scan is known before the
-    /// statement runs.  When one is not (a cursor read from a table by a
-    /// CTE or a subquery), a fence computed at executor start could only
-    /// span the whole table: it waits for the scan to start instead.
-    pub fn bounds_known_at_start(&self) -> bool {
-        // SAFETY: our plan nodes' expressions.
-        self.0.iter().all(|g| unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs).all(|e| known_at_start(e)) })
+    /// Whether a fence waits for the scans to start rather than fencing at
+    /// executor start: when a bound is not known before the statement runs
+    /// (a cursor read from a table by a CTE or a subquery), a fence then
+    /// could only span the whole table; and when one raises then
+    /// (`$1 <> 0 AND k > 100 / $1`), PostgreSQL may never evaluate it --
+    /// the scan does, if it runs.
+    ///
+    /// # Safety
+    /// `params` are the statement's.
+    pub unsafe fn fence_at_scan(&self, params: pg_sys::ParamListInfo) -> bool {
+        // SAFETY: our plan nodes' expressions; the caller's contract.
+        self.0.iter().any(|g| unsafe {
+            list_iter::<pg_sys::Expr>((*g.cs).custom_exprs)
+                .any(|e| !known_at_start(e) || !cannot_raise(e) && value_at_start(e, params).is_none())
+        })
     }
 
     /// D of every guarded scan as known before the statement runs (bounds
@@ -329,13 +338,76 @@ pub(super) unsafe fn value_at_start(
         let econtext = pg_sys::CreateStandaloneExprContext();
         (*econtext).ecxt_param_list_info = params;
         let state = pg_sys::ExecInitExpr(expr, std::ptr::null_mut());
-        let mut isnull = false;
-        let v = boundary::pass(|| raw::eval_expr(state, econtext, &mut isnull));
+        let v = evaluate_bound(expr, state, econtext);
         // By-reference values live in the caller's context: the per-query
-        // context of the standalone ExprContext goes with FreeExprContext.
-        let v = if isnull { v } else { copy_datum(v, pg_sys::exprType(expr as *mut Node)) };
-        pg_sys::FreeExprContext(econtext, true);
-        Some((v, isnull))
+        // context of the standalone ExprContext goes with FreeExprContext,
+        // which runs the shutdown callbacks of what it evaluated only if
+        // that ended well (as for an aborted subtransaction's).
+        let v =
+            v.map(|(v, isnull)| (if isnull { v } else { copy_datum(v, pg_sys::exprType(expr as *mut Node)) }, isnull));
+        pg_sys::FreeExprContext(econtext, v.is_some());
+        v
+    }
+}
+
+/// Evaluates bound `expr` through its expression state `state` in
+/// `econtext`, as far as PostgreSQL would: it evaluates a scan's bounds only
+/// when the scan runs, which a condition on the parameters alone may stop
+/// (`$1 <> 0 AND k > 100 / $1`).  So a bound that can raise is evaluated in
+/// a subtransaction, and an error leaves it unknown (None) -- to us only a
+/// wider span -- for the scan to evaluate it where PostgreSQL does, and
+/// raise there if it raises at all.  A by-reference value lives in
+/// `econtext`'s per-tuple memory.
+///
+/// # Safety
+/// `state` is `expr`'s, built by ExecInitExpr; `econtext` is live.
+pub(super) unsafe fn evaluate_bound(
+    expr: *mut pg_sys::Expr,
+    state: *mut pg_sys::ExprState,
+    econtext: *mut pg_sys::ExprContext,
+) -> Option<(pg_sys::Datum, bool)> {
+    let mut isnull = false;
+    // SAFETY: the caller's contract; the evaluation calls Postgres through
+    // a plain C call only, as both boundaries require.
+    unsafe {
+        let evaluate = || raw::eval_expr(state, econtext, &mut isnull);
+        let v = if cannot_raise(expr) || !xact::may_start_subtransaction() {
+            Some(boundary::pass(evaluate))
+        } else {
+            xact::caught(evaluate)
+        };
+        v.map(|v| (v, isnull))
+    }
+}
+
+/// Whether evaluating `expr` cannot raise an error its values could cause:
+/// constants, parameters and binary-compatible casts, combined by leakproof
+/// functions only (a leakproof function raises no error that depends on
+/// its arguments).
+///
+/// # Safety
+/// `expr` is a valid expression.
+pub(super) unsafe fn cannot_raise(expr: *mut pg_sys::Expr) -> bool {
+    let leakproof =
+        |f: pg_sys::Oid| if f != pg_sys::InvalidOid && pg_sys::get_func_leakproof(f) { None } else { Some(true) };
+    // SAFETY: the caller's contract: `expr` is a valid expression. Nodes are cast after their tag is checked.
+    !unsafe {
+        crate::pg::walk::any_node(expr as *mut Node, |n| match node_tag(n) {
+            pg_sys::NodeTag::T_Const
+            | pg_sys::NodeTag::T_Param
+            | pg_sys::NodeTag::T_RelabelType
+            | pg_sys::NodeTag::T_List => None,
+            pg_sys::NodeTag::T_FuncExpr => leakproof((*(n as *mut pg_sys::FuncExpr)).funcid),
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = n as *mut pg_sys::OpExpr;
+                leakproof(if (*op).opfuncid != pg_sys::InvalidOid {
+                    (*op).opfuncid
+                } else {
+                    pg_sys::get_opcode((*op).opno)
+                })
+            }
+            _ => Some(true),
+        })
     }
 }
 

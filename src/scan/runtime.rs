@@ -9,7 +9,6 @@ use super::position::{is_empty, key_at_tid, row_key, ScanPosition};
 use super::report::StatementReport;
 use crate::keys::codec::KeyWriter;
 use crate::keys::KeyDesc;
-use crate::pg::raw;
 use crate::pg::{list_iter, node_tag};
 use crate::read::span::{self, Declared, KeyQual, Spans};
 use crate::registry::Latched;
@@ -326,18 +325,20 @@ impl NodeRuntime {
         let quals: SmallVec<[KeyQual; 4]> = match direct {
             Some(values) => self.plan.bounds.iter().zip(values).map(|(b, (v, isnull))| b.qual(v, isnull)).collect(),
             // SAFETY: as above: expression states of this node, evaluated
-            // in its per-tuple context.
+            // in its per-tuple context.  A bound that raised (the scan has
+            // not run, or evaluates it later) bounds nothing: only a wider D.
             None => unsafe {
                 let states = self.bound_states(node);
                 let econtext = (*node).ss.ps.ps_ExprContext;
+                let cs = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
                 self.plan
                     .bounds
                     .iter()
                     .zip(states)
-                    .map(|(b, e)| {
-                        let mut isnull = false;
-                        let value = crate::pg::boundary::pass(|| raw::eval_expr(e, econtext, &mut isnull));
-                        b.qual(value, isnull)
+                    .zip(list_iter::<pg_sys::Expr>((*cs).custom_exprs))
+                    .map(|((b, state), e)| match super::guards::evaluate_bound(e, state, econtext) {
+                        Some((value, isnull)) => b.qual(value, isnull),
+                        None => KeyQual::unknown(b.group, b.branch),
                     })
                     .collect()
             },

@@ -218,7 +218,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             })
         });
         match strategy.mode {
-            ReadMode::Fenced if !guards.bounds_known_at_start() => start_fenced_at_scan(qd, eflags, guards),
+            ReadMode::Fenced if guards.fence_at_scan(params) => start_fenced_at_scan(qd, eflags, guards),
             ReadMode::Fenced => start_fenced(qd, eflags, guards, base, strategy),
             ReadMode::Optimistic if before.is_some_and(|b| b != BeforeReading::Dirty) => {
                 let path = if before == Some(BeforeReading::ProbedClean) {

@@ -220,5 +220,29 @@ SELECT bool_or(line ~ 'Index Cond: \(k > ') AS bounded
 WITH o AS (UPDATE offs SET c = c WHERE name = 'b' RETURNING c) SELECT kv.k FROM kv, o WHERE kv.k > o.c ORDER BY kv.k LIMIT 3;
 WITH o AS (UPDATE offs SET c = c WHERE name = 'b' RETURNING c) SELECT p.k FROM plain p, o WHERE p.k > o.c ORDER BY p.k LIMIT 3;
 DROP TABLE offs;
+-- a bound that would raise is evaluated only where PostgreSQL evaluates
+-- it: EXPLAIN computes no span from it, and where a condition on the
+-- parameters alone leaves no row (the plan's one-time filter) the
+-- statement raises nothing, in every mode; where the scan runs, its error
+-- is PostgreSQL's
+PREPARE gated(int) AS SELECT k FROM kv WHERE $1 <> 0 AND k > 1000 / $1 ORDER BY k LIMIT 3;
+PREPARE ungated(int) AS SELECT k FROM kv WHERE k > 1000 / $1 ORDER BY k LIMIT 3;
+SET plan_cache_mode = force_generic_plan;
+SELECT trim(l) FROM test_support.explain('EXECUTE gated(0)', false) l WHERE l ~ 'One-Time|Declared Span';
+SET pgkvx.scan_mode = off;
+EXECUTE gated(0);
+EXECUTE gated(2);
+SET pgkvx.scan_mode = fenced;
+EXECUTE gated(0);
+EXECUTE gated(2);
+SELECT trim(l) FROM test_support.explain('EXECUTE gated(0)') l WHERE l ~ 'Mode|Declared Span|PgkvxLimitScan';
+SET pgkvx.scan_mode = optimistic;
+EXECUTE gated(0);
+EXECUTE gated(2);
+EXECUTE ungated(0);
+RESET pgkvx.scan_mode;
+RESET plan_cache_mode;
+DEALLOCATE gated;
+DEALLOCATE ungated;
 DROP TABLE kv, comp, plain;
 DROP FUNCTION same_everywhere, results;
