@@ -393,10 +393,10 @@ pub(super) unsafe fn cannot_raise(expr: *mut pg_sys::Expr) -> bool {
     // SAFETY: the caller's contract: `expr` is a valid expression. Nodes are cast after their tag is checked.
     !unsafe {
         crate::pg::walk::any_node(expr as *mut Node, |n| match node_tag(n) {
-            pg_sys::NodeTag::T_Const
-            | pg_sys::NodeTag::T_Param
-            | pg_sys::NodeTag::T_RelabelType
-            | pg_sys::NodeTag::T_List => None,
+            // Leaves: decided here, with no walk below them (nearly every
+            // bound is one).
+            pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_Param => Some(false),
+            pg_sys::NodeTag::T_RelabelType | pg_sys::NodeTag::T_List => None,
             pg_sys::NodeTag::T_FuncExpr => leakproof((*(n as *mut pg_sys::FuncExpr)).funcid),
             pg_sys::NodeTag::T_OpExpr => {
                 let op = n as *mut pg_sys::OpExpr;
