@@ -180,9 +180,9 @@ pub(super) struct OptimisticAttempts {
     /// them: not always in its plan state tree (`bypass.rs`).  They outlive
     /// the attempts, as the guards do.
     pub(super) nodes: *const [*mut pg_sys::CustomScanState],
-    /// Where a fenced fallback's read ends (`probe.rs`), found when first
-    /// asked.
-    pub(super) shapes: Option<Option<Vec<super::probe::Shape>>>,
+    /// Where a fenced fallback's read ends (`probe.rs`): the shapes the
+    /// statement's start probed with, or found when first asked.
+    pub(super) prober: super::probe::Prober,
     /// The fenced fallback fences when its scans start, at their bounds
     /// as they are then (a bound the statement computes).
     pub(super) fence_at_scan: bool,
@@ -290,8 +290,7 @@ impl Reader for OptimisticAttempts {
             if self.allows_cut(CutRule::Strict) {
                 return None;
             }
-            let shapes = self.shapes.get_or_insert_with(|| super::probe::shapes(stmt, guards, params));
-            super::probe::probe(&guards.0, shapes.as_deref()?, params, base.snap, crate::read::run::Later::No)
+            self.prober.probe(stmt, guards, params, base.snap, crate::read::run::Later::No)
         }
     }
 

@@ -106,7 +106,7 @@ enum Reach {
 /// # Safety
 /// `stmt` is a valid PlannedStmt whose guards are `gs`; `params` its
 /// parameters.
-pub unsafe fn shapes(
+unsafe fn shapes(
     stmt: *mut pg_sys::PlannedStmt,
     gs: &super::guards::Guards,
     params: pg_sys::ParamListInfo,
@@ -425,7 +425,7 @@ unsafe fn same_at_every_snapshot(e: *mut Node) -> bool {
 /// # Safety
 /// `snap` is a registered MVCC snapshot; `shapes` are of `gs`, whose
 /// statement is starting; `params` its parameters.
-pub unsafe fn probe(
+unsafe fn probe(
     gs: &[Guard],
     shapes: &[Shape],
     params: pg_sys::ParamListInfo,
@@ -659,6 +659,45 @@ fn stop_past_checked(checked: &Footprint, rel: pgkvx_latch::RelId) -> Footprint 
             vec![(rel, Span { start: end, end: pgkvx_latch::KeyBuf::INFINITE })]
         }
         _ => Vec::new(),
+    }
+}
+
+/// One statement's probes: its shapes are found the first time it probes
+/// (they follow from the plan and the parameters alone) and serve every
+/// probe after -- a retry at a fresh snapshot, an optimistic statement's
+/// fallback to fenced after its start probed.
+#[derive(Default)]
+pub struct Prober {
+    /// None: not looked for yet; Some(None): the statement has none.
+    shapes: Option<Option<Vec<Shape>>>,
+}
+
+impl Prober {
+    /// [`probe`] of the statement's shapes at `snap`; None where it has
+    /// none, or where they cannot tell.
+    ///
+    /// # Safety
+    /// As [`shapes`] and [`probe`]: `stmt` is the starting or running
+    /// statement whose guards are `gs`, `params` its parameters, `snap` a
+    /// registered MVCC snapshot.
+    pub unsafe fn probe(
+        &mut self,
+        stmt: *mut pg_sys::PlannedStmt,
+        gs: &super::guards::Guards,
+        params: pg_sys::ParamListInfo,
+        snap: pg_sys::Snapshot,
+        later: Later,
+    ) -> Option<Footprint> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let shapes = self.shapes.get_or_insert_with(|| shapes(stmt, gs, params));
+            probe(&gs.0, shapes.as_deref()?, params, snap, later)
+        }
+    }
+
+    /// The shapes its probes found, if one ran and found some.
+    pub fn shapes(&self) -> Option<&[Shape]> {
+        self.shapes.as_ref()?.as_deref()
     }
 }
 

@@ -91,6 +91,8 @@ struct GuardedStatement {
     guards: Guards,
     /// Their nodes in its executor, found once when it started.
     nodes: Vec<*mut pg_sys::CustomScanState>,
+    /// The shapes its start probed with (optimistic), for its attempts.
+    prober: probe::Prober,
 }
 
 thread_local! {
@@ -211,10 +213,10 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
         // read of more rows than holding them back costs little, where its
         // rows end (the probe a fenced read makes); clean, it streams.
         let probe_pays = want.is_some_and(|w| w > run::STREAM_ABOVE_ROWS);
+        let mut prober = probe::Prober::default();
         let before = (strategy.mode == ReadMode::Optimistic && strategy.declared_first).then(|| {
             run::clean_before_reading(&guards.declared_at_start(params), &base, probe_pays, || {
-                let shapes = probe::shapes(stmt, &guards, params)?;
-                probe::probe(&guards.0, &shapes, params, base.snap, run::Later::No)
+                prober.probe(stmt, &guards, params, base.snap, run::Later::No)
             })
         });
         match strategy.mode {
@@ -237,6 +239,7 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
                     base: Some(base),
                     swapped: false,
                     first_fixed_read,
+                    prober,
                 };
                 attach(qd, eflags, guards, nodes, reads);
             }
@@ -309,8 +312,8 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
     unsafe {
         let stmt = (*qd).plannedstmt;
         let params = (*qd).params;
-        // Found when the declared spans first meet writers, once.
-        let mut shapes: Option<Option<Vec<probe::Shape>>> = None;
+        // Its shapes are found when the declared spans first meet writers.
+        let mut prober = probe::Prober::default();
         let mut fenced = run::Fenced {
             may_cut: |rule| {
                 guards.0.iter().all(|g| {
@@ -321,17 +324,14 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
                 }) && cut::statement_may_cut(stmt, guards.sole_root(), rule)
             },
             rule: None,
-            probe: |at: &BaseSnapshot, later| {
-                let shapes = shapes.get_or_insert_with(|| probe::shapes(stmt, &guards, params));
-                probe::probe(&guards.0, shapes.as_deref()?, params, at.snap, later)
-            },
+            probe: |at: &BaseSnapshot, later| prober.probe(stmt, &guards, params, at.snap, later),
         };
         let declared = || -> Footprint { guards.declared_at_start(params) };
         let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
         let ReadDecision::Stream { mut cut } = ran.decision else { unreachable!("fenced reads never buffer") };
         let mut rule = fenced.rule.unwrap_or(CutRule::Strict);
         // A locked read stops past what its fence checked (probe.rs).
-        if let Some(Some(shapes)) = &shapes {
+        if let Some(shapes) = prober.shapes() {
             let locked = probe::locked_rels(&guards.0, shapes);
             rule = probe::stop_locked(&mut cut, Some(rule), ran.report.checked.as_ref(), &locked).unwrap_or(rule);
         }
@@ -391,13 +391,22 @@ struct Reads {
     base: Option<BaseSnapshot>,
     swapped: bool,
     first_fixed_read: bool,
+    /// What the start probed with (optimistic).
+    prober: probe::Prober,
 }
 
 impl Reads {
     /// Rows from the statement's own executor, at its snapshot (`swapped`:
     /// one we replaced).
     fn plan(mode: ReadPath, swapped: bool) -> Reads {
-        Reads { source: RowSource::Plan, mode, base: None, swapped, first_fixed_read: false }
+        Reads {
+            source: RowSource::Plan,
+            mode,
+            base: None,
+            swapped,
+            first_fixed_read: false,
+            prober: Default::default(),
+        }
     }
 }
 
@@ -447,7 +456,7 @@ unsafe fn attach(
     nodes: Vec<*mut pg_sys::CustomScanState>,
     reads: Reads,
 ) -> *mut GuardedStatement {
-    let Reads { source, mode, base, swapped, first_fixed_read } = reads;
+    let Reads { source, mode, base, swapped, first_fixed_read, prober } = reads;
     let report = Rc::new(RefCell::new(StatementReport { mode, ..Default::default() }));
     // SAFETY: the caller's contract: `qd` has been started; `nodes` are its guard nodes.
     unsafe {
@@ -467,6 +476,7 @@ unsafe fn attach(
         first_fixed_read,
         guards,
         nodes,
+        prober,
     })
 }
 
@@ -618,7 +628,7 @@ unsafe fn validate(qd: *mut QueryDesc, st: *mut GuardedStatement, first: FirstAt
             later: Some(first.later),
             guards: &raw const (*st).guards,
             nodes: (*st).nodes.as_slice(),
-            shapes: None,
+            prober: std::mem::take(&mut (*st).prober),
             fence_at_scan: false,
         };
         // Only a read that falls back to fenced needs its declared spans.
