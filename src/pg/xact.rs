@@ -19,9 +19,12 @@ pub fn may_start_subtransaction() -> bool {
 
 /// Runs `f` as PL/pgSQL runs a block with an EXCEPTION clause: in an
 /// internal subtransaction, rolled back should `f` raise a Postgres ERROR.
-/// Some(f's value), or None when it raised, the error forgotten -- except a
-/// cancel (pg_cancel_backend, statement_timeout), which is the session's and
-/// not `f`'s: it is raised again once the subtransaction is gone.
+/// Some(f's value), or None when it raised, the error forgotten -- except
+/// an error of the session rather than of `f`'s values ([`of_the_session`]:
+/// a cancel, a lock timeout, a deadlock, a serialization failure, a lack of
+/// resources), raised again once the subtransaction is gone: forgotten, a
+/// deadlock would pick another victim and a lock timeout would be waited
+/// out again.
 ///
 /// # Safety
 /// [`may_start_subtransaction`]; `f` calls into Postgres through plain C
@@ -63,10 +66,54 @@ pub unsafe fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
         pg_sys::RollbackAndReleaseCurrentSubTransaction();
         pg_sys::CurrentMemoryContext = memory;
         pg_sys::CurrentResourceOwner = owner;
-        if (*error).sqlerrcode == pgrx::PgSqlErrorCode::ERRCODE_QUERY_CANCELED as i32 {
+        if of_the_session((*error).sqlerrcode) {
             pg_sys::ReThrowError(error);
         }
         pg_sys::FreeErrorData(error);
         None
+    }
+}
+
+/// Whether an error with SQLSTATE `code` (as ErrorData holds it) comes from
+/// the session's circumstances rather than from the values a computation
+/// was given: its class is transaction rollback (40: serialization
+/// failure, deadlock, a standby's recovery conflict), insufficient
+/// resources (53), object not in prerequisite state (55: lock timeout),
+/// operator intervention (57: cancel, statement timeout), system error
+/// (58), connection exception (08) or internal error (XX).
+fn of_the_session(code: i32) -> bool {
+    // SQLSTATE characters are six bits each, the first lowest
+    // (elog.h's MAKE_SQLSTATE).
+    let char_at = |i: u32| ((code >> (6 * i)) & 0x3F) as u8 + b'0';
+    matches!(&[char_at(0), char_at(1)], b"40" | b"53" | b"55" | b"57" | b"58" | b"08" | b"XX")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::of_the_session;
+    use pgrx::PgSqlErrorCode as E;
+
+    #[test]
+    fn session_errors_are_told_from_value_errors() {
+        for e in [
+            E::ERRCODE_QUERY_CANCELED,
+            E::ERRCODE_LOCK_NOT_AVAILABLE,
+            E::ERRCODE_T_R_DEADLOCK_DETECTED,
+            E::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            E::ERRCODE_OUT_OF_MEMORY,
+            E::ERRCODE_ADMIN_SHUTDOWN,
+            E::ERRCODE_INTERNAL_ERROR,
+        ] {
+            assert!(of_the_session(e as i32), "{e:?}");
+        }
+        for e in [
+            E::ERRCODE_DIVISION_BY_ZERO,
+            E::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            E::ERRCODE_RAISE_EXCEPTION,
+            E::ERRCODE_NO_DATA_FOUND,
+            E::ERRCODE_UNDEFINED_TABLE,
+        ] {
+            assert!(!of_the_session(e as i32), "{e:?}");
+        }
     }
 }

@@ -130,23 +130,6 @@ impl Guards {
         }
     }
 
-    /// Whether a fence waits for the scans to start rather than fencing at
-    /// executor start: when a bound is not known before the statement runs
-    /// (a cursor read from a table by a CTE or a subquery), a fence then
-    /// could only span the whole table; and when one raises then
-    /// (`$1 <> 0 AND k > 100 / $1`), PostgreSQL may never evaluate it --
-    /// the scan does, if it runs.
-    ///
-    /// # Safety
-    /// `params` are the statement's.
-    pub unsafe fn fence_at_scan(&self, params: pg_sys::ParamListInfo) -> bool {
-        // SAFETY: our plan nodes' expressions; the caller's contract.
-        self.0.iter().any(|g| unsafe {
-            list_iter::<pg_sys::Expr>((*g.cs).custom_exprs)
-                .any(|e| !known_at_start(e) || !cannot_raise(e) && value_at_start(e, params).is_none())
-        })
-    }
-
     /// D of every guarded scan as known before the statement runs (bounds
     /// not known then bound nothing, `span::KeyQual::unknown`, which only
     /// widens it).
@@ -154,6 +137,38 @@ impl Guards {
     /// # Safety
     /// `params` are the statement's.
     pub unsafe fn declared_at_start(&self, params: pg_sys::ParamListInfo) -> Footprint {
+        // SAFETY: the caller's contract.
+        unsafe { self.declared_spans(params, false) }.unwrap_or_default()
+    }
+
+    /// D for a fence before the statement runs; None when a fence must
+    /// wait for the scans to start instead: a bound not known before the
+    /// statement runs (a cursor read from a table by a CTE or a subquery)
+    /// would leave only the whole table to fence, and one that raised then
+    /// (`$1 <> 0 AND k > 100 / $1`) PostgreSQL may never evaluate -- the
+    /// scan does, if it runs.
+    ///
+    /// # Safety
+    /// `params` are the statement's.
+    pub unsafe fn declared_to_fence(&self, params: pg_sys::ParamListInfo) -> Option<Footprint> {
+        // SAFETY: the caller's contract.
+        unsafe { self.declared_spans(params, true) }
+    }
+
+    /// Whether [`Guards::declared_to_fence`] would be None.
+    ///
+    /// # Safety
+    /// `params` are the statement's.
+    pub unsafe fn fence_at_scan(&self, params: pg_sys::ParamListInfo) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { self.declared_to_fence(params) }.is_none()
+    }
+
+    /// D (`strict`: None if a bound is unknown at start).
+    ///
+    /// # Safety
+    /// `params` are the statement's.
+    unsafe fn declared_spans(&self, params: pg_sys::ParamListInfo, strict: bool) -> Option<Footprint> {
         let mut fp = Footprint::new();
         // The partitions of a latched parent read under one bound (`id >
         // $1` in each partition's scan): their D is one span of the parent,
@@ -180,9 +195,9 @@ impl Guards {
             }
             let rel = latched.latch_id();
             // SAFETY: the caller's contract: `params` are the statement's.
-            fp.extend(unsafe { declared_of(g, params) }.spans.into_iter().map(|s| (rel, s)));
+            fp.extend(unsafe { declared_quals(g, params, strict) }?.spans.into_iter().map(|s| (rel, s)));
         }
-        fp
+        Some(fp)
     }
 
     /// The first guarded table, to name in a message.
@@ -198,17 +213,28 @@ impl Guards {
 /// # Safety
 /// `params` are `g`'s statement's.
 pub unsafe fn declared_of(g: &Guard, params: pg_sys::ParamListInfo) -> span::Declared {
-    let Some(latched) = &g.latched else { return span::Declared::all() };
+    // SAFETY: the caller's contract; not strict, so always Some.
+    unsafe { declared_quals(g, params, false) }.unwrap_or_else(span::Declared::all)
+}
+
+/// [`declared_of`]; `strict`: None when a bound is not known at start.
+///
+/// # Safety
+/// `params` are `g`'s statement's.
+unsafe fn declared_quals(g: &Guard, params: pg_sys::ParamListInfo, strict: bool) -> Option<span::Declared> {
+    let Some(latched) = &g.latched else { return Some(span::Declared::all()) };
     // SAFETY: our plan node's expression list.
     let exprs = unsafe { list_iter::<pg_sys::Expr>((*g.cs).custom_exprs) };
-    let quals = g.plan.bounds.iter().zip(exprs).map(|(b, e)| {
+    let mut quals: smallvec::SmallVec<[span::KeyQual; 4]> = smallvec::SmallVec::new();
+    for (b, e) in g.plan.bounds.iter().zip(exprs) {
         // SAFETY: the caller's contract: `params` are `g`'s statement's. Our plan node's expressions.
-        match unsafe { value_at_start(e, params) } {
+        quals.push(match unsafe { value_at_start(e, params) } {
             Some((value, isnull)) => b.qual(value, isnull),
+            None if strict => return None,
             None => span::KeyQual::unknown(b.group, b.branch),
-        }
-    });
-    span::declared(&latched.key, quals)
+        });
+    }
+    Some(span::declared(&latched.key, quals))
 }
 
 /// Whether the guards of `stmt` read one latched table (or tree): what
@@ -356,8 +382,9 @@ pub(super) unsafe fn value_at_start(
 /// (`$1 <> 0 AND k > 100 / $1`).  So a bound that can raise is evaluated in
 /// a subtransaction, and an error leaves it unknown (None) -- to us only a
 /// wider span -- for the scan to evaluate it where PostgreSQL does, and
-/// raise there if it raises at all.  A by-reference value lives in
-/// `econtext`'s per-tuple memory.
+/// raise there if it raises at all.  In parallel mode, where no
+/// subtransaction starts, such a bound is left unknown unevaluated.  A
+/// by-reference value lives in `econtext`'s per-tuple memory.
 ///
 /// # Safety
 /// `state` is `expr`'s, built by ExecInitExpr; `econtext` is live.
@@ -371,10 +398,12 @@ pub(super) unsafe fn evaluate_bound(
     // a plain C call only, as both boundaries require.
     unsafe {
         let evaluate = || raw::eval_expr(state, econtext, &mut isnull);
-        let v = if cannot_raise(expr) || !xact::may_start_subtransaction() {
+        let v = if cannot_raise(expr) {
             Some(boundary::pass(evaluate))
-        } else {
+        } else if xact::may_start_subtransaction() {
             xact::caught(evaluate)
+        } else {
+            None
         };
         v.map(|v| (v, isnull))
     }

@@ -220,8 +220,10 @@ unsafe fn start_statement(qd: *mut QueryDesc, eflags: i32) {
             })
         });
         match strategy.mode {
-            ReadMode::Fenced if guards.fence_at_scan(params) => start_fenced_at_scan(qd, eflags, guards),
-            ReadMode::Fenced => start_fenced(qd, eflags, guards, base, strategy),
+            ReadMode::Fenced => match guards.declared_to_fence(params) {
+                None => start_fenced_at_scan(qd, eflags, guards),
+                Some(declared) => start_fenced(qd, eflags, guards, base, strategy, declared),
+            },
             ReadMode::Optimistic if before.is_some_and(|b| b != BeforeReading::Dirty) => {
                 let path = if before == Some(BeforeReading::ProbedClean) {
                     ReadPath::ProbedStreamed
@@ -303,10 +305,21 @@ unsafe fn fence_at_first_run(
 /// later writers' keys where that leaves a state some serial order
 /// produces (the nodes check their order as they begin: apply_cut).
 ///
+/// `declared`: its declared spans as evaluated at `base`, for the first
+/// round; each round after evaluates them again, at its snapshot (a STABLE
+/// bound may read a table).
+///
 /// # Safety
 /// The arguments of ExecutorStart; `guards` are the statement's, `base`
 /// its snapshot.
-unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: BaseSnapshot, strategy: ReadStrategy) {
+unsafe fn start_fenced(
+    qd: *mut QueryDesc,
+    eflags: i32,
+    guards: Guards,
+    base: BaseSnapshot,
+    strategy: ReadStrategy,
+    declared: Footprint,
+) {
     // SAFETY: the caller's contract: the arguments of ExecutorStart; `guards` are the statement's, `base` its
     // snapshot.
     unsafe {
@@ -326,8 +339,9 @@ unsafe fn start_fenced(qd: *mut QueryDesc, eflags: i32, guards: Guards, base: Ba
             rule: None,
             probe: |at: &BaseSnapshot, later| prober.probe(stmt, &guards, params, at.snap, later),
         };
-        let declared = || -> Footprint { guards.declared_at_start(params) };
-        let ran = run::run_protocol(&mut fenced, base, &mut || declared(), strategy, "LIMIT scan");
+        let mut first = Some(declared);
+        let mut declared = || -> Footprint { first.take().unwrap_or_else(|| guards.declared_at_start(params)) };
+        let ran = run::run_protocol(&mut fenced, base, &mut declared, strategy, "LIMIT scan");
         let ReadDecision::Stream { mut cut } = ran.decision else { unreachable!("fenced reads never buffer") };
         let mut rule = fenced.rule.unwrap_or(CutRule::Strict);
         // A locked read stops past what its fence checked (probe.rs).

@@ -241,8 +241,29 @@ EXECUTE gated(0);
 EXECUTE gated(2);
 EXECUTE ungated(0);
 RESET pgkvx.scan_mode;
-RESET plan_cache_mode;
 DEALLOCATE gated;
 DEALLOCATE ungated;
+-- in parallel mode, where no subtransaction starts, such a bound is left
+-- unevaluated: a tail read by a function that a parallel query's leader
+-- calls raises nothing either
+CREATE TABLE par AS SELECT g FROM generate_series(1, 20000) g;
+ANALYZE par;
+CREATE FUNCTION gated_tail(n int) RETURNS bigint LANGUAGE plpgsql PARALLEL RESTRICTED AS $$
+DECLARE s bigint;
+BEGIN
+  SELECT sum(k) INTO s FROM (SELECT k FROM kv WHERE n <> 0 AND k > 1000 / n ORDER BY k LIMIT 2) q;
+  RETURN s;
+END $$;
+SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+SELECT bool_or(l ~ 'Gather') AS parallel
+  FROM test_support.explain('SELECT gated_tail(c::int - c::int) FROM (SELECT count(*) c FROM par) s', false) l;
+SELECT gated_tail(c::int - c::int) FROM (SELECT count(*) c FROM par) s;
+SELECT gated_tail(c::int - c::int + 2) FROM (SELECT count(*) c FROM par) s;
+RESET parallel_setup_cost; RESET parallel_tuple_cost; RESET min_parallel_table_scan_size;
+RESET max_parallel_workers_per_gather;
+RESET plan_cache_mode;
+DROP FUNCTION gated_tail;
+DROP TABLE par;
 DROP TABLE kv, comp, plain;
 DROP FUNCTION same_everywhere, results;
