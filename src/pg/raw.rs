@@ -7,6 +7,7 @@
 use pgrx::pg_sys;
 extern "C-unwind" {
     pub fn pg_re_throw() -> !;
+    pub fn ReThrowError(edata: *mut pg_sys::ErrorData) -> !;
     // Reads of backend state that cannot raise, asked by every guarded
     // statement: without pgrx's guard they cost no jump buffer.
     pub fn GetUserId() -> pg_sys::Oid;

@@ -22,13 +22,15 @@ pub fn may_start_subtransaction() -> bool {
 /// Some(f's value), or None when it raised, the error forgotten -- except
 /// an error of the session rather than of `f`'s values ([`of_the_session`]:
 /// a cancel, a lock timeout, a deadlock, a serialization failure, a lack of
-/// resources), raised again once the subtransaction is gone: forgotten, a
-/// deadlock would pick another victim and a lock timeout would be waited
-/// out again.
+/// resources), raised again once the subtransaction is gone, with every
+/// field it had: forgotten, a deadlock would pick another victim and a lock
+/// timeout would be waited out again.
 ///
 /// # Safety
-/// [`may_start_subtransaction`]; `f` calls into Postgres through plain C
-/// calls only and does not panic (it runs inside a C frame, as for
+/// [`may_start_subtransaction`]; called inside
+/// [`super::boundary::rethrow_pending`] (the error raised again passes
+/// through it); `f` calls into Postgres through plain C calls only and
+/// does not panic (it runs inside a C frame, as for
 /// [`super::boundary::pass`]).  What `f` allocates in the caller's memory
 /// context outlives the subtransaction; the resources it holds (buffer
 /// pins, open relations) must not.
@@ -67,7 +69,9 @@ pub unsafe fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
         pg_sys::CurrentMemoryContext = memory;
         pg_sys::CurrentResourceOwner = owner;
         if of_the_session((*error).sqlerrcode) {
-            pg_sys::ReThrowError(error);
+            // Through `pass`, so that it stays on Postgres's error stack as
+            // raised (its CONTEXT too) up to the hook's rethrow_pending.
+            super::boundary::pass::<()>(|| super::raw::ReThrowError(error));
         }
         pg_sys::FreeErrorData(error);
         None
@@ -76,16 +80,16 @@ pub unsafe fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
 
 /// Whether an error with SQLSTATE `code` (as ErrorData holds it) comes from
 /// the session's circumstances rather than from the values a computation
-/// was given: its class is transaction rollback (40: serialization
-/// failure, deadlock, a standby's recovery conflict), insufficient
-/// resources (53), object not in prerequisite state (55: lock timeout),
-/// operator intervention (57: cancel, statement timeout), system error
-/// (58), connection exception (08) or internal error (XX).
+/// was given: a cancel or statement timeout (57014), a lock timeout
+/// (55P03), a deadlock (40P01), a serialization failure (40001, also a
+/// standby's recovery conflict), insufficient resources (class 53), a
+/// system error (class 58), corrupted data (XX001, XX002).  Codes only a
+/// function's own logic chooses (55000, a RAISE's) are its values'.
 fn of_the_session(code: i32) -> bool {
     // SQLSTATE characters are six bits each, the first lowest
     // (elog.h's MAKE_SQLSTATE).
-    let char_at = |i: u32| ((code >> (6 * i)) & 0x3F) as u8 + b'0';
-    matches!(&[char_at(0), char_at(1)], b"40" | b"53" | b"55" | b"57" | b"58" | b"08" | b"XX")
+    let c: [u8; 5] = std::array::from_fn(|i| ((code >> (6 * i)) & 0x3F) as u8 + b'0');
+    matches!(&c, b"57014" | b"55P03" | b"40P01" | b"40001" | b"XX001" | b"XX002") || matches!(&c[..2], b"53" | b"58")
 }
 
 #[cfg(test)]
@@ -101,8 +105,9 @@ mod tests {
             E::ERRCODE_T_R_DEADLOCK_DETECTED,
             E::ERRCODE_T_R_SERIALIZATION_FAILURE,
             E::ERRCODE_OUT_OF_MEMORY,
-            E::ERRCODE_ADMIN_SHUTDOWN,
-            E::ERRCODE_INTERNAL_ERROR,
+            E::ERRCODE_DISK_FULL,
+            E::ERRCODE_IO_ERROR,
+            E::ERRCODE_DATA_CORRUPTED,
         ] {
             assert!(of_the_session(e as i32), "{e:?}");
         }
@@ -112,6 +117,8 @@ mod tests {
             E::ERRCODE_RAISE_EXCEPTION,
             E::ERRCODE_NO_DATA_FOUND,
             E::ERRCODE_UNDEFINED_TABLE,
+            E::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            E::ERRCODE_INTERNAL_ERROR,
         ] {
             assert!(!of_the_session(e as i32), "{e:?}");
         }

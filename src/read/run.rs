@@ -228,6 +228,8 @@ struct ReadEnv<'a, R> {
     /// The snapshot is this statement's to choose: READ COMMITTED, or the
     /// first read of a REPEATABLE READ transaction.
     may_cut_last: bool,
+    /// `base`'s snapshot, for the declared spans to be evaluated at.
+    current: &'a std::cell::Cell<pgrx::pg_sys::Snapshot>,
 }
 
 impl<R: Reader> Env for ReadEnv<'_, R> {
@@ -288,6 +290,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     fn refresh_snapshot(&mut self) {
         self.base.release();
         self.base = BaseSnapshot::fresh();
+        self.current.set(self.base.snap);
         self.reader.snapshot_moved();
     }
 
@@ -402,8 +405,37 @@ pub fn run_protocol<R: Reader>(
     let mut report = ReadReport::default();
     let first_after = base.after();
     let may_cut_last = !params.fixed_snapshot;
-    let mut env = ReadEnv { reader, base, first_after, wait_us: 0, met: Vec::new(), waited: Vec::new(), may_cut_last };
-    let outcome = protocol::run(&mut env, declared, &params, &mut report);
+    // The declared spans are evaluated at the snapshot the read is at: a
+    // bound may read a table (a cursor kept in one, through a STABLE
+    // function), and once the read has moved to a fresh snapshot its rows
+    // start where the bound says at that one.
+    let first = base.snap;
+    let current = std::cell::Cell::new(first);
+    let mut declared_now = || -> Footprint {
+        let snap = current.get();
+        if snap == first {
+            return declared();
+        }
+        // SAFETY: a registered snapshot of the protocol's, live while it
+        // runs; pushed for the evaluation only (an error pops it with
+        // the (sub)transaction it aborts).
+        unsafe { pgrx::pg_sys::PushActiveSnapshot(snap) };
+        let d = declared();
+        // SAFETY: pops the snapshot pushed above.
+        unsafe { pgrx::pg_sys::PopActiveSnapshot() };
+        d
+    };
+    let mut env = ReadEnv {
+        reader,
+        base,
+        first_after,
+        wait_us: 0,
+        met: Vec::new(),
+        waited: Vec::new(),
+        may_cut_last,
+        current: &current,
+    };
+    let outcome = protocol::run(&mut env, &mut declared_now, &params, &mut report);
     let (base, wait_us, waited) = (env.base, env.wait_us, env.waited);
     if params.mode == ReadMode::Optimistic && params.declared_first {
         note_declared_check(report.streamed);

@@ -317,10 +317,13 @@ impl Reader for OptimisticAttempts {
             if !cut.is_empty() {
                 cut::apply_cut(&plan_walk::guard_nodes(q2), cut, self.rule());
             }
-            with_active((*(*q2).estate).es_snapshot, || {
-                boundary::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true))
+            // What it touched, too, at its snapshot: a bound that reads a
+            // table (a STABLE function's cursor) says there where the
+            // scan's rows started.
+            let (fp, later) = with_active((*(*q2).estate).es_snapshot, || {
+                boundary::pass(|| raw::standard_ExecutorRun(q2, pg_sys::ScanDirection::ForwardScanDirection, 0, true));
+                footprint(q2)
             });
-            let (fp, later) = footprint(q2);
             end_second_executor(q2, false);
             self.later = Some(later);
             fp
