@@ -34,6 +34,21 @@ struct Pending;
 /// Called inside [`rethrow_pending`]; whatever `f` calls follows the usual
 /// Postgres contracts.
 pub unsafe fn pass<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: the caller's contract.
+    match unsafe { catch_jump(f) } {
+        Some(r) => r,
+        None => std::panic::resume_unwind(Box::new(Pending)),
+    }
+}
+
+/// Runs `f` under a jump buffer of its own, as a PG_TRY block does: Some(f's
+/// value), or None when Postgres raised an ERROR in it -- then still on
+/// Postgres's error stack, with the caller's memory context current again.
+///
+/// # Safety
+/// `f` calls into Postgres through plain C calls only and does not panic:
+/// it runs inside a C frame (sigsetjmp) that Rust unwinding cannot cross.
+pub unsafe fn catch_jump<R>(f: impl FnOnce() -> R) -> Option<R> {
     use pgrx::pg_sys;
     // SAFETY: the same save/restore of Postgres's error-handling globals a
     // PG_TRY block does; single-threaded backend.
@@ -50,13 +65,13 @@ pub unsafe fn pass<R>(f: impl FnOnce() -> R) -> R {
         pg_sys::PG_exception_stack = prev_stack;
         pg_sys::error_context_stack = prev_context;
         if jumped == 0 {
-            return out.assume_init();
+            return Some(out.assume_init());
         }
-        // errfinish leaves us in ErrorContext; destructors allocate where
+        // errfinish leaves us in ErrorContext; what follows allocates where
         // the caller did.
         pg_sys::CurrentMemoryContext = memory;
+        None
     }
-    std::panic::resume_unwind(Box::new(Pending))
 }
 
 /// Runs a hook's body; an ERROR that [`pass`] let through is raised again

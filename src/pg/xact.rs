@@ -39,30 +39,18 @@ pub unsafe fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
     // SAFETY: the caller's contract; the same steps as PL/pgSQL's
     // exec_stmt_block: the subtransaction runs in the caller's memory
     // context, and the caller's context and resource owner come back on
-    // either path.  The jump buffer is saved and restored as PG_TRY does.
+    // either path.
     unsafe {
         let memory = pg_sys::CurrentMemoryContext;
         let owner = pg_sys::CurrentResourceOwner;
         pg_sys::BeginInternalSubTransaction(std::ptr::null());
         pg_sys::CurrentMemoryContext = memory;
-        let prev_stack = pg_sys::PG_exception_stack;
-        let prev_context = pg_sys::error_context_stack;
-        let mut out = std::mem::MaybeUninit::<R>::uninit();
-        let jumped = cee_scape::call_with_sigsetjmp(false, |jb| {
-            pg_sys::PG_exception_stack = jb as *const _ as *mut pg_sys::sigjmp_buf;
-            out.write(f());
-            0
-        });
-        pg_sys::PG_exception_stack = prev_stack;
-        pg_sys::error_context_stack = prev_context;
-        if jumped == 0 {
+        if let Some(out) = super::boundary::catch_jump(f) {
             pg_sys::ReleaseCurrentSubTransaction();
             pg_sys::CurrentMemoryContext = memory;
             pg_sys::CurrentResourceOwner = owner;
-            return Some(out.assume_init());
+            return Some(out);
         }
-        // errfinish left us in ErrorContext.
-        pg_sys::CurrentMemoryContext = memory;
         let error = pg_sys::CopyErrorData();
         pg_sys::FlushErrorState();
         pg_sys::RollbackAndReleaseCurrentSubTransaction();
