@@ -230,6 +230,27 @@ struct ReadEnv<'a, R> {
     may_cut_last: bool,
     /// `base`'s snapshot, for the declared spans to be evaluated at.
     current: &'a std::cell::Cell<pgrx::pg_sys::Snapshot>,
+    /// The read's first snapshot: the statement's, active while it runs.
+    first: pgrx::pg_sys::Snapshot,
+}
+
+/// Runs `f` with `snap` the active snapshot, where it is not `first` (the
+/// statement's, active already): what the read evaluates of its bounds --
+/// its declared spans, where its probe starts -- must be taken at the
+/// snapshot it reads at, for a bound may read a table (a cursor kept in
+/// one, through a STABLE function) and say another key at a fresh one.
+fn at_snapshot<T>(snap: pgrx::pg_sys::Snapshot, first: pgrx::pg_sys::Snapshot, f: impl FnOnce() -> T) -> T {
+    if snap == first {
+        return f();
+    }
+    // SAFETY: a registered snapshot of the protocol's, live while it runs;
+    // pushed for `f` only (an error pops it with the (sub)transaction it
+    // aborts).
+    unsafe { pgrx::pg_sys::PushActiveSnapshot(snap) };
+    let r = f();
+    // SAFETY: pops the snapshot pushed above.
+    unsafe { pgrx::pg_sys::PopActiveSnapshot() };
+    r
 }
 
 impl<R: Reader> Env for ReadEnv<'_, R> {
@@ -248,7 +269,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
         if snapshot::fixed_snapshot() {
             return None;
         }
-        self.reader.cut(conflicts)
+        at_snapshot(self.base.snap, self.first, || self.reader.cut(conflicts))
     }
 
     fn last_resort_cut(&mut self, conflicts: &[Conflict]) -> Option<Footprint> {
@@ -258,7 +279,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
         if !self.may_cut_last {
             return None;
         }
-        self.reader.last_resort_cut(conflicts)
+        at_snapshot(self.base.snap, self.first, || self.reader.last_resort_cut(conflicts))
     }
 
     fn stop_past(&mut self, touched: &Footprint) -> Option<Footprint> {
@@ -266,7 +287,7 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
         if snapshot::fixed_snapshot() {
             return None;
         }
-        self.reader.stop_past(touched)
+        at_snapshot(self.base.snap, self.first, || self.reader.stop_past(touched))
     }
 
     fn check(&mut self, fp: &Footprint, out: &mut Vec<Conflict>) -> Check {
@@ -295,11 +316,11 @@ impl<R: Reader> Env for ReadEnv<'_, R> {
     }
 
     fn probe(&mut self) -> Option<Footprint> {
-        self.reader.probe(&self.base)
+        at_snapshot(self.base.snap, self.first, || self.reader.probe(&self.base))
     }
 
     fn later_ends(&mut self) -> Option<Footprint> {
-        self.reader.later_ends(&self.base)
+        at_snapshot(self.base.snap, self.first, || self.reader.later_ends(&self.base))
     }
 }
 
@@ -405,26 +426,9 @@ pub fn run_protocol<R: Reader>(
     let mut report = ReadReport::default();
     let first_after = base.after();
     let may_cut_last = !params.fixed_snapshot;
-    // The declared spans are evaluated at the snapshot the read is at: a
-    // bound may read a table (a cursor kept in one, through a STABLE
-    // function), and once the read has moved to a fresh snapshot its rows
-    // start where the bound says at that one.
     let first = base.snap;
     let current = std::cell::Cell::new(first);
-    let mut declared_now = || -> Footprint {
-        let snap = current.get();
-        if snap == first {
-            return declared();
-        }
-        // SAFETY: a registered snapshot of the protocol's, live while it
-        // runs; pushed for the evaluation only (an error pops it with
-        // the (sub)transaction it aborts).
-        unsafe { pgrx::pg_sys::PushActiveSnapshot(snap) };
-        let d = declared();
-        // SAFETY: pops the snapshot pushed above.
-        unsafe { pgrx::pg_sys::PopActiveSnapshot() };
-        d
-    };
+    let mut declared_now = || at_snapshot(current.get(), first, &mut *declared);
     let mut env = ReadEnv {
         reader,
         base,
@@ -434,6 +438,7 @@ pub fn run_protocol<R: Reader>(
         waited: Vec::new(),
         may_cut_last,
         current: &current,
+        first,
     };
     let outcome = protocol::run(&mut env, &mut declared_now, &params, &mut report);
     let (base, wait_us, waited) = (env.base, env.wait_us, env.waited);
