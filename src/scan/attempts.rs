@@ -137,7 +137,9 @@ pub(super) unsafe fn start_second_executor(
             (*qd).instrument_options,
         );
         pg_sys::MemoryContextSwitchTo(old);
-        boundary::pass(|| raw::standard_ExecutorStart(q2, eflags));
+        // At its snapshot, active: initial partition pruning evaluates the
+        // bounds there (a STABLE function's cursor).
+        with_active(snap, || boundary::pass(|| raw::standard_ExecutorStart(q2, eflags)));
         q2
     }
 }

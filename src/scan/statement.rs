@@ -360,7 +360,17 @@ unsafe fn start_fenced(
             (*qd).snapshot = new;
         }
         b.release();
-        if cut.is_empty() && start_unguarded(qd, eflags, &guards) {
+        // The executor starts at the snapshot it reads at, active: initial
+        // partition pruning evaluates the bounds there (a STABLE function
+        // reading a cursor table says another key at a fresh snapshot).
+        let snap = (*qd).snapshot;
+        let unguarded = cut.is_empty()
+            && if swapped {
+                with_active(snap, || start_unguarded(qd, eflags, &guards))
+            } else {
+                start_unguarded(qd, eflags, &guards)
+            };
+        if unguarded {
             // Only a snapshot of ours needs the statement: it must be the
             // active one while the statement runs.
             if swapped {
@@ -368,7 +378,11 @@ unsafe fn start_fenced(
             }
             return;
         }
-        let nodes = start_executor(qd, eflags, &guards);
+        let nodes = if swapped {
+            with_active(snap, || start_executor(qd, eflags, &guards))
+        } else {
+            start_executor(qd, eflags, &guards)
+        };
         cut::apply_cut(&nodes, &cut, rule);
         let st = attach(qd, eflags, guards, nodes, Reads::plan(ReadPath::Fenced, swapped));
         (*st).report.borrow_mut().record(ran.report, ran.wait_us, ran.waited);
