@@ -718,9 +718,21 @@ unsafe extern "C-unwind" fn executor_finish(qd: *mut QueryDesc) {
     unsafe {
         match statement(qd) {
             Some(st) if matches!((*st).source, RowSource::Second(_)) && !(*st).second_finished => guarded_finish(qd),
+            Some(st) if (*st).swapped => swapped_finish(qd),
             _ => prev_finish(qd),
         }
     }
+}
+
+/// ExecutorFinish of a statement whose snapshot we replaced: with that
+/// snapshot active, as while it ran -- a data-modifying CTE the statement
+/// did not read runs to its end here, and its bounds are evaluated there.
+#[pg_guard]
+#[inline(never)]
+unsafe extern "C-unwind" fn swapped_finish(qd: *mut QueryDesc) {
+    // SAFETY: the executor's argument; its snapshot, registered by us, is
+    // live until ExecutorEnd.
+    unsafe { boundary::rethrow_pending(|| with_active((*qd).snapshot, || boundary::pass(|| prev_finish(qd)))) }
 }
 
 #[pg_guard]
