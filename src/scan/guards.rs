@@ -155,13 +155,18 @@ impl Guards {
         unsafe { self.declared_spans(params, true) }
     }
 
-    /// Whether [`Guards::declared_to_fence`] would be None.
+    /// Whether [`Guards::declared_to_fence`] would be None, without
+    /// building the spans: a constant or a parameter is known at start and
+    /// cannot raise, and only a bound that can is evaluated.
     ///
     /// # Safety
     /// `params` are the statement's.
     pub unsafe fn fence_at_scan(&self, params: pg_sys::ParamListInfo) -> bool {
-        // SAFETY: the caller's contract.
-        unsafe { self.declared_to_fence(params) }.is_none()
+        // SAFETY: our plan nodes' expressions; the caller's contract.
+        self.0.iter().filter(|g| g.latched.is_some()).any(|g| unsafe {
+            list_iter::<pg_sys::Expr>((*g.cs).custom_exprs)
+                .any(|e| !known_at_start(e) || !cannot_raise(e) && value_at_start(e, params).is_none())
+        })
     }
 
     /// D (`strict`: None if a bound is unknown at start).
